@@ -1,0 +1,55 @@
+"""Handing a run from one short task to the next, with exactly one chain of tasks per run.
+
+Each run has a tick key holding the id of the one task allowed to act on it next. A task claims the run
+when it starts (the key is its id, or empty) and passes it on when it sends the next task (the key still
+holds its own id). A redelivered or duplicate message finds another id there and stands down, so a
+worker killed and restarted never doubles a run. The key expires `stall_after_s` after its last claim;
+the reaper then sends a fresh task for any run that is not finished and has no owner.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+from celery import Celery
+
+from broker.constants import Stage, tick_key
+
+# KEYS[1] tick key; ARGV[1] expected owner ("" = anyone), ARGV[2] new owner, ARGV[3] ttl ms
+_HANDOVER = """
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class Dispatcher:
+    """Sends stage tasks for runs while keeping one owner per run."""
+
+    def __init__(self, app: Celery, client: redis.Redis[str], stall_after_s: float) -> None:
+        self.app, self.client = app, client
+        self.ttl_ms = int(stall_after_s * 1000)
+        self._handover = client.register_script(_HANDOVER)
+
+    def claim(self, run_id: str, task_id: str) -> bool:
+        """Called by a task as it starts: True if it may act on the run."""
+        return bool(self._handover(keys=[tick_key(run_id)], args=[task_id, task_id, self.ttl_ms]))
+
+    def send(self, stage: Stage, run_id: str, *, after: str | None, countdown: float = 0.0) -> bool:
+        """Send `stage`'s task for the run if `after` (the sending task's id, or None) still owns it."""
+        task_id = uuid.uuid4().hex
+        ttl = self.ttl_ms + int(countdown * 1000)
+        if not self._handover(keys=[tick_key(run_id)], args=[after or "", task_id, ttl]):
+            return False
+        self.app.send_task(
+            stage.task_name, args=[run_id], queue=stage.value, task_id=task_id, countdown=countdown or None
+        )
+        return True
+
+    def owner(self, run_id: str) -> str | None:
+        value = self.client.get(tick_key(run_id))
+        return None if value is None else str(value)

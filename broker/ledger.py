@@ -1,0 +1,134 @@
+"""The ledger: runs and instances in Redis (AOF on), changed only through optimistic transactions.
+
+Each run is one JSON document. `update_run` reads it under WATCH, lets a function change it and name the
+events that change means, and writes the document and those events in one MULTI/EXEC, so a state change
+and its events are never seen apart, and two workers acting on one run cannot both win.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import redis
+
+from broker import events
+from broker.constants import INSTANCES_INDEX, RUNS_INDEX, instance_key, run_key
+from broker.models import Event, EventType, Instance, Run
+from fleet.errors import NotFound
+
+Draft = tuple[EventType, dict[str, Any]]
+RunChange = Callable[[Run], list[Draft] | None]
+
+
+class Ledger:
+    """Runs, instances and the events their changes produce."""
+
+    def __init__(self, client: redis.Redis[str], events_maxlen: int = 100_000) -> None:
+        self.client = client
+        self.events_maxlen = events_maxlen
+
+    # runs ---------------------------------------------------------------------------------------
+    def create_run(self, run: Run, drafts: list[Draft]) -> Run:
+        with self.client.pipeline(transaction=True) as pipe:
+            for event in self._number(run, drafts):
+                events.append(pipe, event, self.events_maxlen)
+            pipe.set(run_key(run.run_id), run.model_dump_json())
+            pipe.zadd(RUNS_INDEX, {run.run_id: run.created_at})
+            pipe.execute()
+        return run
+
+    def get_run(self, run_id: str) -> Run:
+        raw = self.client.get(run_key(run_id))
+        if raw is None:
+            raise NotFound(f"no run {run_id!r}")
+        return Run.model_validate_json(raw)
+
+    def find_run(self, prefix: str) -> Run:
+        """A run by its id or an unambiguous prefix of it."""
+        try:
+            return self.get_run(prefix)
+        except NotFound:
+            matches = [r for r in self.client.zrange(RUNS_INDEX, 0, -1) if str(r).startswith(prefix)]
+            if len(matches) == 1:
+                return self.get_run(str(matches[0]))
+            if matches:
+                raise NotFound(f"{prefix!r} matches {len(matches)} runs; give more of the id") from None
+            raise
+
+    def list_runs(self, limit: int = 50) -> list[Run]:
+        ids = self.client.zrevrange(RUNS_INDEX, 0, limit - 1)
+        raws = self.client.mget([run_key(str(i)) for i in ids]) if ids else []
+        return [Run.model_validate_json(raw) for raw in raws if raw is not None]
+
+    def update_run(self, run_id: str, change: RunChange) -> Run:
+        """Apply `change` to the stored run atomically (retried on conflict); returns the new run."""
+        key = run_key(run_id)
+        while True:
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    raw = cast(str | None, pipe.get(key))
+                    if raw is None:
+                        raise NotFound(f"no run {run_id!r}")
+                    run = Run.model_validate_json(raw)
+                    drafts = change(run) or []
+                    run.updated_at = time.time()
+                    numbered = self._number(run, drafts)
+                    pipe.multi()
+                    pipe.set(key, run.model_dump_json())
+                    for event in numbered:
+                        events.append(pipe, event, self.events_maxlen)
+                    pipe.execute()
+                    return run
+                except redis.WatchError:
+                    continue
+
+    @staticmethod
+    def _number(run: Run, drafts: list[Draft]) -> list[Event]:
+        out = []
+        for type_, data in drafts:
+            run.event_seq += 1
+            out.append(Event(id=f"{run.run_id}-{run.event_seq}", type=type_, run_id=run.run_id, data=data))
+        return out
+
+    # instances ----------------------------------------------------------------------------------
+    def put_instance(self, instance: Instance) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(instance_key(instance.name), instance.model_dump_json())
+            pipe.sadd(INSTANCES_INDEX, instance.name)
+            pipe.execute()
+
+    def get_instance(self, name: str) -> Instance | None:
+        raw = self.client.get(instance_key(name))
+        return None if raw is None else Instance.model_validate_json(raw)
+
+    def update_instance(self, name: str, **changes: Any) -> Instance | None:
+        key = instance_key(name)
+        while True:
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    raw = cast(str | None, pipe.get(key))
+                    if raw is None:
+                        return None
+                    inst = Instance.model_validate_json(raw).model_copy(update=changes)
+                    inst.updated_at = time.time()
+                    pipe.multi()
+                    pipe.set(key, inst.model_dump_json())
+                    pipe.execute()
+                    return inst
+                except redis.WatchError:
+                    continue
+
+    def list_instances(self) -> list[Instance]:
+        names = sorted(str(n) for n in self.client.smembers(INSTANCES_INDEX))
+        raws = self.client.mget([instance_key(n) for n in names]) if names else []
+        return [Instance.model_validate_json(raw) for raw in raws if raw is not None]
+
+    def emit(self, event: Event) -> None:
+        """Append an event that changes no run (reaper actions and the like)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            events.append(pipe, event, self.events_maxlen)
+            pipe.execute()

@@ -1,0 +1,189 @@
+"""Typed state of the ledger: runs, instances, their states and failure reasons, and events."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.constants import Stage
+
+
+class RunState(StrEnum):
+    """A run's life: QUEUED -> PROVISIONING -> PREPARING -> TRAINING -> FINALIZING -> an end."""
+
+    QUEUED = "QUEUED"
+    PROVISIONING = "PROVISIONING"
+    PREPARING = "PREPARING"
+    TRAINING = "TRAINING"
+    FINALIZING = "FINALIZING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    def is_terminal(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+    @property
+    def stage(self) -> Stage | None:
+        """The stage whose task acts on a run in this state (QUEUED is provision's to pick up)."""
+        return _STAGE_OF.get(self)
+
+
+_STAGE_OF = {
+    RunState.QUEUED: Stage.PROVISION,
+    RunState.PROVISIONING: Stage.PROVISION,
+    RunState.PREPARING: Stage.PREPARE,
+    RunState.TRAINING: Stage.TRAIN,
+    RunState.FINALIZING: Stage.FINALIZE,
+}
+STATE_OF_STAGE = {
+    Stage.PROVISION: RunState.PROVISIONING,
+    Stage.PREPARE: RunState.PREPARING,
+    Stage.TRAIN: RunState.TRAINING,
+    Stage.FINALIZE: RunState.FINALIZING,
+}
+
+
+class FailureReason(StrEnum):
+    """Why a run ended FAILED (or CANCELLED)."""
+
+    NO_CAPACITY = "NO_CAPACITY"
+    PROVISIONING_FAILED = "PROVISIONING_FAILED"
+    NODE_TIMEOUT = "NODE_TIMEOUT"
+    INSTANCE_LOST = "INSTANCE_LOST"
+    PREPARE_FAILED = "PREPARE_FAILED"
+    TRAINING_FAILED = "TRAINING_FAILED"
+    FINALIZE_FAILED = "FINALIZE_FAILED"
+    CANCELLED_BY_USER = "CANCELLED_BY_USER"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+class InstanceState(StrEnum):
+    """An instance as the ledger knows it. TERMINATED only once the provider no longer lists it."""
+
+    REQUESTED = "REQUESTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    LOST = "LOST"
+
+    def is_terminal(self) -> bool:
+        return self in (InstanceState.TERMINATED, InstanceState.LOST)
+
+
+class StageTiming(BaseModel):
+    """When a stage started and ended (epoch seconds)."""
+
+    name: Stage
+    started: float | None = None
+    ended: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started is None or self.ended is None:
+            return None
+        return round(self.ended - self.started, 3)
+
+
+class Run(BaseModel):
+    """One job's way through the fleet. Stored as JSON; never holds a secret."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    state: RunState = RunState.QUEUED
+    provider: str
+    source: str = Field(description="Where the job came from (a file name, 'discord', ...).")
+    spec: dict[str, Any] = Field(description="The validated job (JobSpec as JSON).")
+    run_dir: str
+    output_dir: str
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    attempt: int = 1
+    instance: str | None = None
+    stages: list[StageTiming] = Field(default_factory=list)
+    failure_reason: FailureReason | None = None
+    failure_message: str | None = None
+    cancel_requested: bool = False
+    ray_jobs: dict[str, str] = Field(default_factory=dict, description="stage -> Ray submission id")
+    log_offset: int = Field(0, description="Characters of the train job's log already relayed.")
+    progress: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    event_seq: int = 0
+
+    def stage(self, name: Stage) -> StageTiming:
+        for timing in self.stages:
+            if timing.name == name:
+                return timing
+        timing = StageTiming(name=name)
+        self.stages.append(timing)
+        return timing
+
+    @property
+    def instance_name(self) -> str:
+        """The deterministic name of this attempt's instance: tf-<run>-<attempt>."""
+        return f"tf-{self.run_id}-{self.attempt}"
+
+
+class Instance(BaseModel):
+    """An instance the fleet asked a provider for (written as an intent before the create call)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    provider: str
+    run_id: str
+    state: InstanceState = InstanceState.REQUESTED
+    provider_id: str | None = None
+    price_per_hour: float | None = None
+    dashboard_url: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    missed: int = Field(0, description="Reaper cycles in a row in which the provider did not list it.")
+
+
+class EventType(StrEnum):
+    """What an event reports. Events carry these values and structured data, never prose alone."""
+
+    RUN_QUEUED = "run.queued"
+    STAGE_STARTED = "stage.started"
+    STAGE_FINISHED = "stage.finished"
+    INSTANCE_REQUESTED = "instance.requested"
+    INSTANCE_ADOPTED = "instance.adopted"
+    INSTANCE_READY = "instance.ready"
+    INSTANCE_TERMINATING = "instance.terminating"
+    INSTANCE_TERMINATED = "instance.terminated"
+    INSTANCE_KEPT = "instance.kept"
+    PREPARE_SUBMITTED = "prepare.submitted"
+    PREPARE_FETCHED = "prepare.fetched"
+    TRAIN_SUBMITTED = "train.submitted"
+    TRAIN_STARTED = "train.started"
+    TRAIN_STEP = "train.step"
+    TRAIN_EVAL = "train.eval"
+    TRAIN_CHECKPOINT = "train.checkpoint"
+    TRAIN_FINISHED = "train.finished"
+    RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    RUN_SUCCEEDED = "run.succeeded"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    RUN_KICKED = "run.kicked"
+    REAP_TERMINATED = "reap.terminated"
+
+
+TERMINAL_EVENTS = (EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED)
+
+
+class Event(BaseModel):
+    """One thing that happened. `id` is unique and stable, so consumers can drop repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: EventType
+    run_id: str | None = None
+    time: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,3 @@
+from fleet.cli import main
+
+main()

@@ -1,0 +1,341 @@
+"""`fleet`: the command line. Every command is a thin layer over fleet.service and the ledger."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from broker import events
+from broker.constants import QUEUES
+from broker.models import TERMINAL_EVENTS, Run
+from fleet import service
+from fleet.errors import ConfigError, FleetError
+from fleet.live import LiveView, describe
+from fleet.settings import Settings, load_settings
+from fleet.spec import LoadedJob, format_problems, load_job
+
+cli = typer.Typer(
+    help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
+)
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+UseRay = Annotated[bool, typer.Option("--use-ray", help="Set use_ray: true (like axolotl's flag).")]
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        err.print(f"[red]invalid settings[/red]\n{format_problems(exc)}")
+        raise typer.Exit(2) from None
+
+
+def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJob]:
+    """Validate every file; print every problem and exit 1 if any is invalid (nothing is enqueued)."""
+    jobs, failed = [], False
+    overrides = {"use_ray": True} if use_ray else None
+    for path in paths:
+        try:
+            jobs.append(load_job(path, default_provider=settings.default_provider, overrides=overrides))
+        except ConfigError as exc:
+            failed = True
+            err.print(format_problems(exc), markup=False, highlight=False)
+    if failed:
+        raise typer.Exit(1)
+    for job in jobs:
+        for warning in job.warnings:
+            err.print(f"[yellow]warning[/yellow] {job.source}: {warning}", highlight=False)
+    return jobs
+
+
+def _connect(settings: Settings) -> service.Fleet:
+    try:
+        return service.Fleet.connect(settings)
+    except FleetError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="Job YAML files.")]) -> None:
+    """Check job files; print every problem with its key and line. Exit 1 on any problem."""
+    settings = _settings()
+    jobs = _load(files, settings, use_ray=False)
+    for job in jobs:
+        out.print(f"[green]ok[/green] {job.source} (provider {job.spec.provider.value})", highlight=False)
+
+
+@cli.command()
+def enqueue(
+    files: Annotated[list[Path], typer.Argument(help="Job YAML files.")],
+    use_ray: UseRay = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate all files, then queue one run per file and print the run ids."""
+    settings = _settings()
+    jobs = _load(files, settings, use_ray)
+    fleet = _connect(settings)
+    runs = [_submit(fleet, job) for job in jobs]
+    if as_json:
+        out.print_json(json.dumps([{"run_id": r.run_id, "source": r.source} for r in runs]))
+    else:
+        for run in runs:
+            print(run.run_id)
+    from fleet.workerproc import missing_queues
+
+    if missing := missing_queues(fleet.redis):
+        err.print(
+            f"[yellow]no worker serves {', '.join(missing)} yet: start `fleet up` or `fleet worker`[/yellow]"
+        )
+
+
+def _submit(fleet: service.Fleet, job: LoadedJob) -> Run:
+    try:
+        return service.submit(fleet, job)
+    except ConfigError as exc:
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
+
+
+@cli.command()
+def run(
+    file: Annotated[Path, typer.Argument(help="A job YAML file.")],
+    use_ray: UseRay = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job and follow it live until it ends; exit 0 only when it SUCCEEDED.
+
+    Starts a worker (with the reaper's beat) itself when none is up. Ctrl-C cancels the run cleanly
+    (its node is terminated); a second Ctrl-C leaves at once.
+    """
+    from fleet.workerproc import SpawnedWorker, missing_queues, wait_for_queues
+
+    settings = _settings()
+    (job,) = _load([file], settings, use_ray)
+    fleet = _connect(settings)
+    spawned = None
+    if missing_queues(fleet.redis):
+        spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
+    try:
+        submitted = _submit(fleet, job)
+        if spawned is not None and not wait_for_queues(fleet.redis, 60):
+            err.print(f"[red]the worker did not start; see {spawned.log_path}[/red]")
+        final = _follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
+    finally:
+        if spawned is not None:
+            spawned.stop()
+    if as_json:
+        out.print_json(json.dumps(service.run_view(final)))
+    else:
+        _summary(final)
+    raise typer.Exit(0 if final.state.value == "SUCCEEDED" else 1)
+
+
+def _follow(fleet: service.Fleet, run: Run, live: bool, quiet: bool) -> Run:
+    """Show a run's events until it ends; the first Ctrl-C cancels it, the second gives up."""
+    view = LiveView(run)
+    interrupted = {"n": 0}
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        interrupted["n"] += 1
+        if interrupted["n"] >= 2:
+            raise KeyboardInterrupt
+        err.print("[yellow]cancelling the run (Ctrl-C again to leave it running)...[/yellow]")
+        service.cancel(fleet, run.run_id)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with (
+            Live(view.render(), console=out, refresh_per_second=4, transient=False)
+            if live
+            else _Null() as screen
+        ):
+            for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
+                current = fleet.ledger.get_run(run.run_id)
+                view.update(current, event)
+                if screen is not None:
+                    screen.update(view.render())
+                elif not quiet:
+                    out.print(describe(event), highlight=False, markup=False)
+                if event.type in TERMINAL_EVENTS:
+                    return current
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return fleet.ledger.get_run(run.run_id)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def _summary(run: Run) -> None:
+    color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow"}.get(run.state.value, "white")
+    out.print(f"[{color}]{run.run_id} {run.state.value}[/{color}]", highlight=False)
+    if run.failure_reason:
+        out.print(f"reason: {run.failure_reason.value}: {run.failure_message}", markup=False, highlight=False)
+    if run.state.value == "SUCCEEDED":
+        m = run.metrics
+        out.print(f"output: {run.output_dir}", highlight=False)
+        out.print(f"eval_loss: {m.get('eval_loss_first')} -> {m.get('eval_loss')}", highlight=False)
+
+
+@cli.command()
+def status(
+    run_id: Annotated[str | None, typer.Argument(help="A run id (or a unique prefix).")] = None,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+) -> None:
+    """Show one run, or list runs newest first."""
+    fleet = _connect(_settings())
+    if run_id is not None:
+        run = _find(fleet, run_id)
+        if as_json:
+            out.print_json(json.dumps(service.run_view(run)))
+            return
+        view = service.run_view(run)
+        table = Table(show_header=False, box=None)
+        for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
+            table.add_row(key, str(view[key]))
+        for stage in view["stages"]:
+            table.add_row(
+                f"stage {stage['name']}", f"{stage['seconds']}s" if stage["seconds"] is not None else "..."
+            )
+        table.add_row("eval_loss", f"{view['metrics']['eval_loss_first']} -> {view['metrics']['eval_loss']}")
+        out.print(table)
+        return
+    runs = fleet.ledger.list_runs(limit)
+    if as_json:
+        out.print_json(json.dumps([service.run_view(r) for r in runs]))
+        return
+    table = Table("run", "state", "provider", "source", "eval_loss", "age")
+    for r in runs:
+        age = f"{(time.time() - r.created_at) / 60:.0f}m"
+        table.add_row(
+            r.run_id, r.state.value, r.provider, r.source, str(r.metrics.get("eval_loss", "-")), age
+        )
+    out.print(table)
+
+
+def _find(fleet: service.Fleet, run_id: str) -> Run:
+    try:
+        return fleet.ledger.find_run(run_id)
+    except FleetError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+
+
+@cli.command()
+def logs(
+    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix).")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the run ends.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a run's events in order."""
+    fleet = _connect(_settings())
+    run = _find(fleet, run_id)
+    last = "0"
+    for sid, event in events.read_run(fleet.redis, run.run_id):
+        last = sid
+        print(event.model_dump_json() if as_json else describe(event), flush=True)
+    if not follow or fleet.ledger.get_run(run.run_id).state.is_terminal():
+        return
+    for event in events.follow_run(fleet.redis, run.run_id, after=last):
+        print(event.model_dump_json() if as_json else describe(event), flush=True)
+        if event.type in TERMINAL_EVENTS:
+            return
+
+
+@cli.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix).")],
+    wait: Annotated[bool, typer.Option(help="Wait until the run has ended.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 120.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a run: its Ray job is stopped and its node terminated."""
+    fleet = _connect(_settings())
+    run = _find(fleet, run_id)
+    run = service.cancel(fleet, run.run_id)
+    if wait and not run.state.is_terminal():
+        events.wait_for(fleet.redis, run.run_id, TERMINAL_EVENTS, timeout)
+        run = fleet.ledger.get_run(run.run_id)
+    if as_json:
+        out.print_json(json.dumps(service.run_view(run)))
+    else:
+        out.print(f"{run.run_id} {run.state.value}", highlight=False)
+    if wait and not run.state.is_terminal():
+        raise typer.Exit(1)
+
+
+QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
+ALL_QUEUES = ",".join(QUEUES)
+
+
+@cli.command()
+def worker(
+    queues: QueuesOpt = ALL_QUEUES,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="Worker processes.")] = None,
+    beat: Annotated[bool, typer.Option(help="Also run the reaper's beat in this worker.")] = False,
+) -> None:
+    """Run a Celery worker for the given stage queues (foreground)."""
+    from fleet.workerproc import run_worker
+
+    settings = _settings()
+    fleet = _connect(settings)
+    chosen = [q.strip() for q in queues.split(",") if q.strip()]
+    if unknown := [q for q in chosen if q not in QUEUES]:
+        err.print(f"[red]unknown queue(s) {', '.join(unknown)}; valid: {', '.join(QUEUES)}[/red]")
+        raise typer.Exit(2)
+    run_worker(settings, fleet.redis_url, chosen, concurrency or settings.worker_concurrency, beat)
+
+
+@cli.command()
+def beat() -> None:
+    """Run celery beat, which sends the reaper every FLEET_REAP_INTERVAL_S seconds (foreground)."""
+    from fleet.workerproc import run_beat
+
+    settings = _settings()
+    run_beat(settings, _connect(settings).redis_url)
+
+
+@cli.command()
+def up() -> None:
+    """A whole single-machine fleet in the foreground: one worker on every queue, plus beat."""
+    from fleet.workerproc import run_worker
+
+    settings = _settings()
+    fleet = _connect(settings)
+    err.print(f"fleet home {settings.home}; Ctrl-C to stop", highlight=False)
+    run_worker(settings, fleet.redis_url, list(QUEUES), settings.worker_concurrency, beat=True)
+
+
+@cli.command()
+def down() -> None:
+    """Stop the embedded Redis (the ledger stays on disk)."""
+    from fleet.embedded import stop_redis
+
+    settings = _settings()
+    out.print("stopped" if stop_redis(settings.home) else "not running")
+
+
+def main() -> None:
+    try:
+        cli()
+    except FleetError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)

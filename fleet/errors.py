@@ -1,0 +1,77 @@
+"""One error tree for the whole fleet. Each class says whether trying again can help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FleetError(Exception):
+    """Base of every error trainfleet raises on purpose."""
+
+    retryable = False
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: where (a dotted key path and a line) and what."""
+
+    path: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.path or "<file>"
+        at = f" (line {self.line})" if self.line is not None else ""
+        return f"{where}{at}: {self.message}"
+
+
+class ConfigError(FleetError):
+    """A job file, settings file or argument is invalid; nothing was enqueued."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s)\n{lines}")
+
+
+class NotFound(FleetError):
+    """A run, instance or file that was asked for does not exist."""
+
+
+class CredentialsMissing(FleetError):
+    """A provider's credential is not configured (named, never shown)."""
+
+
+class ProviderError(FleetError):
+    """A provider call failed."""
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider's API is down, rate limited or timed out; try again later."""
+
+    retryable = True
+
+
+class NoCapacity(ProviderError):
+    """No offer fits the job's section right now."""
+
+    retryable = True
+
+
+class ProvisioningFailed(ProviderError):
+    """The instance could not be brought up."""
+
+
+class AuthFailed(ProviderError):
+    """The provider refused the credential."""
+
+
+class NodeError(FleetError):
+    """The node's Ray head did not answer or refused a request."""
+
+    retryable = True
+
+
+# What Celery's autoretry_for may retry: only errors that say trying again can help.
+RETRYABLE: tuple[type[FleetError], ...] = (ProviderUnavailable, NoCapacity, NodeError)

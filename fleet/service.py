@@ -1,0 +1,131 @@
+"""What the CLI and the bot both call: submit, cancel, status. Plain functions over the ledger."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from broker import app as broker_app
+from broker.constants import Stage
+from broker.dispatch import Dispatcher
+from broker.ledger import Draft, Ledger
+from broker.models import EventType, Run
+from fleet.embedded import ensure_redis
+from fleet.settings import Settings
+from fleet.spec import LoadedJob
+from providers.base import ProviderContext
+from providers.registry import get_provider
+
+
+@dataclass
+class Fleet:
+    """A connection to the fleet: settings, Redis, the ledger and the dispatcher."""
+
+    settings: Settings
+    redis_url: str
+    redis: redis.Redis[str]
+    ledger: Ledger
+    dispatcher: Dispatcher
+
+    @classmethod
+    def connect(cls, settings: Settings) -> Fleet:
+        url = settings.redis_url or ensure_redis(settings.home)
+        client = redis.Redis.from_url(url, decode_responses=True)
+        app = broker_app.configure(settings, url)
+        return cls(
+            settings,
+            url,
+            client,
+            Ledger(client, settings.events_maxlen),
+            Dispatcher(app, client, settings.stall_after_s),
+        )
+
+
+def new_run_id() -> str:
+    """Sortable, readable, unique enough: yymmdd-hhmmss-xxxx."""
+    return time.strftime("%y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def submit(fleet: Fleet, job: LoadedJob) -> Run:
+    """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error."""
+    spec = job.spec
+    get_provider(spec.provider.value, ProviderContext(home=fleet.settings.home))  # refuse unavailable ones
+    run_id = new_run_id()
+    run_dir = (fleet.settings.runs_dir / run_id).resolve()
+    output_dir = (run_dir / spec.train.output_dir).resolve()
+    if run_dir not in output_dir.parents and output_dir != run_dir:
+        raise ValueError("output_dir escapes the run directory")  # validated earlier; belt and braces
+    run = Run(
+        run_id=run_id,
+        provider=spec.provider.value,
+        source=job.source,
+        spec=spec.model_dump(mode="json"),
+        run_dir=str(run_dir),
+        output_dir=str(output_dir),
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
+    drafts: list[Draft] = [
+        (EventType.RUN_QUEUED, {"source": job.source, "provider": run.provider, "warnings": job.warnings}),
+    ]
+    fleet.ledger.create_run(run, drafts)
+    fleet.dispatcher.send(Stage.PROVISION, run_id, after=None)
+    return run
+
+
+def cancel(fleet: Fleet, run_id: str) -> Run:
+    """Ask a run to stop. The stage that owns it stops the Ray job, terminates the node, ends it CANCELLED."""
+    run = fleet.ledger.find_run(run_id)
+    if run.state.is_terminal():
+        return run
+
+    def flag(r: Run) -> list[Draft]:
+        if r.cancel_requested or r.state.is_terminal():
+            return []
+        r.cancel_requested = True
+        return [(EventType.RUN_CANCEL_REQUESTED, {"state": r.state.value})]
+
+    run = fleet.ledger.update_run(run.run_id, flag)
+    if (stage := run.state.stage) is not None:
+        fleet.dispatcher.send(stage, run.run_id, after=None)  # only if no task owns the run right now
+    return run
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    """A run as `fleet status --json` prints it."""
+    stages = []
+    for timing in run.stages:
+        stages.append(
+            {
+                "name": timing.name.value,
+                "started": timing.started,
+                "ended": timing.ended,
+                "seconds": timing.seconds,
+            }
+        )
+    return {
+        "run_id": run.run_id,
+        "state": run.state.value,
+        "provider": run.provider,
+        "source": run.source,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "attempt": run.attempt,
+        "instance": run.instance,
+        "stages": stages,
+        "output_dir": run.output_dir,
+        "failure_reason": run.failure_reason.value if run.failure_reason else None,
+        "failure_message": run.failure_message,
+        "cancel_requested": run.cancel_requested,
+        "progress": run.progress,
+        "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
+    }
+
+
+def run_dir(settings: Settings, run_id: str) -> Path:
+    return settings.runs_dir / run_id

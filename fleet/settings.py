@@ -1,0 +1,91 @@
+"""The fleet's settings: one object, built once per process from the environment and an optional file.
+
+Environment variables are `FLEET_<NAME>` (plus `REDIS_URL` as is). A settings file (YAML) may hold the
+same names in lower case; it is read from `FLEET_SETTINGS_FILE`, else `<config dir>/settings.yml` when
+that exists. The environment wins over the file. Nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleet.errors import ConfigError, Problem
+
+
+class Settings(BaseModel):
+    """Every knob of the fleet. See docs/ARCHITECTURE.md for how they are used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis_url: str | None = Field(
+        None,
+        description="Redis for the broker, ledger and events; unset: an embedded redis-server.",
+    )
+    home: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir("trainfleet")),
+        description="Where the fleet keeps its data: embedded Redis, run directories, local nodes.",
+    )
+    default_provider: str = Field("local", description="Provider of a job without a provider section.")
+    poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
+    node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
+    stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
+    reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
+    orphan_grace_s: float = Field(120, ge=0, description="Never reap an instance younger than this.")
+    events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
+    worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.home / "nodes"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+    def public(self) -> dict[str, Any]:
+        """Settings safe to show (URLs may hold passwords: only their presence is shown)."""
+        data = self.model_dump(mode="json")
+        if data.get("redis_url"):
+            data["redis_url"] = "<set>"
+        return data
+
+
+def _file_values(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), [Problem("", f"cannot read settings file: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), [Problem("", "a settings file must be a mapping of names to values")])
+    return {str(k): v for k, v in data.items()}
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Build the settings from a file (if any) and the environment; raise ConfigError when invalid."""
+    environ = dict(os.environ if env is None else env)
+    explicit = environ.get("FLEET_SETTINGS_FILE")
+    path = Path(explicit) if explicit else Path(platformdirs.user_config_dir("trainfleet")) / "settings.yml"
+    values: dict[str, Any] = {}
+    if explicit or path.exists():
+        values = _file_values(path)
+    for name in Settings.model_fields:
+        key = "REDIS_URL" if name == "redis_url" else f"FLEET_{name.upper()}"
+        if key in environ:
+            values[name] = environ[key]
+    if "FLEET_REDIS_URL" in environ and "REDIS_URL" not in environ:
+        values["redis_url"] = environ["FLEET_REDIS_URL"]
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = [Problem(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
+        raise ConfigError("settings", problems) from None

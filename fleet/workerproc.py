@@ -1,0 +1,126 @@
+"""Starting Celery workers and beat in this process (`fleet worker`, `fleet beat`, `fleet up`), the
+heartbeat keys that tell the CLI which queues are served, and spawning a worker for `fleet run`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import signals
+
+from broker.app import app, configure
+from broker.constants import QUEUES, WORKERS_PREFIX, Stage, worker_key
+from fleet.settings import Settings
+
+HEARTBEAT_S = 5
+HEARTBEAT_TTL_S = 20
+
+
+def start_heartbeat(client: redis.Redis[str], hostname: str, queues: list[str]) -> threading.Event:
+    """Keep `tf:worker:<hostname>` alive while this worker runs; returns the event that stops it."""
+    stop = threading.Event()
+    value = json.dumps({"queues": queues, "pid": os.getpid(), "host": socket.gethostname()})
+
+    def beat() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(redis.RedisError):
+                client.set(worker_key(hostname), value, ex=HEARTBEAT_TTL_S)
+            stop.wait(HEARTBEAT_S)
+        with contextlib.suppress(redis.RedisError):
+            client.delete(worker_key(hostname))
+
+    threading.Thread(target=beat, name="fleet-heartbeat", daemon=True).start()
+    return stop
+
+
+def served_queues(client: redis.Redis[str]) -> set[str]:
+    """Queues that some live worker consumes (by the heartbeat keys)."""
+    served: set[str] = set()
+    for key in client.scan_iter(match=f"{WORKERS_PREFIX}*"):
+        raw = client.get(key)
+        if raw:
+            served.update(json.loads(raw).get("queues", []))
+    return served
+
+
+def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrency: int, beat: bool) -> None:
+    """Run a Celery worker in this process until it is told to stop."""
+    from workers import context
+
+    configure(settings, redis_url)
+    context.init(settings, redis_url)
+    hostname = f"fleet-{os.getpid()}@{socket.gethostname()}"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    stopper: dict[str, threading.Event] = {}
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        stopper["hb"] = start_heartbeat(client, hostname, queues)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _down(**_: Any) -> None:
+        if "hb" in stopper:
+            stopper["hb"].set()
+
+    argv = ["worker", "-Q", ",".join(queues), "-c", str(concurrency), "-n", hostname, "--loglevel", "INFO"]
+    if beat:
+        settings.home.mkdir(parents=True, exist_ok=True)
+        argv += ["-B", "-s", str(settings.home / "celerybeat-schedule")]
+    app.worker_main(argv)
+
+
+def run_beat(settings: Settings, redis_url: str) -> None:
+    """Run celery beat (the reaper's clock) in this process."""
+    configure(settings, redis_url)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", "--loglevel", "INFO", "-s", str(settings.home / "celerybeat-schedule")])
+
+
+class SpawnedWorker:
+    """A `fleet worker` child process that serves every queue (and runs beat) for `fleet run`."""
+
+    def __init__(self, redis_url: str, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"worker-{os.getpid()}.log"
+        env = dict(os.environ, REDIS_URL=redis_url)
+        argv = [sys.executable, "-m", "fleet", "worker", "--queues", ",".join(QUEUES), "--beat"]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+
+def missing_queues(client: redis.Redis[str]) -> list[str]:
+    served = served_queues(client)
+    return [s.value for s in Stage if s.value not in served]
+
+
+def wait_for_queues(client: redis.Redis[str], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while missing_queues(client):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -1,0 +1,126 @@
+"""The provider contract: what every GPU cloud (and this machine) must do for the fleet.
+
+A provider rents nodes whose name is the fleet's deterministic instance name `tf-<run>-<attempt>`, so a
+lookup by name finds what an earlier, interrupted attempt created. Every call here is short: none waits
+for a node to come up (the provision stage polls). `terminate` is idempotent. Providers raise only the
+errors of fleet.errors (ProviderError and its subclasses), translated from their vendor's.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+INSTANCE_PREFIX = "tf-"
+
+
+class ProviderName(StrEnum):
+    """The providers a job section may name."""
+
+    LOCAL = "local"
+    RUNPOD = "runpod"
+    VASTAI = "vastai"
+
+
+class NodeState(StrEnum):
+    """An instance as its provider reports it."""
+
+    PENDING = "PENDING"  # created, not ready yet
+    RUNNING = "RUNNING"  # up, and its Ray head answers
+    FAILED = "FAILED"  # will never become ready (exited, crashed)
+    STOPPED = "STOPPED"  # stopped or preempted; may still bill storage
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Something a provider can rent out now, with its price."""
+
+    provider: ProviderName
+    offer_id: str
+    gpu: str | None
+    gpu_count: int
+    price_per_hour: float
+    detail: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeInstance:
+    """A live instance of ours at a provider."""
+
+    name: str
+    provider: ProviderName
+    provider_id: str
+    state: NodeState
+    created_at: float
+    price_per_hour: float = 0.0
+    message: str = ""
+
+    @property
+    def age_s(self) -> float:
+        return time.time() - self.created_at
+
+
+@dataclass(frozen=True)
+class NodeEndpoint:
+    """How to reach a node's Ray head. `headers` carry the node's token: never log or store them."""
+
+    jobs_url: str
+    dashboard_url: str
+    headers: dict[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What to start: the instance's name, the run it is for, and the job's provider section."""
+
+    name: str
+    run_id: str
+    section: BaseModel
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What a provider may use from the fleet's settings (no secrets: those come from their own model)."""
+
+    home: Path
+
+
+class Provider(ABC):
+    """One GPU cloud. Subclasses set `name` and implement the six calls."""
+
+    name: ClassVar[ProviderName]
+
+    def __init__(self, context: ProviderContext) -> None:
+        self.context = context
+
+    @abstractmethod
+    def list_offers(self, section: BaseModel) -> list[Offer]:
+        """Offers that fit the section, cheapest first. Never blocks for long."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> NodeInstance:
+        """Create the instance and return at once (it is PENDING). The caller has looked the name up
+        first; if the create call fails after the vendor made the instance, the adapter cleans it up or
+        returns it, so that exactly one instance of that name exists or none."""
+
+    @abstractmethod
+    def get(self, name: str) -> NodeInstance | None:
+        """The live instance of that name, or None when it does not exist (or is gone)."""
+
+    @abstractmethod
+    def endpoint(self, name: str) -> NodeEndpoint:
+        """How to reach the instance's Ray head (raises NodeError when it has none yet)."""
+
+    @abstractmethod
+    def terminate(self, name: str) -> None:
+        """Ask for the instance to be destroyed. A no-op when it is already gone; idempotent."""
+
+    @abstractmethod
+    def list_instances(self) -> list[NodeInstance]:
+        """Every live instance of ours (named tf-...); never anybody else's."""

@@ -1,0 +1,232 @@
+"""Process control for Ray heads on this machine: start one detached, find its processes, stop them.
+
+Each head has its own directory (meta.json, token, log), its own short Ray temp dir and its own ports.
+Every process of a head carries that temp dir in its command line, which is how we find them all and
+never touch anything else: `ray stop` would end every Ray process on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+PORT_NAMES = (
+    "port",
+    "dashboard_port",
+    "ray_client_server_port",
+    "node_manager_port",
+    "object_manager_port",
+    "dashboard_agent_listen_port",
+    "dashboard_agent_grpc_port",
+    "metrics_export_port",
+    "runtime_env_agent_port",
+)
+
+
+@dataclass
+class HeadMeta:
+    """What we know of one local head, kept in <node dir>/meta.json."""
+
+    name: str
+    temp_dir: str
+    ports: dict[str, int]
+    worker_ports: tuple[int, int]
+    num_cpus: int
+    num_gpus: int
+    created_at: float
+    pid: int = 0
+    terminated_at: float | None = None
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard_port']}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _worker_port_window(size: int = 200) -> tuple[int, int]:
+    """A window of ports for Ray's workers that no other head of ours is likely to share."""
+    for _ in range(50):
+        start = secrets.randbelow(40_000) + 20_000
+        probe = [start, start + size // 2, start + size - 1]
+        try:
+            for port in probe:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return start, start + size - 1
+    raise OSError("no free port window for Ray workers")
+
+
+def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Start argv in a new session, detached from us (double fork), output to log_path; return its pid."""
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.close(read_fd)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild == 0:
+                out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.closerange(3, 65536)
+                try:
+                    os.execve(argv[0], argv, env)
+                finally:
+                    os._exit(127)
+            os.write(write_fd, str(grandchild).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(child, 0)
+    return int(data.decode() or 0)
+
+
+class LocalHeads:
+    """The local Ray heads under one directory."""
+
+    def __init__(self, nodes_dir: Path) -> None:
+        self.nodes_dir = nodes_dir
+
+    def node_dir(self, name: str) -> Path:
+        return self.nodes_dir / name
+
+    def read(self, name: str) -> HeadMeta | None:
+        try:
+            data = json.loads((self.node_dir(name) / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        data["worker_ports"] = tuple(data["worker_ports"])
+        return HeadMeta(**data)
+
+    def _write(self, meta: HeadMeta) -> None:
+        path = self.node_dir(meta.name) / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(meta)))
+        tmp.replace(path)
+
+    def token(self, name: str) -> str:
+        return (self.node_dir(name) / "token").read_text().strip()
+
+    def names(self) -> list[str]:
+        if not self.nodes_dir.exists():
+            return []
+        return sorted(p.name for p in self.nodes_dir.iterdir() if (p / "meta.json").exists())
+
+    def start(self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str]) -> HeadMeta:
+        """Start a head for `name` in the background (returns once the process exists, not when ready)."""
+        node_dir = self.node_dir(name)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        token_path = node_dir / "token"
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
+        digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
+        meta = HeadMeta(
+            name=name,
+            temp_dir=f"/tmp/tfray-{digest}",
+            ports={p: _free_port() for p in PORT_NAMES},
+            worker_ports=_worker_port_window(),
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            created_at=time.time(),
+        )
+        bin_dir = Path(sys.executable).parent
+        argv = [
+            str(bin_dir / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--temp-dir={meta.temp_dir}",
+            f"--num-cpus={num_cpus}",
+            f"--num-gpus={num_gpus}",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            "--disable-usage-stats",
+            f"--min-worker-port={meta.worker_ports[0]}",
+            f"--max-worker-port={meta.worker_ports[1]}",
+            *(f"--{k.replace('_', '-')}={v}" for k, v in meta.ports.items()),
+        ]
+        head_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FLEET_"))}
+        head_env.update(env)
+        head_env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(token_path),
+            RAY_USAGE_STATS_ENABLED="0",
+            PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
+        self._write(meta)  # intent first: a crash after the spawn still leaves a findable head
+        meta.pid = spawn_detached(argv, head_env, node_dir / "head.log")
+        self._write(meta)
+        return meta
+
+    def processes(self, meta: HeadMeta) -> list[psutil.Process]:
+        """Every live process of this head (found by its temp dir, or as the `ray start` process)."""
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                cmdline = " ".join(proc.info["cmdline"] or [])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if meta.temp_dir in cmdline:
+                found[proc.pid] = proc
+        return list(found.values())
+
+    def head_alive(self, meta: HeadMeta) -> bool:
+        """Whether the `ray start --block` process of this head still runs."""
+        if not meta.pid:
+            return False
+        try:
+            proc = psutil.Process(meta.pid)
+            return proc.status() != psutil.STATUS_ZOMBIE and meta.temp_dir in " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    def stop(self, name: str, grace_s: float = 5.0) -> None:
+        """End every process of the head (SIGTERM, then SIGKILL after a grace period); idempotent."""
+        meta = self.read(name)
+        if meta is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+            procs = self.processes(meta)  # scanned again each round: a dying head may still spawn
+            if not procs:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if meta.pid:
+                    os.killpg(meta.pid, sig)
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(sig)
+            psutil.wait_procs(procs, timeout=wait)
+        if not self.processes(meta):
+            shutil.rmtree(meta.temp_dir, ignore_errors=True)
+            meta.terminated_at = meta.terminated_at or time.time()
+            self._write(meta)

@@ -1,0 +1,113 @@
+"""The `local` provider: a Ray head on this machine, with token auth, its own ports and temp dir.
+
+It is the default for the demo and the tests, and the model for the cloud providers: an instance is a
+head named tf-<run>-<attempt>, it costs nothing, and terminating it stops that head and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from fleet.errors import NodeError, ProvisioningFailed
+from providers.base import (
+    INSTANCE_PREFIX,
+    LaunchRequest,
+    NodeEndpoint,
+    NodeInstance,
+    NodeState,
+    Offer,
+    Provider,
+    ProviderContext,
+    ProviderName,
+)
+from providers.local.client import HeadMeta, LocalHeads
+from providers.local.models import LocalSection
+
+
+class LocalProvider(Provider):
+    """Ray heads on this machine, one per run attempt."""
+
+    name: ClassVar[ProviderName] = ProviderName.LOCAL
+
+    def __init__(self, context: ProviderContext) -> None:
+        super().__init__(context)
+        self.heads = LocalHeads(context.home / "nodes")
+
+    def list_offers(self, section: BaseModel) -> list[Offer]:
+        assert isinstance(section, LocalSection)
+        cpus = section.num_cpus or os.cpu_count() or 1
+        return [
+            Offer(self.name, "this-machine", None, section.num_gpus, 0.0, {"cpus": str(cpus)}),
+        ]
+
+    def launch(self, request: LaunchRequest) -> NodeInstance:
+        section = request.section
+        if not isinstance(section, LocalSection):
+            raise ProvisioningFailed(f"local provider got a {type(section).__name__} section")
+        if not request.name.startswith(INSTANCE_PREFIX):
+            raise ProvisioningFailed(f"instance names start with {INSTANCE_PREFIX!r}: {request.name!r}")
+        try:
+            meta = self.heads.start(
+                request.name, section.num_cpus or os.cpu_count() or 1, section.num_gpus, dict(section.env)
+            )
+        except OSError as exc:
+            self.heads.stop(request.name)
+            raise ProvisioningFailed(f"could not start a local Ray head: {exc}") from exc
+        return self._instance(meta)
+
+    def get(self, name: str) -> NodeInstance | None:
+        meta = self.heads.read(name)
+        if meta is None or meta.terminated_at is not None:
+            return None
+        if not self.heads.processes(meta) and time.time() - meta.created_at > 10:
+            return None  # nothing of it runs: gone
+        return self._instance(meta)
+
+    def _instance(self, meta: HeadMeta) -> NodeInstance:
+        if not self.heads.head_alive(meta):
+            state, message = (
+                NodeState.FAILED,
+                f"the head process exited; see {self.heads.node_dir(meta.name)}/head.log",
+            )
+            if time.time() - meta.created_at < 10 and not meta.pid:
+                state, message = NodeState.PENDING, "starting"
+        elif self._answers(meta):
+            state, message = NodeState.RUNNING, "ready"
+        else:
+            state, message = NodeState.PENDING, "starting"
+        return NodeInstance(meta.name, self.name, meta.name, state, meta.created_at, 0.0, message)
+
+    def _answers(self, meta: HeadMeta) -> bool:
+        request = urllib.request.Request(
+            f"{meta.dashboard_url}/api/version", headers=self._headers(meta.name)
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _headers(self, name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.heads.token(name)}"}
+
+    def endpoint(self, name: str) -> NodeEndpoint:
+        meta = self.heads.read(name)
+        if meta is None or meta.terminated_at is not None:
+            raise NodeError(f"no local head named {name!r}")
+        return NodeEndpoint(meta.dashboard_url, meta.dashboard_url, self._headers(name))
+
+    def terminate(self, name: str) -> None:
+        self.heads.stop(name)
+
+    def list_instances(self) -> list[NodeInstance]:
+        out = []
+        for name in self.heads.names():
+            if name.startswith(INSTANCE_PREFIX) and (inst := self.get(name)) is not None:
+                out.append(inst)
+        return out

@@ -1,0 +1,127 @@
+"""The ledger, the event stream and the dispatcher against a real Redis server."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from broker import events
+from broker.constants import Stage, tick_key
+from broker.dispatch import Dispatcher
+from broker.ledger import Draft, Ledger
+from broker.models import EventType, Instance, InstanceState, Run, RunState
+from fleet.errors import NotFound
+
+
+def make_run(run_id: str = "r1") -> Run:
+    return Run(run_id=run_id, provider="local", source="t.yml", spec={}, run_dir="/x", output_dir="/x/o")
+
+
+def test_create_and_update_write_events_with_the_state(redis_client: redis.Redis[str]) -> None:
+    ledger = Ledger(redis_client)
+    ledger.create_run(make_run(), [(EventType.RUN_QUEUED, {"source": "t.yml"})])
+
+    def move(run: Run) -> list[Draft]:
+        run.state = RunState.PROVISIONING
+        return [(EventType.STAGE_STARTED, {"stage": "provision"})]
+
+    ledger.update_run("r1", move)
+    assert ledger.get_run("r1").state == RunState.PROVISIONING
+    got = [e for _, e in events.read_run(redis_client, "r1")]
+    assert [e.type for e in got] == [EventType.RUN_QUEUED, EventType.STAGE_STARTED]
+    assert [e.id for e in got] == ["r1-1", "r1-2"]  # stable ids: consumers dedupe on them
+    assert redis_client.xlen("tf:events") == 2
+
+
+def test_concurrent_updates_never_lose_one(redis_client: redis.Redis[str], redis_url: str) -> None:
+    ledger = Ledger(redis_client)
+    ledger.create_run(make_run(), [])
+
+    def bump(run: Run) -> list[Draft]:
+        run.log_offset += 1
+        return [(EventType.TRAIN_STEP, {"step": run.log_offset})]
+
+    def worker() -> None:
+        other = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
+        for _ in range(25):
+            other.update_run("r1", bump)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run = ledger.get_run("r1")
+    assert run.log_offset == 100
+    steps = [e.data["step"] for _, e in events.read_run(redis_client, "r1")]
+    assert steps == list(range(1, 101))
+
+
+def test_find_run_by_prefix_and_missing(redis_client: redis.Redis[str]) -> None:
+    ledger = Ledger(redis_client)
+    ledger.create_run(make_run("261129-101010-abcd"), [])
+    ledger.create_run(make_run("261129-101010-abff"), [])
+    assert ledger.find_run("261129-101010-abc").run_id == "261129-101010-abcd"
+    with pytest.raises(NotFound, match="matches 2 runs"):
+        ledger.find_run("261129-101010-ab")
+    with pytest.raises(NotFound):
+        ledger.get_run("nope")
+    assert [r.run_id for r in ledger.list_runs()] == ["261129-101010-abff", "261129-101010-abcd"]
+
+
+def test_instances_round_trip(redis_client: redis.Redis[str]) -> None:
+    ledger = Ledger(redis_client)
+    ledger.put_instance(Instance(name="tf-r1-1", provider="local", run_id="r1"))
+    updated = ledger.update_instance("tf-r1-1", state=InstanceState.RUNNING)
+    assert updated is not None and updated.state == InstanceState.RUNNING
+    assert [i.name for i in ledger.list_instances()] == ["tf-r1-1"]
+    assert ledger.update_instance("tf-missing-1", state=InstanceState.RUNNING) is None
+
+
+def test_consumer_group_redelivers_unacked_after_restart(redis_client: redis.Redis[str]) -> None:
+    ledger = Ledger(redis_client)
+    ledger.create_run(make_run(), [(EventType.RUN_QUEUED, {}), (EventType.STAGE_STARTED, {"stage": "x"})])
+    first = events.EventConsumer(redis_client, "notifier", "c1")
+    got = first.read(block_ms=100)
+    assert [e.type for _, e in got] == [EventType.RUN_QUEUED, EventType.STAGE_STARTED]
+    first.ack(got[0][0])  # the second one is "in flight" when the consumer dies
+    again = events.EventConsumer(redis_client, "notifier", "c1")
+    redelivered = again.read(block_ms=100)
+    assert [e.type for _, e in redelivered] == [EventType.STAGE_STARTED]
+    again.ack(redelivered[0][0])
+    assert again.read(block_ms=100) == []  # pending done, nothing new
+
+
+class _Recorder(Celery):
+    """A Celery app whose send_task records instead of sending (the dispatcher's handover is what we test)."""
+
+    def __init__(self) -> None:
+        super().__init__("recorder", set_as_current=False)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.sent.append((name, kwargs))
+
+
+def test_dispatcher_keeps_one_chain_per_run(redis_client: redis.Redis[str]) -> None:
+    app = _Recorder()
+    dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
+    assert dispatcher.send(Stage.PROVISION, "r1", after=None)
+    assert not dispatcher.send(Stage.PROVISION, "r1", after=None)  # someone owns it
+    first_id = app.sent[0][1]["task_id"]
+    assert dispatcher.claim("r1", first_id)
+    assert not dispatcher.claim("r1", "a-duplicate-delivery")
+    assert dispatcher.send(Stage.PREPARE, "r1", after=first_id)
+    second_id = app.sent[1][1]["task_id"]
+    # The first task, delivered again after it handed over, can neither act nor fork the chain.
+    assert not dispatcher.claim("r1", first_id)
+    assert not dispatcher.send(Stage.PREPARE, "r1", after=first_id)
+    assert dispatcher.owner("r1") == second_id
+    assert len(app.sent) == 2
+    # Once the owner's lease expires (a dead worker), anyone may restart the chain.
+    redis_client.delete(tick_key("r1"))
+    assert dispatcher.send(Stage.PREPARE, "r1", after=None)

@@ -1,0 +1,147 @@
+"""The training half of a job: the axolotl keys the trainfleet LoRA recipe understands.
+
+`TrainConfig` is the node's contract. The front door (fleet.spec) validates a user's YAML into it, and the
+trainer reads it back from JSON on the node. Keys it does not know are kept (``extra="allow"``) so that a
+real axolotl config loads unchanged; fleet.spec warns about them once.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Names under which the trainer builds a model itself instead of downloading it (see trainer.tiny).
+BUILTIN_MODELS = ("trainfleet/tiny-llama",)
+
+DatasetType = Literal["alpaca", "completion"]
+Scheduler = Literal[
+    "cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"
+]
+Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"]
+HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
+
+
+class DatasetConfig(BaseModel):
+    """One entry of `datasets:` (axolotl's shape). Unknown keys are kept and warned about."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str = Field(min_length=1, description="Local JSONL file or directory, or a hub dataset id.")
+    type: DatasetType = Field(
+        "alpaca", description="alpaca: instruction/input/output; completion: plain text."
+    )
+    field: str = Field("text", min_length=1, description="The text field of a `completion` dataset.")
+    data_files: str | list[str] | None = Field(None, description="Files inside `path` to read.")
+    split: str = Field("train", description="Split name (hub datasets).")
+
+
+class TrainConfig(BaseModel):
+    """The axolotl keys the trainer uses, typed; any other key is passed through untouched."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    base_model: str = Field(min_length=1, description="Hub id or local path of the base model.")
+    datasets: Annotated[list[DatasetConfig], Field(min_length=1, description="Training datasets.")]
+    adapter: Literal["lora"] = Field("lora", description="Only LoRA adapters are trained by this recipe.")
+    lora_r: int = Field(8, ge=1, le=1024, description="LoRA rank.")
+    lora_alpha: float = Field(16, gt=0, le=4096, description="LoRA alpha.")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    lora_target_modules: list[str] | None = Field(None, description="Module names to adapt.")
+    lora_target_linear: bool | None = Field(None, description="Adapt every linear layer but the LM head.")
+    sequence_len: int = Field(512, ge=8, le=131072, description="Tokens per example (truncated).")
+    micro_batch_size: int = Field(1, ge=1, le=4096, description="Examples per device per step.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=4096, description="Micro batches per optimizer step."
+    )
+    num_epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the training split.")
+    max_steps: int | None = Field(
+        None, ge=1, le=10_000_000, description="Stop after this many optimizer steps."
+    )
+    learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate.")
+    lr_scheduler: Scheduler = Field("cosine", description="Learning-rate schedule.")
+    warmup_steps: int | None = Field(None, ge=0, le=10_000_000, description="Warm-up steps.")
+    warmup_ratio: float | None = Field(None, ge=0.0, le=1.0, description="Warm-up as a share of all steps.")
+    optimizer: Optimizer = Field("adamw_torch", description="Optimizer.")
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0, description="Weight decay.")
+    val_set_size: float = Field(0.0, ge=0.0, description="Eval split: a fraction below 1, or a count.")
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (and at start and end).")
+    save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps.")
+    logging_steps: int = Field(1, ge=1, description="Report the training loss every N steps.")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed.")
+    train_on_inputs: bool = Field(False, description="Also train on the prompt tokens (alpaca).")
+    output_dir: str = Field("./outputs", description="Where results go, relative to the run's directory.")
+    hub_model_id: str | None = Field(None, pattern=HUB_ID_PATTERN, description="Push the result here.")
+    wandb_project: str | None = Field(None, description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity.")
+    wandb_name: str | None = Field(None, description="W&B run name.")
+    wandb_run_id: str | None = Field(None, description="W&B run id.")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="W&B mode.")
+    wandb_watch: str | None = Field(None, description="W&B watch setting.")
+    wandb_log_model: str | None = Field(None, description="W&B model logging.")
+    use_ray: bool = Field(False, description="Train with Ray Train's TorchTrainer (else one process).")
+    ray_num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers.")
+    resources_per_worker: dict[str, float] | None = Field(
+        None, description="Ray resources per worker, e.g. {GPU: 1}; default 1 GPU, or 1 CPU without GPUs."
+    )
+    ray_run_name: str | None = Field(None, description="Ray Train run name.")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_stays_inside(cls, value: str) -> str:
+        norm = posixpath.normpath(value.replace("\\", "/"))
+        if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or "\x00" in norm:
+            raise ValueError("must be a relative path inside the run's directory (no '..', not absolute)")
+        return norm
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources_positive(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            for name, amount in value.items():
+                if not name or amount < 0 or amount > 1024:
+                    raise ValueError(f"{name!r}: amount must be between 0 and 1024")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError("set warmup_steps or warmup_ratio, not both")
+        if self.val_set_size >= 1 and self.val_set_size != int(self.val_set_size):
+            raise ValueError("val_set_size: a fraction below 1, or a whole number of examples")
+        return self
+
+    def extra_keys(self) -> list[str]:
+        """Keys trainfleet does not use (kept and passed through), including ones inside datasets."""
+        keys = sorted((self.model_extra or {}).keys())
+        for i, ds in enumerate(self.datasets):
+            keys += [f"datasets[{i}].{k}" for k in sorted((ds.model_extra or {}).keys())]
+        return keys
+
+
+class TrainJob(BaseModel):
+    """Everything the node needs to train one run; travels as JSON in the Ray job's environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(min_length=1, description="The fleet's run id.")
+    config: TrainConfig
+    work_dir: str = Field(
+        description="Absolute scratch directory of this run on the node (Ray storage, checkpoints)."
+    )
+    output_dir: str = Field(description="Absolute directory on the node that receives the results.")
+    cache_dir: str | None = Field(None, description="Where base models are found or built on the node.")
+    use_gpu: bool = Field(False, description="Whether the node's workers use GPUs.")
+
+    def to_env(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_env(cls, text: str) -> TrainJob:
+        return cls.model_validate_json(text)
+
+
+def as_jsonable(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain JSON data, passthrough keys included."""
+    return config.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,48 @@
+"""The trainer's progress protocol: one JSON object per stdout line, behind a fixed marker.
+
+Rank 0 prints these lines; the fleet reads them back from the Ray job's logs (which may prefix each
+line with the worker's name) and turns each into an event. Keep this module free of heavy imports:
+both the node and the workers use it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from enum import StrEnum
+from typing import Any
+
+MARKER = "@@fleet "
+ENV_VAR = "FLEET_TRAIN_JOB"  # the TrainJob JSON travels in this environment variable
+
+
+class Kind(StrEnum):
+    """What a progress line reports."""
+
+    FETCHED = "fetched"  # base model and datasets resolved on the node: {model_path, examples}
+    STARTED = "started"  # {total_steps, num_workers, train_examples, eval_examples}
+    STEP = "step"  # {step, total_steps, loss, learning_rate, epoch}
+    EVAL = "eval"  # {step, eval_loss}
+    CHECKPOINT = "checkpoint"  # {step, path}
+    FINISHED = "finished"  # {metrics: {...}, output_dir}
+
+
+def emit(kind: Kind, **data: Any) -> None:
+    """Print one progress line (call from rank 0 only)."""
+    sys.stdout.write(MARKER + json.dumps({"kind": kind.value, **data}, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def parse(text: str) -> Iterator[dict[str, Any]]:
+    """Yield every progress record found in `text` (whole lines only), skipping malformed ones."""
+    for line in text.splitlines():
+        at = line.find(MARKER)
+        if at < 0:
+            continue
+        try:
+            record = json.loads(line[at + len(MARKER) :])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("kind") in Kind.__members__.values():
+            yield record

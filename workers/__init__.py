@@ -1,0 +1,1 @@
+"""One module per stage (provision, prepare, train, finalize, reap): thin Celery tasks over plain steps."""

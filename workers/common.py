@@ -1,0 +1,197 @@
+"""The shape every stage task shares: claim the run, check it, take one step, hand it on.
+
+A step is a plain function `step(ctx, run) -> Next`. It never waits long: to wait, it returns
+`Next.poll()` and the same stage's task is sent again after a short countdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.constants import Stage
+from broker.ledger import Draft
+from broker.models import STATE_OF_STAGE, EventType, FailureReason, InstanceState, Run, RunState
+from fleet.errors import RETRYABLE, FleetError
+from fleet.spec import JobSpec
+from trainer.config import TrainJob
+from workers import context
+from workers.node import NodeClient
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from celery import Task
+
+log = logging.getLogger("trainfleet.workers")
+
+# Every stage task: retry only what can get better by itself, with jittered exponential back-off.
+RETRY_POLICY: dict[str, Any] = {
+    "autoretry_for": RETRYABLE,
+    "retry_backoff": 1,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 12,
+}
+
+
+@dataclass(frozen=True)
+class Next:
+    """What a step wants next: poll this stage again, move to another stage, or nothing."""
+
+    stage: Stage | None
+    countdown: float = 0.0
+
+    @staticmethod
+    def poll(stage: Stage, countdown: float) -> Next:
+        return Next(stage, countdown)
+
+    @staticmethod
+    def advance(stage: Stage) -> Next:
+        return Next(stage, 0.0)
+
+    @staticmethod
+    def done() -> Next:
+        return Next(None)
+
+
+class StageFailed(FleetError):
+    """A step found that the run cannot go on; carries the failure reason."""
+
+    def __init__(self, reason: FailureReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
+    """The body of every stage task."""
+    ctx = context.get()
+    task_id = str(task.request.id)
+    if not ctx.dispatcher.claim(run_id, task_id):
+        log.info("run %s: %s task %s stands down (another task owns the run)", run_id, stage, task_id)
+        return
+    run = ctx.ledger.get_run(run_id)
+    if run.state.is_terminal():
+        return
+    if run.cancel_requested:
+        teardown(ctx, run, RunState.CANCELLED, FailureReason.CANCELLED_BY_USER, "cancelled by request")
+        return
+    current = run.state.stage
+    if current is not None and current != stage:
+        ctx.dispatcher.send(current, run_id, after=task_id)  # a stale message: hand to the right stage
+        return
+    try:
+        nxt = step(ctx, run)
+    except StageFailed as exc:
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc))
+        return
+    except FleetError as exc:
+        if exc.retryable:
+            raise
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), str(exc))
+        return
+    except Exception as exc:  # a bug must not leave a node billing: log it, clean up, fail the run
+        log.exception("run %s: %s step crashed", run_id, stage)
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, FailureReason.INTERNAL_ERROR, repr(exc))
+        return
+    if nxt.stage is not None:
+        ctx.dispatcher.send(nxt.stage, run_id, after=task_id, countdown=nxt.countdown)
+
+
+def _reason_for(stage: Stage) -> FailureReason:
+    return {
+        Stage.PROVISION: FailureReason.PROVISIONING_FAILED,
+        Stage.PREPARE: FailureReason.PREPARE_FAILED,
+        Stage.TRAIN: FailureReason.TRAINING_FAILED,
+        Stage.FINALIZE: FailureReason.FINALIZE_FAILED,
+    }[stage]
+
+
+def enter(run: Run, stage: Stage) -> list[Draft]:
+    """Move a run into `stage` (closing the one it was in); returns the events that says."""
+    drafts: list[Draft] = []
+    now = time.time()
+    previous = run.state.stage if run.state != RunState.QUEUED else None
+    if previous is not None:
+        timing = run.stage(previous)
+        if timing.ended is None:
+            timing.ended = now
+            drafts.append((EventType.STAGE_FINISHED, {"stage": previous.value, "seconds": timing.seconds}))
+    run.state = STATE_OF_STAGE[stage]
+    run.stage(stage).started = now
+    drafts.append((EventType.STAGE_STARTED, {"stage": stage.value}))
+    return drafts
+
+
+def job_spec(run: Run) -> JobSpec:
+    return JobSpec.model_validate(run.spec)
+
+
+def train_job(ctx: context.Context, run: Run) -> TrainJob:
+    """What the node gets: the training config and where to put things (no secrets)."""
+    spec = job_spec(run)
+    return TrainJob(
+        run_id=run.run_id,
+        config=spec.train,
+        work_dir=run.run_dir,
+        output_dir=run.output_dir,
+        cache_dir=str(ctx.settings.cache_dir),
+        use_gpu=spec.gpu_count > 0,
+    )
+
+
+def node(ctx: context.Context, run: Run) -> NodeClient:
+    assert run.instance is not None
+    return NodeClient(ctx.provider(run.provider).endpoint(run.instance))
+
+
+def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
+    """Terminate the run's instance and confirm it is gone; returns the events that says."""
+    if run.instance is None:
+        return []
+    provider = ctx.provider(run.provider)
+    inst = ctx.ledger.get_instance(run.instance)
+    if inst is not None and inst.state.is_terminal():
+        return []
+    ctx.ledger.update_instance(run.instance, state=InstanceState.TERMINATING)
+    provider.terminate(run.instance)
+    if provider.get(run.instance) is None:
+        ctx.ledger.update_instance(run.instance, state=InstanceState.TERMINATED)
+        return [(EventType.INSTANCE_TERMINATED, {"instance": run.instance})]
+    # Not gone yet: the reaper confirms (and retries) until the provider no longer lists it.
+    return [(EventType.INSTANCE_TERMINATING, {"instance": run.instance})]
+
+
+def teardown(
+    ctx: context.Context, run: Run, final: RunState, reason: FailureReason | None, message: str
+) -> None:
+    """End a run that failed or was cancelled: stop its Ray jobs, give its node back, record why."""
+    if run.state.is_terminal():
+        return
+    drafts: list[Draft] = []
+    if run.instance is not None and run.ray_jobs:
+        try:
+            client = node(ctx, run)
+            for sid in run.ray_jobs.values():
+                client.stop(sid)
+        except FleetError as exc:
+            log.warning("run %s: could not stop its Ray jobs: %s", run.run_id, exc)
+    keep = final == RunState.FAILED and not job_spec(run).one_shot and run.instance is not None
+    if keep:
+        drafts.append((EventType.INSTANCE_KEPT, {"instance": run.instance, "why": "one_shot is false"}))
+    else:
+        drafts += terminate_instance(ctx, run)
+
+    def close(r: Run) -> list[Draft]:
+        if r.state.is_terminal():
+            return []
+        now = time.time()
+        if (stage := r.state.stage) is not None and r.state != RunState.QUEUED:
+            r.stage(stage).ended = now
+        r.state, r.failure_reason, r.failure_message = final, reason, message[-2000:]
+        kind = EventType.RUN_CANCELLED if final == RunState.CANCELLED else EventType.RUN_FAILED
+        return [*drafts, (kind, {"reason": reason.value if reason else None, "message": message[-500:]})]
+
+    ctx.ledger.update_run(run.run_id, close)

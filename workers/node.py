@@ -1,0 +1,83 @@
+"""Talking to a node's Ray head through the Ray Jobs API (token in headers, never logged)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import NodeError
+from providers.base import NodeEndpoint
+
+TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
+
+
+class JobStatus(StrEnum):
+    """A Ray job's status (the Jobs API's values)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    status: JobStatus
+    message: str
+
+
+class NodeClient:
+    """Submit, watch and stop Ray jobs on one node. Submissions are idempotent by submission id."""
+
+    def __init__(self, endpoint: NodeEndpoint) -> None:
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            self._client = JobSubmissionClient(endpoint.jobs_url, headers=dict(endpoint.headers))
+        except (ConnectionError, RuntimeError) as exc:
+            raise NodeError(f"the node's Ray head at {endpoint.jobs_url} does not answer: {exc}") from None
+
+    def info(self, submission_id: str) -> JobInfo | None:
+        """The job's status, or None when the node has no such job."""
+        try:
+            info = self._client.get_job_info(submission_id)
+        except RuntimeError as exc:
+            if "does not exist" in str(exc) or "404" in str(exc):
+                return None
+            raise NodeError(f"cannot read job {submission_id}: {exc}") from None
+        return JobInfo(JobStatus(str(info.status)), info.message or "")
+
+    def submit(self, submission_id: str, entrypoint: str, env: dict[str, str]) -> None:
+        """Start the job unless the node already has one with this id."""
+        if self.info(submission_id) is not None:
+            return
+        runtime_env: dict[str, Any] = {
+            "py_modules": [str(TRAINER_DIR)],
+            "env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", **env},
+        }
+        try:
+            self._client.submit_job(
+                entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env
+            )
+        except RuntimeError as exc:
+            if "already exists" in str(exc):
+                return
+            raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
+
+    def logs(self, submission_id: str) -> str:
+        try:
+            return str(self._client.get_job_logs(submission_id))
+        except RuntimeError as exc:
+            raise NodeError(f"cannot read the logs of job {submission_id}: {exc}") from None
+
+    def stop(self, submission_id: str) -> bool:
+        try:
+            return bool(self._client.stop_job(submission_id))
+        except RuntimeError:
+            return False

@@ -1,0 +1,52 @@
+"""prepare: on the node, fetch (or build) the base model and check the datasets, as a Ray job."""
+
+from __future__ import annotations
+
+from celery import Task
+
+from broker.app import app
+from broker.constants import Stage
+from broker.ledger import Draft
+from broker.models import EventType, FailureReason, Run
+from trainer import progress
+from workers import context
+from workers.common import RETRY_POLICY, Next, StageFailed, enter, node, run_stage, train_job
+from workers.node import JobStatus
+
+ENTRYPOINT = "python -m trainer fetch"
+
+
+def step(ctx: context.Context, run: Run) -> Next:
+    client = node(ctx, run)
+    sid = f"{run.run_id}-{run.attempt}-fetch"
+    if run.ray_jobs.get(Stage.PREPARE.value) != sid:
+        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+
+        def submitted(r: Run) -> list[Draft]:
+            r.ray_jobs[Stage.PREPARE.value] = sid
+            return [(EventType.PREPARE_SUBMITTED, {"ray_job": sid})]
+
+        run = ctx.ledger.update_run(run.run_id, submitted)
+    info = client.info(sid)
+    if info is None:
+        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+        return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
+    if info.status == JobStatus.SUCCEEDED:
+        fetched = [r for r in progress.parse(client.logs(sid)) if r["kind"] == progress.Kind.FETCHED]
+        data = {k: v for k, v in (fetched[-1] if fetched else {}).items() if k != "kind"}
+
+        def done(r: Run) -> list[Draft]:
+            return [(EventType.PREPARE_FETCHED, data), *enter(r, Stage.TRAIN)]
+
+        ctx.ledger.update_run(run.run_id, done)
+        return Next.advance(Stage.TRAIN)
+    if info.status.is_terminal():
+        tail = client.logs(sid)[-1500:]
+        raise StageFailed(FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{tail}")
+    return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
+
+
+@app.task(name=Stage.PREPARE.task_name, bind=True, **RETRY_POLICY)
+def prepare(self: Task, run_id: str) -> None:
+    """Get the node ready to train."""
+    run_stage(self, run_id, Stage.PREPARE, step)

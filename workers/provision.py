@@ -1,0 +1,81 @@
+"""provision: find or create the run's node (intent first, lookup by name before any create), then
+poll until its Ray head answers."""
+
+from __future__ import annotations
+
+import time
+
+from celery import Task
+
+from broker.app import app
+from broker.constants import Stage
+from broker.ledger import Draft
+from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
+from providers.base import LaunchRequest, NodeState
+from workers import context
+from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, run_stage
+
+
+def step(ctx: context.Context, run: Run) -> Next:
+    if run.state == RunState.QUEUED:
+        run = ctx.ledger.update_run(run.run_id, lambda r: enter(r, Stage.PROVISION))
+    provider = ctx.provider(run.provider)
+    name = run.instance_name
+    if ctx.ledger.get_instance(name) is None:
+        # The intent is written before the create call, so a crash in between leaves a name to look up.
+        ctx.ledger.put_instance(Instance(name=name, provider=run.provider, run_id=run.run_id))
+
+        def attach(r: Run) -> list[Draft]:
+            r.instance = name
+            return []
+
+        run = ctx.ledger.update_run(run.run_id, attach)
+    record = ctx.ledger.get_instance(name)
+    assert record is not None
+    found = provider.get(name)
+    if found is None:
+        if record.state != InstanceState.REQUESTED:
+            raise StageFailed(FailureReason.INSTANCE_LOST, f"instance {name} disappeared while starting")
+        found = provider.launch(LaunchRequest(name=name, run_id=run.run_id, section=job_spec(run).section))
+        ctx.ledger.update_instance(
+            name,
+            state=InstanceState.STARTING,
+            provider_id=found.provider_id,
+            price_per_hour=found.price_per_hour,
+        )
+        _emit(ctx, run, EventType.INSTANCE_REQUESTED, {"instance": name, "provider": run.provider})
+    elif record.state == InstanceState.REQUESTED:
+        ctx.ledger.update_instance(name, state=InstanceState.STARTING, provider_id=found.provider_id)
+        _emit(ctx, run, EventType.INSTANCE_ADOPTED, {"instance": name, "provider": run.provider})
+
+    if found.state == NodeState.RUNNING:
+        endpoint = provider.endpoint(name)
+        ctx.ledger.update_instance(name, state=InstanceState.RUNNING, dashboard_url=endpoint.dashboard_url)
+
+        def ready(r: Run) -> list[Draft]:
+            return [
+                (EventType.INSTANCE_READY, {"instance": name, "dashboard_url": endpoint.dashboard_url}),
+                *enter(r, Stage.PREPARE),
+            ]
+
+        ctx.ledger.update_run(run.run_id, ready)
+        return Next.advance(Stage.PREPARE)
+    if found.state in (NodeState.FAILED, NodeState.STOPPED):
+        raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
+    started = run.stage(Stage.PROVISION).started or run.created_at
+    if time.time() - started > ctx.settings.node_ready_timeout_s:
+        raise StageFailed(
+            FailureReason.NODE_TIMEOUT,
+            f"instance {name} not ready after {ctx.settings.node_ready_timeout_s:.0f} s",
+        )
+    return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+
+
+def _emit(ctx: context.Context, run: Run, kind: EventType, data: dict[str, object]) -> None:
+    ctx.ledger.update_run(run.run_id, lambda r: [(kind, dict(data))])
+
+
+@app.task(name=Stage.PROVISION.task_name, bind=True, **RETRY_POLICY)
+def provision(self: Task, run_id: str) -> None:
+    """Bring up the run's node."""
+    run_stage(self, run_id, Stage.PROVISION, step)

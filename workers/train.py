@@ -1,0 +1,100 @@
+"""train: run the trainer as a Ray job on the node and relay its progress lines as events.
+
+Each tick reads the job's log from where the last tick stopped (the offset is in the ledger and moves
+in the same transaction as the events it produced, so a line is never relayed twice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from broker.app import app
+from broker.constants import Stage
+from broker.ledger import Draft
+from broker.models import EventType, FailureReason, Run
+from trainer import progress
+from workers import context
+from workers.common import RETRY_POLICY, Next, StageFailed, enter, node, run_stage, train_job
+from workers.node import JobStatus, NodeClient
+
+ENTRYPOINT = "python -m trainer train"
+
+_EVENT_OF = {
+    progress.Kind.STARTED: EventType.TRAIN_STARTED,
+    progress.Kind.STEP: EventType.TRAIN_STEP,
+    progress.Kind.EVAL: EventType.TRAIN_EVAL,
+    progress.Kind.CHECKPOINT: EventType.TRAIN_CHECKPOINT,
+    progress.Kind.FINISHED: EventType.TRAIN_FINISHED,
+}
+
+
+def step(ctx: context.Context, run: Run) -> Next:
+    client = node(ctx, run)
+    sid = f"{run.run_id}-{run.attempt}-train"
+    if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
+        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+
+        def submitted(r: Run) -> list[Draft]:
+            if r.ray_jobs.get(Stage.TRAIN.value) == sid:
+                return []
+            r.ray_jobs[Stage.TRAIN.value] = sid
+            return [(EventType.TRAIN_SUBMITTED, {"ray_job": sid})]
+
+        run = ctx.ledger.update_run(run.run_id, submitted)
+    info = client.info(sid)  # read before the logs, so a finished job's log is read whole
+    run = relay(ctx, run, client, sid)
+    if info is None or not info.status.is_terminal():
+        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
+    if info.status == JobStatus.SUCCEEDED and run.progress.get("finished"):
+        ctx.ledger.update_run(run.run_id, lambda r: enter(r, Stage.FINALIZE))
+        return Next.advance(Stage.FINALIZE)
+    tail = client.logs(sid)[-1500:]
+    why = "the trainer reported no result" if info.status == JobStatus.SUCCEEDED else info.message
+    raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{tail}")
+
+
+def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
+    """Turn the log lines written since the last tick into events."""
+    text = client.logs(sid)
+    offset = run.log_offset
+    end = text.rfind("\n") + 1  # whole lines only
+    if end <= offset:
+        return run
+    records = list(progress.parse(text[offset:end]))
+
+    def apply(r: Run) -> list[Draft]:
+        if r.log_offset != offset:  # another tick relayed these lines already
+            return []
+        r.log_offset = end
+        drafts: list[Draft] = []
+        for record in records:
+            kind = progress.Kind(record.pop("kind"))
+            _track(r, kind, record)
+            drafts.append((_EVENT_OF[kind], record))
+        return drafts
+
+    return ctx.ledger.update_run(run.run_id, apply)
+
+
+def _track(run: Run, kind: progress.Kind, record: dict[str, Any]) -> None:
+    """Keep the run's latest progress and first/last eval loss in the ledger."""
+    if kind == progress.Kind.STARTED:
+        run.progress["total_steps"] = record.get("total_steps")
+    elif kind == progress.Kind.STEP:
+        for key in ("step", "total_steps", "loss", "learning_rate", "epoch"):
+            if key in record:
+                run.progress[key] = record[key]
+    elif kind == progress.Kind.EVAL:
+        run.metrics.setdefault("eval_loss_first", record.get("eval_loss"))
+        run.metrics["eval_loss"] = record.get("eval_loss")
+    elif kind == progress.Kind.FINISHED:
+        run.metrics.update(record.get("metrics") or {})
+        run.progress["finished"] = True
+
+
+@app.task(name=Stage.TRAIN.task_name, bind=True, **RETRY_POLICY)
+def train(self: Task, run_id: str) -> None:
+    """Submit the trainer and follow it."""
+    run_stage(self, run_id, Stage.TRAIN, step)
