@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from broker.constants import QUEUES, REAP_QUEUE, REAP_TASK, Stage
 
@@ -43,7 +43,7 @@ def configure(settings: Settings, redis_url: str) -> Celery:
         task_send_sent_event=True,
         task_track_started=True,
         task_default_queue=Stage.PROVISION.value,
-        task_queues=[Queue(q) for q in QUEUES],
+        task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
         task_routes={**{s.task_name: {"queue": s.value} for s in Stage}, REAP_TASK: {"queue": REAP_QUEUE}},
         task_serializer="json",
         accept_content=["json"],

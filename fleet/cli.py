@@ -167,7 +167,7 @@ def _follow(fleet: service.Fleet, run: Run, live: bool, quiet: bool) -> Run:
                 if screen is not None:
                     screen.update(view.render())
                 elif not quiet:
-                    out.print(describe(event), highlight=False, markup=False)
+                    print(describe(event), flush=True)
                 if event.type in TERMINAL_EVENTS:
                     return current
     finally:

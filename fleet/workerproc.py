@@ -63,6 +63,11 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     stopper: dict[str, threading.Event] = {}
 
+    @signals.worker_process_init.connect(weak=False)
+    def _warm(**_: Any) -> None:
+        # Importing Ray's job client takes seconds here; do it while the first node boots, not after.
+        threading.Thread(target=_import_ray_client, name="fleet-warm", daemon=True).start()
+
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
         stopper["hb"] = start_heartbeat(client, hostname, queues)
@@ -77,6 +82,10 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
         settings.home.mkdir(parents=True, exist_ok=True)
         argv += ["-B", "-s", str(settings.home / "celerybeat-schedule")]
     app.worker_main(argv)
+
+
+def _import_ray_client() -> None:
+    import ray.job_submission  # noqa: F401
 
 
 def run_beat(settings: Settings, redis_url: str) -> None:

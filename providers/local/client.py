@@ -54,16 +54,25 @@ class HeadMeta:
         return f"http://127.0.0.1:{self.ports['dashboard_port']}"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (all sockets are held until every port is chosen)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _worker_port_window(size: int = 200) -> tuple[int, int]:
-    """A window of ports for Ray's workers that no other head of ours is likely to share."""
+    """A window of ports for Ray's workers that no other head of ours is likely to share. It lies below
+    the kernel's ephemeral range (32768+ here), where the other ports (picked by bind(0)) come from."""
     for _ in range(50):
-        start = secrets.randbelow(40_000) + 20_000
+        start = secrets.randbelow(32_000 - 10_000 - size) + 10_000
         probe = [start, start + size // 2, start + size - 1]
         try:
             for port in probe:
@@ -128,6 +137,14 @@ class LocalHeads:
         tmp.write_text(json.dumps(asdict(meta)))
         tmp.replace(path)
 
+    def log_tail(self, name: str, lines: int = 3) -> str:
+        """The last lines of the head's own log (why it exited, usually)."""
+        try:
+            text = (self.node_dir(name) / "head.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
     def token(self, name: str) -> str:
         return (self.node_dir(name) / "token").read_text().strip()
 
@@ -149,7 +166,7 @@ class LocalHeads:
         meta = HeadMeta(
             name=name,
             temp_dir=f"/tmp/tfray-{digest}",
-            ports={p: _free_port() for p in PORT_NAMES},
+            ports=dict(zip(PORT_NAMES, _free_ports(len(PORT_NAMES)), strict=True)),
             worker_ports=_worker_port_window(),
             num_cpus=num_cpus,
             num_gpus=num_gpus,
@@ -206,16 +223,21 @@ class LocalHeads:
             return False
         try:
             proc = psutil.Process(meta.pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and meta.temp_dir in " ".join(proc.cmdline())
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            if meta.temp_dir in " ".join(proc.cmdline()):
+                return True
+            # Just forked and not yet exec'd: still our process if it was born with the head, moments ago.
+            return abs(proc.create_time() - meta.created_at) < 5 and time.time() - meta.created_at < 10
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 
-    def stop(self, name: str, grace_s: float = 5.0) -> None:
+    def stop(self, name: str, grace_s: float = 2.0) -> None:
         """End every process of the head (SIGTERM, then SIGKILL after a grace period); idempotent."""
         meta = self.read(name)
         if meta is None:
             return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 3.0), (signal.SIGKILL, 3.0)):
             procs = self.processes(meta)  # scanned again each round: a dying head may still spawn
             if not procs:
                 break

@@ -71,12 +71,8 @@ class LocalProvider(Provider):
 
     def _instance(self, meta: HeadMeta) -> NodeInstance:
         if not self.heads.head_alive(meta):
-            state, message = (
-                NodeState.FAILED,
-                f"the head process exited; see {self.heads.node_dir(meta.name)}/head.log",
-            )
-            if time.time() - meta.created_at < 10 and not meta.pid:
-                state, message = NodeState.PENDING, "starting"
+            log = self.heads.node_dir(meta.name) / "head.log"
+            state, message = NodeState.FAILED, f"the Ray head exited ({log}): {self.heads.log_tail(meta.name)}"
         elif self._answers(meta):
             state, message = NodeState.RUNNING, "ready"
         else:

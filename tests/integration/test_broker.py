@@ -125,3 +125,15 @@ def test_dispatcher_keeps_one_chain_per_run(redis_client: redis.Redis[str]) -> N
     # Once the owner's lease expires (a dead worker), anyone may restart the chain.
     redis_client.delete(tick_key("r1"))
     assert dispatcher.send(Stage.PREPARE, "r1", after=None)
+
+
+def test_each_stage_task_lands_in_its_own_queue_only(redis_client: redis.Redis[str], redis_url: str) -> None:
+    from broker.app import app, configure
+    from broker.constants import QUEUES, REAP_TASK
+    from fleet.settings import Settings
+
+    configure(Settings(), redis_url)
+    for stage in Stage:
+        app.send_task(stage.task_name, args=["r1"], queue=stage.value)
+    app.send_task(REAP_TASK, queue="reap")
+    assert {q: redis_client.llen(q) for q in QUEUES} == dict.fromkeys(QUEUES, 1)

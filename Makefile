@@ -1,0 +1,48 @@
+# trainfleet: `make setup` once, then `make test`. Everything lives in .venv inside the repo.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup lint format typecheck test test-unit test-integration check bench demo clean
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck:
+	$(BIN)/mypy
+
+test:
+	$(BIN)/pytest -q
+
+test-unit:
+	$(BIN)/pytest -q tests/unit
+
+test-integration:
+	$(BIN)/pytest -q tests/integration
+
+check: lint typecheck test
+
+bench:
+	$(BIN)/python bench/overhead.py
+
+demo:
+	$(BIN)/fleet run configs/examples/tiny-lora.yml
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,131 @@
+"""Running the real `fleet` CLI in subprocesses against a private fleet home (its own embedded Redis,
+its own Ray heads), and cleaning all of it up afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+from broker.constants import tick_key
+from fleet.embedded import stop_redis
+from providers.base import ProviderContext
+from providers.local.provider import LocalProvider
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fleet_env(home: Path, **settings: str) -> dict[str, str]:
+    """The environment of a test fleet: fast polling and reaping, everything under `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_")) and k != "REDIS_URL"}
+    env.update(
+        FLEET_HOME=str(home),
+        FLEET_SETTINGS_FILE=str(home / "no-settings.yml"),
+        FLEET_POLL_INTERVAL_S="0.5",
+        FLEET_STALL_AFTER_S="8",
+        FLEET_REAP_INTERVAL_S="2",
+        FLEET_ORPHAN_GRACE_S="5",
+        PYTHONUNBUFFERED="1",
+    )
+    (home / "no-settings.yml").write_text("{}\n")
+    env.update(settings)
+    return env
+
+
+def fleet(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def fleet_json(env: dict[str, str], *args: str, timeout: float = 300) -> Any:
+    done = fleet(env, *args, "--json", timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+class Worker:
+    """`fleet up` in the background: one worker on every queue plus beat."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet", "up"],
+            env=env,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the whole worker (main process and its pool children) at once."""
+        procs = [psutil.Process(self.proc.pid)]
+        try:
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if not self._log.closed:
+            self._log.close()
+
+
+def redis_of(home: Path) -> redis.Redis[str]:
+    url = (home / "redis" / "url").read_text().strip()
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def events_of(home: Path, run_id: str) -> list[dict[str, Any]]:
+    client = redis_of(home)
+    return [json.loads(fields["event"]) for _sid, fields in client.xrange(f"tf:events:{run_id}")]
+
+
+def live_heads(home: Path) -> list[str]:
+    return [inst.name for inst in LocalProvider(ProviderContext(home=home)).list_instances()]
+
+
+def cleanup(home: Path) -> list[str]:
+    """Stop whatever a test left running under `home`; returns the heads that were still alive."""
+    provider = LocalProvider(ProviderContext(home=home))
+    left = [inst.name for inst in provider.list_instances()]
+    for name in provider.heads.names():
+        provider.terminate(name)
+    stop_redis(home)
+    return left
+
+
+__all__ = ["fleet", "fleet_env", "fleet_json", "tick_key"]

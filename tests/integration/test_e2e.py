@@ -1,0 +1,138 @@
+"""The tiny job end to end through the real CLI: embedded Redis, real Celery workers, a real local Ray
+head, the real trainer (torch + transformers + peft under Ray Train)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.factories import EXAMPLE_YAML
+from tests.integration.fleetproc import (
+    Worker,
+    cleanup,
+    events_of,
+    fleet,
+    fleet_env,
+    fleet_json,
+    live_heads,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+STAGES = ["provision", "prepare", "train", "finalize"]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    home = tmp_path / "fleet"
+    home.mkdir()
+    yield home
+    left = cleanup(home)
+    assert left == [], f"local heads left running: {left}"
+
+
+def wait_for_training(home: Path, run_id: str) -> None:
+    """Until the trainer reported a step; fails at once if the run ended before that."""
+
+    def check() -> bool:
+        kinds = [e["type"] for e in events_of(home, run_id)]
+        assert not {"run.failed", "run.cancelled", "run.succeeded"} & set(kinds), events_of(home, run_id)[-3:]
+        return "train.step" in kinds
+
+    wait_until(check, 300, "the first training step")
+
+
+def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
+    env = fleet_env(home)
+    done = fleet(env, "run", str(EXAMPLE_YAML), "--json", timeout=420)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED"
+
+    # status --json lists the run, newest first, with its four timed stages and its losses.
+    (listed,) = fleet_json(env, "status")
+    assert listed["run_id"] == view["run_id"] and listed["state"] == "SUCCEEDED"
+    assert [s["name"] for s in listed["stages"]] == STAGES
+    for stage in listed["stages"]:
+        assert stage["started"] is not None and stage["ended"] is not None and stage["ended"] >= stage["started"]
+    metrics = listed["metrics"]
+    assert metrics["eval_loss"] < metrics["eval_loss_first"]
+
+    # The adapter loads onto the tiny base model with peft; the card names the hub id, not a path.
+    out = Path(listed["output_dir"])
+    assert (out / "adapter_model.safetensors").exists() and (out / "README.md").exists()
+    from huggingface_hub import ModelCard
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny import resolve_model
+
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "trainfleet/tiny-llama" and card.data.library_name == "peft"
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("trainfleet/tiny-llama", home / "cache"))
+    model = PeftModel.from_pretrained(base, out)
+    assert any("lora_" in name for name, _ in model.named_parameters())
+
+    # logs: the run's events in stage order, ending with the success.
+    logs = fleet(env, "logs", view["run_id"])
+    assert logs.returncode == 0
+    lines = logs.stdout.splitlines()
+    started = [line.split("stage=")[1].split()[0] for line in lines if "stage.started" in line]
+    assert started == STAGES
+    assert "run.succeeded" in lines[-1]
+    kinds = [e["type"] for e in events_of(home, view["run_id"])]
+    assert kinds.count("instance.requested") == 1 and "instance.terminated" in kinds
+    assert kinds.index("train.step") < kinds.index("train.finished") < kinds.index("run.succeeded")
+    assert live_heads(home) == []
+
+
+def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
+    env = fleet_env(home)
+    worker = Worker(env, home / "worker.log")
+    try:
+        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
+        run_id = queued["run_id"]
+        wait_for_training(home, run_id)
+        assert len(live_heads(home)) == 1
+        view = fleet_json(env, "cancel", run_id, timeout=180)
+        assert view["state"] == "CANCELLED"
+        assert view["failure_reason"] == "CANCELLED_BY_USER"
+        kinds = [e["type"] for e in events_of(home, run_id)]
+        assert "train.finished" not in kinds and "instance.terminated" in kinds
+        assert kinds[-1] == "run.cancelled"
+        assert live_heads(home) == []
+    finally:
+        worker.stop()
+
+
+def test_worker_killed_mid_training_recovers_without_duplicates(home: Path) -> None:
+    env = fleet_env(home)
+    worker = Worker(env, home / "worker-1.log")
+    try:
+        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
+        run_id = queued["run_id"]
+        wait_for_training(home, run_id)
+        worker.kill(signal.SIGKILL)  # main process and pool children, mid-stage
+        worker = Worker(env, home / "worker-2.log")
+        view = wait_until(
+            lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
+            360,
+            "the run to end",
+            every=2,
+        )
+        assert view["state"] == "SUCCEEDED", view
+        evs = events_of(home, run_id)
+        ids = [e["id"] for e in evs]
+        assert len(ids) == len(set(ids))
+        kinds = [e["type"] for e in evs]
+        assert kinds.count("instance.requested") == 1  # one node for the run, never a second
+        assert kinds.count("train.submitted") == 1 and kinds.count("run.succeeded") == 1
+        steps = [e["data"]["step"] for e in evs if e["type"] == "train.step"]
+        assert steps == sorted(set(steps))  # each step relayed once, in order
+        assert live_heads(home) == []
+    finally:
+        worker.stop()

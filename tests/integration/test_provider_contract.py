@@ -1,0 +1,94 @@
+"""The provider contract, run against every provider that exists (local now; the clouds join with their
+fakes). Real processes: a local instance is a real Ray head with token auth."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import NodeError
+from providers.base import LaunchRequest, NodeState, Provider, ProviderContext, ProviderName
+from providers.local.models import LocalSection
+from providers.registry import PROVIDERS
+
+pytestmark = pytest.mark.integration
+
+
+def section_for(name: ProviderName) -> LocalSection:
+    assert name == ProviderName.LOCAL
+    return LocalSection(num_cpus=1)
+
+
+@pytest.fixture(params=sorted(PROVIDERS), ids=str)
+def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provider]:
+    prov = PROVIDERS[request.param](ProviderContext(home=tmp_path))
+    yield prov
+    for inst in prov.list_instances():
+        prov.terminate(inst.name)
+
+
+def wait_running(provider: Provider, name: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        inst = provider.get(name)
+        assert inst is not None and inst.state != NodeState.FAILED, inst
+        if inst.state == NodeState.RUNNING:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{name} not RUNNING after {timeout} s")
+
+
+def status_of(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_launch_poll_endpoint_terminate(provider: Provider) -> None:
+    assert provider.get("tf-c1-1") is None
+    started = time.monotonic()
+    inst = provider.launch(LaunchRequest("tf-c1-1", "c1", section_for(provider.name)))
+    assert time.monotonic() - started < 10  # launch returns at once, it does not wait for readiness
+    assert inst.name == "tf-c1-1" and inst.state in (NodeState.PENDING, NodeState.RUNNING)
+    wait_running(provider, "tf-c1-1")
+    assert [i.name for i in provider.list_instances()] == ["tf-c1-1"]
+
+    endpoint = provider.endpoint("tf-c1-1")
+    assert "Bearer" not in repr(endpoint)  # the token never shows in reprs (logs)
+    assert status_of(f"{endpoint.jobs_url}/api/version", endpoint.headers) == 200
+    assert status_of(f"{endpoint.jobs_url}/api/version", {}) == 401  # token auth guards the Jobs API
+
+    provider.terminate("tf-c1-1")
+    assert provider.get("tf-c1-1") is None
+    assert provider.list_instances() == []
+    provider.terminate("tf-c1-1")  # idempotent
+    with pytest.raises(NodeError):
+        provider.endpoint("tf-c1-1")
+
+
+def test_terminate_touches_only_its_own_instance(provider: Provider) -> None:
+    provider.launch(LaunchRequest("tf-a-1", "a", section_for(provider.name)))
+    provider.launch(LaunchRequest("tf-b-1", "b", section_for(provider.name)))
+    wait_running(provider, "tf-a-1")
+    wait_running(provider, "tf-b-1")
+    provider.terminate("tf-a-1")
+    assert provider.get("tf-a-1") is None
+    survivor = provider.get("tf-b-1")
+    assert survivor is not None and survivor.state == NodeState.RUNNING
+    endpoint = provider.endpoint("tf-b-1")
+    assert status_of(f"{endpoint.jobs_url}/api/version", endpoint.headers) == 200
+
+
+def test_refuses_names_that_are_not_ours(provider: Provider) -> None:
+    from fleet.errors import ProvisioningFailed
+
+    with pytest.raises(ProvisioningFailed):
+        provider.launch(LaunchRequest("someone-elses", "x", section_for(provider.name)))
+    assert provider.list_instances() == []
