@@ -74,11 +74,20 @@ def main() -> None:
     fleet_s, alone_s = [], []
     try:
         for i in range(args.repeats):
-            fleet_s.append(timed([sys.executable, "-m", "fleet", "run", str(args.config)], env, work / f"fleet-{i}.log"))
-            alone_s.append(
-                timed([sys.executable, "-m", "trainer", "train", "--job", str(job_file(i))], env, work / f"alone-{i}.log")
+            fleet_s.append(
+                timed([sys.executable, "-m", "fleet", "run", str(args.config)], env, work / f"fleet-{i}.log")
             )
-            print(f"  round {i + 1}: fleet run {fleet_s[-1]:.1f} s, trainer alone {alone_s[-1]:.1f} s", flush=True)
+            alone_s.append(
+                timed(
+                    [sys.executable, "-m", "trainer", "train", "--job", str(job_file(i))],
+                    env,
+                    work / f"alone-{i}.log",
+                )
+            )
+            print(
+                f"  round {i + 1}: fleet run {fleet_s[-1]:.1f} s, trainer alone {alone_s[-1]:.1f} s",
+                flush=True,
+            )
     finally:
         stop_redis(home)
     ratios = [f / a for f, a in zip(fleet_s, alone_s, strict=True)]
@@ -92,7 +101,8 @@ def main() -> None:
         "goal": 1.3,
         "logs": str(work),
     }
-    print(f"overhead ratio (fleet run / trainer alone), median of {args.repeats}: {result['overhead_ratio_median']}")
+    median = result["overhead_ratio_median"]
+    print(f"overhead ratio (fleet run / trainer alone), median of {args.repeats}: {median}")
     print(json.dumps(result))
 
 

@@ -43,7 +43,9 @@ def read_run(client: redis.Redis[str], run_id: str, after: str = "-") -> list[tu
     return _decode(client.xrange(run_events_key(run_id), min=start, max="+"))
 
 
-def follow_run(client: redis.Redis[str], run_id: str, after: str = "0", block_ms: int = 1000) -> Iterator[Event]:
+def follow_run(
+    client: redis.Redis[str], run_id: str, after: str = "0", block_ms: int = 1000
+) -> Iterator[Event]:
     """Yield a run's events as they come, forever; the caller stops iterating (e.g. on a terminal event)."""
     key = run_events_key(run_id)
     last = after
@@ -62,7 +64,9 @@ class EventConsumer:
     held too long by a consumer that died are claimed with `claim_stale`.
     """
 
-    def __init__(self, client: redis.Redis[str], group: str, consumer: str, stream: str = EVENTS_STREAM) -> None:
+    def __init__(
+        self, client: redis.Redis[str], group: str, consumer: str, stream: str = EVENTS_STREAM
+    ) -> None:
         self.client, self.group, self.consumer, self.stream = client, group, consumer, stream
         try:
             client.xgroup_create(stream, group, id="0", mkstream=True)

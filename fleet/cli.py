@@ -26,8 +26,8 @@ from fleet.spec import LoadedJob, format_problems, load_job
 cli = typer.Typer(
     help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
 )
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 UseRay = Annotated[bool, typer.Option("--use-ray", help="Set use_ray: true (like axolotl's flag).")]
@@ -47,7 +47,9 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
     overrides = {"use_ray": True} if use_ray else None
     for path in paths:
         try:
-            jobs.append(load_job(path, default_provider=settings.default_provider, overrides=overrides))
+            job = load_job(path, default_provider=settings.default_provider, overrides=overrides)
+            service.check_submittable(settings, job)
+            jobs.append(job)
         except ConfigError as exc:
             failed = True
             err.print(format_problems(exc), markup=False, highlight=False)
@@ -71,9 +73,19 @@ def _connect(settings: Settings) -> service.Fleet:
 def validate(files: Annotated[list[Path], typer.Argument(help="Job YAML files.")]) -> None:
     """Check job files; print every problem with its key and line. Exit 1 on any problem."""
     settings = _settings()
-    jobs = _load(files, settings, use_ray=False)
-    for job in jobs:
+    failed = False
+    for path in files:
+        try:
+            job = load_job(path, default_provider=settings.default_provider)
+        except ConfigError as exc:
+            failed = True
+            err.print(format_problems(exc), markup=False, highlight=False)
+            continue
+        for warning in job.warnings:
+            err.print(f"[yellow]warning[/yellow] {job.source}: {warning}", highlight=False)
         out.print(f"[green]ok[/green] {job.source} (provider {job.spec.provider.value})", highlight=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 @cli.command()

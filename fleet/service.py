@@ -51,10 +51,15 @@ def new_run_id() -> str:
     return time.strftime("%y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
+def check_submittable(settings: Settings, job: LoadedJob) -> None:
+    """Refuse (ConfigError) a valid job that this fleet cannot run, e.g. its provider is not available."""
+    get_provider(job.spec.provider.value, ProviderContext(home=settings.home))
+
+
 def submit(fleet: Fleet, job: LoadedJob) -> Run:
     """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error."""
     spec = job.spec
-    get_provider(spec.provider.value, ProviderContext(home=fleet.settings.home))  # refuse unavailable ones
+    check_submittable(fleet.settings, job)
     run_id = new_run_id()
     run_dir = (fleet.settings.runs_dir / run_id).resolve()
     output_dir = (run_dir / spec.train.output_dir).resolve()

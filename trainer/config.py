@@ -40,7 +40,7 @@ class DatasetConfig(BaseModel):
 class TrainConfig(BaseModel):
     """The axolotl keys the trainer uses, typed; any other key is passed through untouched."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
     base_model: str = Field(min_length=1, description="Hub id or local path of the base model.")
     datasets: Annotated[list[DatasetConfig], Field(min_length=1, description="Training datasets.")]
@@ -71,7 +71,9 @@ class TrainConfig(BaseModel):
     logging_steps: int = Field(1, ge=1, description="Report the training loss every N steps.")
     seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed.")
     train_on_inputs: bool = Field(False, description="Also train on the prompt tokens (alpaca).")
-    output_dir: str = Field("./outputs", description="Where results go, relative to the run's directory.")
+    output_dir: str = Field(
+        "./outputs", validate_default=True, description="Where results go, relative to the run's directory."
+    )
     hub_model_id: str | None = Field(None, pattern=HUB_ID_PATTERN, description="Push the result here.")
     wandb_project: str | None = Field(None, description="W&B project.")
     wandb_entity: str | None = Field(None, description="W&B entity.")

@@ -72,7 +72,10 @@ class LocalProvider(Provider):
     def _instance(self, meta: HeadMeta) -> NodeInstance:
         if not self.heads.head_alive(meta):
             log = self.heads.node_dir(meta.name) / "head.log"
-            state, message = NodeState.FAILED, f"the Ray head exited ({log}): {self.heads.log_tail(meta.name)}"
+            state, message = (
+                NodeState.FAILED,
+                f"the Ray head exited ({log}): {self.heads.log_tail(meta.name)}",
+            )
         elif self._answers(meta):
             state, message = NodeState.RUNNING, "ready"
         else:

@@ -3,6 +3,7 @@ its own Ray heads), and cleaning all of it up afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,7 +44,12 @@ def fleet_env(home: Path, **settings: str) -> dict[str, str]:
 
 def fleet(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleet", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "fleet", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -70,15 +76,11 @@ class Worker:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Kill the whole worker (main process and its pool children) at once."""
         procs = [psutil.Process(self.proc.pid)]
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             procs += procs[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
         for proc in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(procs, timeout=30)
         self._log.close()
 

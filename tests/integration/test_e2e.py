@@ -58,7 +58,9 @@ def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
     assert listed["run_id"] == view["run_id"] and listed["state"] == "SUCCEEDED"
     assert [s["name"] for s in listed["stages"]] == STAGES
     for stage in listed["stages"]:
-        assert stage["started"] is not None and stage["ended"] is not None and stage["ended"] >= stage["started"]
+        assert (
+            stage["started"] is not None and stage["ended"] is not None and stage["ended"] >= stage["started"]
+        )
     metrics = listed["metrics"]
     assert metrics["eval_loss"] < metrics["eval_loss_first"]
 

@@ -10,18 +10,32 @@ from fleet.live import LiveView, describe
 def test_run_states_map_to_their_stage_and_terminality() -> None:
     assert RunState.QUEUED.stage == Stage.PROVISION
     assert RunState.TRAINING.stage == Stage.TRAIN
-    assert [s for s in RunState if s.is_terminal()] == [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED]
+    assert [s for s in RunState if s.is_terminal()] == [
+        RunState.SUCCEEDED,
+        RunState.FAILED,
+        RunState.CANCELLED,
+    ]
     assert all(s.stage is None for s in RunState if s.is_terminal())
     assert {s for s in InstanceState if s.is_terminal()} == {InstanceState.TERMINATED, InstanceState.LOST}
 
 
 def test_instance_name_is_deterministic() -> None:
-    run = Run(run_id="261129-1-ab", provider="local", source="x", spec={}, run_dir="/r", output_dir="/r/o", attempt=2)
+    run = Run(
+        run_id="261129-1-ab",
+        provider="local",
+        source="x",
+        spec={},
+        run_dir="/r",
+        output_dir="/r/o",
+        attempt=2,
+    )
     assert run.instance_name == "tf-261129-1-ab-2"
 
 
 def test_describe_and_live_view_render() -> None:
-    event = Event(id="r-1", type=EventType.TRAIN_EVAL, run_id="r", time=0, data={"step": 20, "eval_loss": 1.23456})
+    event = Event(
+        id="r-1", type=EventType.TRAIN_EVAL, run_id="r", time=0, data={"step": 20, "eval_loss": 1.23456}
+    )
     assert describe(event) == "00:00:00 train.eval             step=20 eval_loss=1.235"
     run = Run(run_id="r", provider="local", source="x", spec={}, run_dir="/r", output_dir="/r/o")
     run.state = RunState.TRAINING

@@ -25,7 +25,9 @@ def test_a_named_settings_file_must_exist(tmp_path: Path) -> None:
 def test_file_then_environment_wins(tmp_path: Path) -> None:
     path = tmp_path / "settings.yml"
     path.write_text("poll_interval_s: 3\nreap_interval_s: 7\nhome: /srv/fleet\n")
-    settings = load_settings({"FLEET_SETTINGS_FILE": str(path), "FLEET_REAP_INTERVAL_S": "9", "REDIS_URL": "redis://h:1/0"})
+    settings = load_settings(
+        {"FLEET_SETTINGS_FILE": str(path), "FLEET_REAP_INTERVAL_S": "9", "REDIS_URL": "redis://h:1/0"}
+    )
     assert settings.poll_interval_s == 3 and settings.reap_interval_s == 9
     assert settings.home == Path("/srv/fleet") and settings.runs_dir == Path("/srv/fleet/runs")
     assert settings.redis_url == "redis://h:1/0"
@@ -41,7 +43,9 @@ def test_file_then_environment_wins(tmp_path: Path) -> None:
         ("{}\n", {"FLEET_STALL_AFTER_S": "soon"}, "stall_after_s"),
     ],
 )
-def test_invalid_settings_name_the_key(tmp_path: Path, content: str, env: dict[str, str], needle: str) -> None:
+def test_invalid_settings_name_the_key(
+    tmp_path: Path, content: str, env: dict[str, str], needle: str
+) -> None:
     path = tmp_path / "settings.yml"
     path.write_text(content)
     with pytest.raises(ConfigError) as caught:

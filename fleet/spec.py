@@ -1,0 +1,397 @@
+"""The job spec: a user's axolotl-style YAML, validated into the training config plus one provider section.
+
+A job file is an axolotl config (the `TrainConfig` keys, anything else passed through) with at most one
+provider section at the top level: ``local:``, ``runpod:`` or ``vastai:``. Without one, the job runs on the
+default provider, so a plain axolotl config is a valid job.
+
+`load_job` / `parse_job` either return a `LoadedJob` or raise `ConfigError` listing every problem found,
+each with the key path as written in the YAML ("runpod.gpu_count", "datasets[0].type") and its line. They
+raise nothing else. Keys trainfleet does not use are reported once, as one warning in the result.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import ErrorDetails
+
+from fleet.errors import ConfigError, Problem
+from fleet.yamlsafe import MAX_BYTES, join_path, load_yaml
+from providers.base import ProviderName
+from providers.local.models import LocalSection
+from providers.runpod.models import RunPodSection
+from providers.sections import SectionBase
+from providers.vastai.models import VastAISection
+from trainer.config import HUB_ID_PATTERN, TrainConfig
+
+ProviderSection = LocalSection | RunPodSection | VastAISection
+SECTION_MODELS: Mapping[ProviderName, type[SectionBase]] = MappingProxyType(
+    {ProviderName.LOCAL: LocalSection, ProviderName.RUNPOD: RunPodSection, ProviderName.VASTAI: VastAISection}
+)
+"""The section model of each provider."""
+
+_PROVIDER_KEYS = frozenset(p.value for p in ProviderName)
+_PARENT = re.compile(r"(\.[^.\[\]]*|\[\d+\])$")
+
+# A dataset path with one of these suffixes is a file, never a hub id.
+DATA_SUFFIXES = frozenset(
+    {".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".bz2", ".xz", ".zst", ".zip"}
+)
+
+
+class JobSpec(BaseModel):
+    """A validated job: the training config and the one provider section it runs with."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    train: TrainConfig
+    provider: ProviderName
+    section: ProviderSection
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider_from_text(cls, value: object) -> object:
+        # JSON or a dict dump gives the plain string; strict mode would refuse it.
+        return ProviderName(value) if isinstance(value, str) and value in _PROVIDER_KEYS else value
+
+    @field_validator("section", mode="before")
+    @classmethod
+    def _section_for_provider(cls, value: object, info: ValidationInfo) -> object:
+        provider = info.data.get("provider")
+        if isinstance(value, dict) and isinstance(provider, ProviderName):
+            return SECTION_MODELS[provider].model_validate(value)
+        return value
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the job's node has (``num_gpus`` for local, ``gpu_count`` for rented machines)."""
+        section = self.section
+        return section.num_gpus if isinstance(section, LocalSection) else section.gpu_count
+
+    @property
+    def one_shot(self) -> bool:
+        """Whether the node is terminated when the run ends, even after a failure."""
+        return self.section.one_shot
+
+    @model_validator(mode="after")
+    def _section_matches_provider(self) -> JobSpec:
+        expected = SECTION_MODELS[self.provider]
+        if type(self.section) is not expected:
+            raise ValueError(f"provider {self.provider} needs a {expected.__name__}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A job file that passed validation: the spec, warnings for the user, and the file as given."""
+
+    spec: JobSpec
+    warnings: list[str]
+    source: str
+    text: str
+
+
+def load_job(
+    path: Path, *, default_provider: str = "local", overrides: Mapping[str, Any] | None = None
+) -> LoadedJob:
+    """Read and validate the job file at `path` (see `parse_job`); relative dataset paths are relative to
+    the file's directory. Raises `ConfigError` only, also when the file cannot be read or is too large.
+    """
+    source = str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:  # refuse before reading; load_yaml checks again what was read
+            raise ConfigError(source, [Problem("", f"file is {size} bytes; the limit is {MAX_BYTES} bytes")])
+        with path.open("rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    return parse_job(
+        data,
+        source=source,
+        base_dir=path.absolute().parent,
+        default_provider=default_provider,
+        overrides=overrides,
+    )
+
+
+def parse_job(
+    data: bytes,
+    *,
+    source: str,
+    base_dir: Path,
+    default_provider: str = "local",
+    overrides: Mapping[str, Any] | None = None,
+) -> LoadedJob:
+    """Validate a job file's bytes into a `LoadedJob`.
+
+    `source` names the file in errors; `base_dir` is where relative dataset paths are looked up (existing
+    ones are made absolute). `overrides` replace top-level keys after parsing (``{"use_ray": True}``).
+    `default_provider` is used when the file has no provider section. Every problem is collected and raised
+    together as one `ConfigError`; nothing else is raised.
+    """
+    try:
+        fallback = ProviderName(default_provider)
+    except ValueError:
+        message = f"unknown default provider {default_provider!r}; valid: {', '.join(ProviderName)}"
+        raise ConfigError(source, [Problem("", message)]) from None
+    doc = load_yaml(data, source=source)
+    raw = dict(doc.data)
+    lines = dict(doc.lines)
+    for key, value in (overrides or {}).items():
+        raw[key] = value
+        lines = {p: n for p, n in lines.items() if p != key and not p.startswith((f"{key}.", f"{key}["))}
+
+    problems: list[Problem] = []
+    provider, section_data = _take_provider_section(raw, lines, fallback, problems)
+    problems += _misspelled_sections(raw, lines)
+    problems += _resolve_datasets(raw, lines, base_dir)
+    train = _validate(TrainConfig, raw, "", lines, problems)
+    section = _validate(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
+    if problems or train is None or section is None:
+        raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
+
+    spec = JobSpec(train=train, provider=provider, section=section)
+    warnings = []
+    if extra := train.extra_keys():
+        warnings.append(
+            f"{len(extra)} key(s) that trainfleet does not use are kept and passed through unchanged: "
+            + ", ".join(extra)
+        )
+    return LoadedJob(spec=spec, warnings=warnings, source=source, text=doc.text)
+
+
+def format_problems(err: ConfigError) -> str:
+    """One line per problem, ``source:line: key.path: message``, for people to read."""
+    out = []
+    for p in err.problems:
+        where = f"{err.source}:{p.line}" if p.line is not None else err.source
+        out.append(f"{where}: {p.path}: {p.message}" if p.path else f"{where}: {p.message}")
+    return "\n".join(out)
+
+
+def _line(lines: Mapping[str, int], path: str) -> int | None:
+    """The line of `path`, or of its nearest parent that is in the file (a missing key's mapping)."""
+    while path in lines or _PARENT.search(path):
+        if path in lines:
+            return lines[path]
+        path = _PARENT.sub("", path)
+    return None
+
+
+def _take_provider_section(
+    raw: dict[str, Any], lines: Mapping[str, int], fallback: ProviderName, problems: list[Problem]
+) -> tuple[ProviderName, Any]:
+    """Remove the provider sections from `raw`; return the provider to use and its section's data."""
+    found = [(ProviderName(key), raw.pop(key)) for key in list(raw) if key in _PROVIDER_KEYS]
+    if not found:
+        return fallback, {}
+    if len(found) > 1:
+        listed = " and ".join(f"{name} (line {lines.get(name)})" for name, _ in found)
+        last = found[-1][0].value
+        message = f"only one provider section is allowed; found {listed}"
+        problems.append(Problem(last, message, lines.get(last)))
+    provider, section = found[0]
+    if section is None:  # `runpod:` alone means "RunPod with every default".
+        section = {}
+    return provider, section
+
+
+def _misspelled_sections(raw: Mapping[str, Any], lines: Mapping[str, int]) -> list[Problem]:
+    """A top-level mapping whose name is close to a provider's (``RunPod:``, ``vast:``) is almost certainly a
+    typo; passing it through would silently run the job on the default provider instead.
+    """
+    names = [p.value for p in ProviderName]
+    problems = []
+    for key, value in raw.items():
+        if key in TrainConfig.model_fields or not (value is None or isinstance(value, dict)):
+            continue
+        squashed = re.sub(r"[-_ .]", "", key.lower())
+        close = difflib.get_close_matches(squashed, names, n=1, cutoff=0.75)
+        if close:
+            message = f"unknown provider section {key!r} (did you mean {close[0]!r}?)"
+            problems.append(Problem(key, message, lines.get(key)))
+    return problems
+
+
+def _resolve_datasets(raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path) -> list[Problem]:
+    """Make local dataset paths absolute in `raw`; keep hub ids; report paths that are neither."""
+    datasets = raw.get("datasets")
+    if not isinstance(datasets, list):
+        return []
+    problems = []
+    resolved: list[Any] = []
+    for i, entry in enumerate(datasets):
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and path:
+            where = join_path(join_path("datasets", i), "path")
+            new_path = _dataset_path(path, base_dir)
+            if new_path is None:
+                message = f"file not found: {_shorten(path)} (relative paths are looked up in {base_dir})"
+                problems.append(Problem(where, message, lines.get(where)))
+            else:
+                entry = {**entry, "path": new_path}
+        resolved.append(entry)
+    raw["datasets"] = resolved
+    return problems
+
+
+def _dataset_path(path: str, base_dir: Path) -> str | None:
+    if _exists(Path(path)) and Path(path).is_absolute():
+        return path
+    candidate = base_dir / path
+    if not Path(path).is_absolute() and _exists(candidate):
+        return str(candidate.resolve())
+    if re.fullmatch(HUB_ID_PATTERN, path) and PurePosixPath(path).suffix.lower() not in DATA_SUFFIXES:
+        return path  # a hub dataset id, fetched where the job runs
+    return None
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name too long: not a file we can use
+        return False
+
+
+def _validate(
+    model: type[BaseModel], data: Any, prefix: str, lines: Mapping[str, int], problems: list[Problem]
+) -> Any:
+    """`model.model_validate(data)`, or None with the errors appended to `problems` as YAML key paths."""
+    if not isinstance(data, dict):
+        message = "must be a mapping of keys (or empty, for all defaults)"
+        problems.append(Problem(prefix, message, _line(lines, prefix)))
+        return None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems += _problems_from(exc.errors(), model, data, prefix, lines)
+        return None
+
+
+def _problems_from(
+    errors: list[ErrorDetails], model: type[BaseModel], data: Any, prefix: str, lines: Mapping[str, int]
+) -> list[Problem]:
+    # Errors on one path (the members of a union such as `str | list[str]`) become one problem.
+    merged: dict[str, tuple[list[str], str]] = {}
+    for err in errors:
+        path = _yaml_path(err, data, prefix)
+        messages, got = merged.setdefault(path, ([], _got(err, prefix)))
+        message = _message(err, model, prefix)
+        if message not in messages:
+            messages.append(message)
+    problems = []
+    for path, (messages, got) in merged.items():
+        if len(messages) > 1 and all(m.startswith("must be ") for m in messages):
+            text = "must be " + " or ".join(m.removeprefix("must be ") for m in messages)
+        else:
+            text = "; ".join(messages)
+        problems.append(Problem(path, text + got, _line(lines, path)))
+    return problems
+
+
+def _yaml_path(err: ErrorDetails, data: Any, prefix: str) -> str:
+    """Pydantic's location as the key path in the file, dropping its markers (union members, '[key]')."""
+    path, node = prefix, data
+    loc = err["loc"]
+    for i, part in enumerate(loc):
+        in_dict = isinstance(node, dict) and isinstance(part, str) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_dict or in_list:
+            path, node = join_path(path, part), node[part]
+        elif i == len(loc) - 1 and err["type"] == "missing":
+            path = join_path(path, part)
+    return path
+
+
+_TYPE_MESSAGES = {
+    "missing": "required key is missing",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping of keys",
+    "model_type": "must be a mapping of keys",
+    "model_attributes_type": "must be a mapping of keys",
+}
+_BOUND_TYPES = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+_BOUND_WORDS = {"ge": "at least", "gt": "greater than", "le": "at most", "lt": "less than"}
+
+
+def _message(err: ErrorDetails, model: type[BaseModel], prefix: str) -> str:
+    kind, ctx, loc = err["type"], err.get("ctx") or {}, err["loc"]
+    if kind in _TYPE_MESSAGES:
+        return _TYPE_MESSAGES[kind]
+    if kind == "extra_forbidden":
+        return _unknown_key(str(loc[-1]), model, prefix)
+    if kind in _BOUND_TYPES:
+        field = model.model_fields.get(str(loc[0])) if len(loc) == 1 else None
+        return _bounds(field.metadata if field is not None else [], ctx)
+    if kind in ("literal_error", "enum"):
+        return f"must be one of {ctx.get('expected')}"
+    if kind == "string_too_short":
+        return f"must have at least {ctx.get('min_length')} character(s)"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} item(s)"
+    if kind == "string_pattern_mismatch":
+        if ctx.get("pattern") == HUB_ID_PATTERN:
+            return "must be a hub repo id like 'org/name'"
+        return f"must match the pattern {ctx.get('pattern')}"
+    if kind in ("value_error", "assertion_error") and "error" in ctx:
+        return str(ctx["error"])
+    msg = err["msg"]
+    return msg[:1].lower() + msg[1:]
+
+
+def _bounds(metadata: list[Any], ctx: Mapping[str, Any]) -> str:
+    """'must be between 1 and 16' from the field's bounds; the error's own bound if the field is unknown."""
+    limits = dict(ctx)
+    for item in metadata:
+        limits.update({op: getattr(item, op) for op in _BOUND_WORDS if getattr(item, op, None) is not None})
+    if "ge" in limits and "le" in limits:
+        return f"must be between {limits['ge']} and {limits['le']}"
+    parts = [f"{words} {limits[op]}" for op, words in _BOUND_WORDS.items() if op in limits]
+    return "must be " + " and ".join(parts)
+
+
+def _unknown_key(key: str, model: type[BaseModel], prefix: str) -> str:
+    text = f"unknown key {key!r}"
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    if close:
+        return f"{text} (did you mean {close[0]!r}?)"
+    owners = [name.value for name, m in SECTION_MODELS.items() if key in m.model_fields and name != prefix]
+    if owners:
+        return f"{text} (it belongs in a {' or '.join(owners)} section, not {prefix})"
+    return text
+
+
+def _got(err: ErrorDetails, prefix: str) -> str:
+    """' (got 0)' for a short scalar input; nothing for env values, which may be secrets."""
+    value = err.get("input")
+    if err["type"] in ("missing", "extra_forbidden") or (prefix and err["loc"][:1] == ("env",)):
+        return ""
+    if isinstance(value, str):
+        return f" (got {json.dumps(_shorten(value))})"
+    return f" (got {json.dumps(value)})" if value is None or isinstance(value, bool | int | float) else ""
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,16 @@
+"""The ``local:`` section of a job file: train on this machine with a local Ray cluster."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from providers.sections import SectionBase
+
+
+class LocalSection(SectionBase):
+    """Run on the machine the fleet runs on. Strict: unknown keys are errors."""
+
+    num_cpus: int | None = Field(
+        None, ge=1, le=1024, description="CPUs the local Ray node may use; unset means all the machine has."
+    )
+    num_gpus: int = Field(0, ge=0, le=64, description="GPUs the local Ray node may use.")

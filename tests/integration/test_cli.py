@@ -1,0 +1,64 @@
+"""The CLI in-process (typer's runner) against a real Redis: validation and all-or-nothing enqueue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from broker.constants import RUNS_INDEX, Stage
+from fleet.cli import cli
+from tests.factories import EXAMPLE_YAML
+
+BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
+
+
+@pytest.fixture
+def env(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> dict[str, str]:
+    settings = fleet_home / "settings.yml"
+    settings.write_text("{}\n")
+    return {"REDIS_URL": redis_url, "FLEET_HOME": str(fleet_home), "FLEET_SETTINGS_FILE": str(settings)}
+
+
+def test_validate_reports_each_file(env: dict[str, str]) -> None:
+    result = CliRunner().invoke(
+        cli, ["validate", str(BAD / "unknown_runpod_key.yml"), str(EXAMPLE_YAML)], env=env
+    )
+    assert result.exit_code == 1
+    assert "unknown_runpod_key.yml:7: runpod.gpu_cuont: unknown key 'gpu_cuont'" in result.output
+    assert f"ok {EXAMPLE_YAML}" in result.output
+    good = CliRunner().invoke(cli, ["validate", str(EXAMPLE_YAML)], env=env)
+    assert good.exit_code == 0, good.output
+
+
+def test_enqueue_is_all_or_nothing(env: dict[str, str], redis_client: redis.Redis[str]) -> None:
+    result = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML), str(BAD / "gpu_count_zero.yml")], env=env)
+    assert result.exit_code == 1
+    assert "runpod.gpu_count" in result.output and "Traceback" not in result.output
+    assert redis_client.zcard(RUNS_INDEX) == 0 and redis_client.llen(Stage.PROVISION.value) == 0
+
+
+def test_enqueue_queues_a_run_and_use_ray_flag(env: dict[str, str], redis_client: redis.Redis[str]) -> None:
+    result = CliRunner().invoke(cli, ["enqueue", "--use-ray", str(EXAMPLE_YAML)], env=env)
+    assert result.exit_code == 0, result.output
+    run_id = result.stdout.strip().splitlines()[0]
+    assert redis_client.zrange(RUNS_INDEX, 0, -1) == [run_id]
+    assert redis_client.llen(Stage.PROVISION.value) == 1  # one provision task, carrying only the run id
+    status = CliRunner().invoke(cli, ["status", run_id, "--json"], env=env)
+    assert '"state": "QUEUED"' in status.stdout
+    cancelled = CliRunner().invoke(cli, ["cancel", run_id, "--no-wait", "--json"], env=env)
+    assert cancelled.exit_code == 0 and '"cancel_requested": true' in cancelled.stdout
+
+
+def test_unavailable_provider_is_refused_at_submit(
+    env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path
+) -> None:
+    job = tmp_path / "runpod.yml"
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", "runpod:\n  gpu_count: 1"))
+    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    result = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML), str(job)], env=env)
+    assert result.exit_code == 1
+    assert "not available yet" in result.output
+    assert redis_client.zcard(RUNS_INDEX) == 0

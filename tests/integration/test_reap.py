@@ -1,0 +1,85 @@
+"""The reaper against a real Redis and real local Ray heads (called directly, as beat would)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.constants import Stage, tick_key
+from broker.models import Instance, InstanceState, Run, RunState
+from fleet.settings import Settings
+from providers.base import LaunchRequest, NodeState
+from providers.local.models import LocalSection
+from workers import context
+from workers.reap import reap_once
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> Iterator[context.Context]:
+    from broker.app import configure
+
+    settings = Settings(home=fleet_home, orphan_grace_s=0, stall_after_s=30)
+    configure(settings, redis_url)
+    ctx = context.init(settings, redis_url)
+    yield ctx
+    provider = ctx.provider("local")
+    for name in provider.heads.names():  # type: ignore[attr-defined]
+        provider.terminate(name)
+
+
+def start_head(ctx: context.Context, name: str) -> None:
+    provider = ctx.provider("local")
+    provider.launch(LaunchRequest(name, name, LocalSection(num_cpus=1)))
+    deadline = time.monotonic() + 60
+    while (inst := provider.get(name)) is None or inst.state != NodeState.RUNNING:
+        assert time.monotonic() < deadline, inst
+        time.sleep(0.3)
+
+
+def make_run(run_id: str, state: RunState) -> Run:
+    return Run(
+        run_id=run_id, provider="local", source="t", spec={}, run_dir="/r", output_dir="/r/o", state=state
+    )
+
+
+def test_reaper_terminates_orphans_and_spares_live_runs(ctx: context.Context) -> None:
+    # An orphan: ours by name, but no ledger row (a crash between the create call and the ledger write).
+    start_head(ctx, "tf-orphan-1")
+    # A node whose run is still training: must be left alone.
+    start_head(ctx, "tf-busy-1")
+    ctx.ledger.create_run(make_run("busy", RunState.TRAINING), [])
+    ctx.ledger.put_instance(
+        Instance(name="tf-busy-1", provider="local", run_id="busy", state=InstanceState.RUNNING)
+    )
+    ctx.redis.set(tick_key("busy"), "someone", ex=30)  # its task chain is alive
+
+    did = reap_once(ctx)
+
+    assert did["terminated"] == ["tf-orphan-1"]
+    assert ctx.provider("local").get("tf-orphan-1") is None
+    busy = ctx.provider("local").get("tf-busy-1")
+    assert busy is not None and busy.state == NodeState.RUNNING
+    assert did["kicked"] == []
+
+
+def test_reaper_restarts_a_run_whose_chain_died(ctx: context.Context) -> None:
+    ctx.ledger.create_run(make_run("stuck", RunState.TRAINING), [])
+    ctx.ledger.create_run(make_run("done", RunState.SUCCEEDED), [])
+    did = reap_once(ctx)
+    assert did["kicked"] == ["stuck"]
+    assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its stage's task was sent again
+    assert ctx.dispatcher.owner("stuck") is not None
+    assert reap_once(ctx)["kicked"] == []  # and only once while that task owns the run
+
+
+def test_one_reaper_at_a_time(ctx: context.Context) -> None:
+    ctx.ledger.create_run(make_run("stuck", RunState.PREPARING), [])
+    ctx.redis.set("tf:lock:reap", "another-reaper", ex=30)
+    assert reap_once(ctx) == {"terminated": [], "confirmed": [], "kicked": []}
+    assert ctx.redis.llen(Stage.PREPARE.value) == 0

@@ -1,0 +1,114 @@
+"""The example job, end to end on the node side: `python -m trainer train` with Ray Train, 2 CPU workers.
+
+The command starts its own private local Ray cluster (RAY_TMPDIR points at a fresh short directory and
+RAY_ADDRESS is unset) and must shut it down again; the test checks that no process of it outlives the
+command, and kills any it finds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.factories import REPO_ROOT, example_config, train_job
+from trainer import progress
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def ray_tmpdir() -> Iterator[Path]:
+    # Short on purpose: Ray's Unix socket paths must stay under ~107 characters.
+    path = Path(tempfile.mkdtemp(prefix="tfray-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def processes_of(ray_tmpdir: Path) -> list[psutil.Process]:
+    """Every process whose command line names this test's Ray temp dir (Ray puts it in each one's)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(ray_tmpdir) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_until_gone(ray_tmpdir: Path, timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (left := processes_of(ray_tmpdir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_example_job_trains_with_two_ray_workers(tmp_path: Path, ray_tmpdir: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny import resolve_model
+
+    job = train_job(tmp_path, example_config())
+    assert job.config.use_ray and job.config.ray_num_workers == 2
+    job_file = tmp_path / "job.json"
+    job_file.write_text(job.to_env(), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != progress.ENV_VAR}
+    env.update(RAY_TMPDIR=str(ray_tmpdir), PYTHONUNBUFFERED="1")
+
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--job", str(job_file)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"`python -m trainer train` took over 240 s:\n{output[-4000:]}")
+    finally:
+        leftovers = wait_until_gone(ray_tmpdir, timeout=20)
+        for leftover in leftovers:  # ours: they carry our private temp dir
+            leftover.kill()
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, output[-4000:]
+    assert not leftovers, f"Ray processes outlived the command: {[p.pid for p in leftovers]}"
+
+    records = list(progress.parse(output))
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "started" and kinds[-1] == "finished", kinds
+    assert kinds.count("checkpoint") == 2  # steps 40 and 80 of 90
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 20, 40, 60, 80, 90]
+    metrics = records[-1]["metrics"]
+    assert metrics["num_workers"] == 2 and metrics["global_step"] == metrics["total_steps"] == 90
+    assert metrics["eval_loss"] < 0.6 * metrics["eval_loss_first"], metrics
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == metrics
+    assert (tmp_path / "work" / "ray").is_dir()  # Ray Train's storage stays inside the run's work_dir
+    print(
+        f"trainer train (use_ray, 2 workers): {elapsed:.1f} s; eval loss {metrics['eval_loss_first']:.3f}"
+        f" -> {metrics['eval_loss']:.3f}"
+    )
+
+    base = AutoModelForCausalLM.from_pretrained(
+        resolve_model(job.config.base_model, Path(job.cache_dir or ""))
+    )
+    model = PeftModel.from_pretrained(base, job.output_dir)
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    assert str(REPO_ROOT) not in (tmp_path / "out" / "README.md").read_text()

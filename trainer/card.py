@@ -1,0 +1,124 @@
+"""The model card (README.md) written next to a trained adapter.
+
+The YAML header mirrors what PEFT 0.21 writes for a LoRA adapter (`library_name: peft`,
+`pipeline_tag: text-generation`, `base_model`, the `base_model:adapter:<id>` tag), set explicitly so that
+no local path leaks in: `base_model` is the hub id from the job, and it is left out when the job named a
+local directory. Dataset entries are given as in the job; an absolute path is reduced to its file name.
+The text is written here directly (`ModelCard.from_template` would need Jinja2); it parses with
+`huggingface_hub.ModelCard`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from trainer.config import BUILTIN_MODELS, HUB_ID_PATTERN, TrainConfig
+
+TAGS = ("lora", "transformers", "trainfleet")
+
+
+def hub_id(base_model: str) -> str | None:
+    """`base_model` if it names a hub repository (built-in names included), None if it is a local path."""
+    if base_model in BUILTIN_MODELS:
+        return base_model
+    if re.fullmatch(HUB_ID_PATTERN, base_model) and not Path(base_model).expanduser().exists():
+        return base_model
+    return None
+
+
+def dataset_names(config: TrainConfig) -> list[str]:
+    """The datasets as the job gives them; absolute paths reduced to their last component."""
+    names = []
+    for ds in config.datasets:
+        path = ds.path.replace("\\", "/")
+        names.append(PurePosixPath(path).name if path.startswith(("/", "~")) else path)
+    return names
+
+
+def metadata(config: TrainConfig) -> dict[str, Any]:
+    """The card's YAML header as a dict."""
+    base = hub_id(config.base_model)
+    data: dict[str, Any] = {}
+    if base is not None:
+        data["base_model"] = base
+    data["datasets"] = dataset_names(config)
+    data["library_name"] = "peft"
+    data["pipeline_tag"] = "text-generation"
+    data["tags"] = ([f"base_model:adapter:{base}"] if base is not None else []) + list(TAGS)
+    return data
+
+
+def render(
+    config: TrainConfig,
+    metrics: Mapping[str, Any],
+    *,
+    run_id: str,
+    target_modules: Sequence[str],
+) -> str:
+    """The whole README.md: YAML header, a short description, hyperparameters, final metrics, usage."""
+    base = hub_id(config.base_model)
+    title = config.hub_model_id or f"trainfleet run {run_id}"
+    header = yaml.safe_dump(metadata(config), sort_keys=False, allow_unicode=True)
+    workers = int(metrics.get("num_workers", config.ray_num_workers if config.use_ray else 1))
+    warmup = config.warmup_steps if config.warmup_steps is not None else f"ratio {config.warmup_ratio or 0}"
+    hyper: list[tuple[str, Any]] = [
+        ("adapter", f"LoRA r={config.lora_r}, alpha={config.lora_alpha:g}, dropout={config.lora_dropout:g}"),
+        ("target modules", ", ".join(target_modules)),
+        ("sequence length", config.sequence_len),
+        ("micro batch size", config.micro_batch_size),
+        ("gradient accumulation steps", config.gradient_accumulation_steps),
+        ("workers", workers),
+        ("effective batch size", config.micro_batch_size * config.gradient_accumulation_steps * workers),
+        ("epochs", f"{config.num_epochs:g}"),
+        ("max steps", config.max_steps if config.max_steps is not None else "-"),
+        ("learning rate", f"{config.learning_rate:g}"),
+        ("scheduler", config.lr_scheduler),
+        ("warmup", warmup),
+        ("optimizer", config.optimizer),
+        ("weight decay", f"{config.weight_decay:g}"),
+        ("train on inputs", config.train_on_inputs),
+        ("seed", config.seed),
+    ]
+    results: list[tuple[str, Any]] = [
+        ("eval loss before training", _num(metrics.get("eval_loss_first"))),
+        ("eval loss after training", _num(metrics.get("eval_loss"))),
+        ("train loss (mean)", _num(metrics.get("train_loss"))),
+        ("optimizer steps", metrics.get("global_step", "-")),
+        (
+            "train / eval examples",
+            f"{metrics.get('train_examples', '-')} / {metrics.get('eval_examples', '-')}",
+        ),
+        ("training time (s)", _num(metrics.get("train_runtime_s"), 1)),
+    ]
+    about = f"A LoRA adapter for `{base}`" if base else "A LoRA adapter for a local base model"
+    load_base = base or "<path to the base model>"
+    if base in BUILTIN_MODELS:
+        about += " (not on the hub: trainfleet builds it locally, see `trainer.tiny.resolve_model`)"
+    return (
+        f"---\n{header}---\n\n# {title}\n\n"
+        f"{about}, trained with trainfleet on {', '.join(f'`{d}`' for d in dataset_names(config))}.\n\n"
+        f"## Training hyperparameters\n\n{_table(hyper)}\n## Results\n\n{_table(results)}\n"
+        "## Usage\n\n```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n\n"
+        f'base = AutoModelForCausalLM.from_pretrained("{load_base}")\n'
+        'model = PeftModel.from_pretrained(base, "<this directory or repository>")\n```\n'
+    )
+
+
+def write(path: Path, text: str) -> None:
+    """Write the card text to `path` (normally <output_dir>/README.md)."""
+    path.write_text(text, encoding="utf-8")
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    return "-" if value is None else f"{float(value):.{digits}f}"
+
+
+def _table(rows: Sequence[tuple[str, Any]]) -> str:
+    lines = ["| | |", "|---|---|"]
+    lines += [f"| {name} | {str(value).replace('|', '&#124;')} |" for name, value in rows]
+    return "\n".join(lines) + "\n"

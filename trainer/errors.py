@@ -1,0 +1,27 @@
+"""The node's errors. The entrypoint prints them as one clear line and exits non-zero.
+
+The node cannot import fleet.errors (it does not travel to the node), so this is a small tree of its own;
+none of these is worth retrying on the same node with the same job.
+"""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base of every error the trainer raises on purpose."""
+
+
+class JobError(TrainerError):
+    """The TrainJob is missing or does not validate."""
+
+
+class ModelUnavailable(TrainerError):
+    """The base model is neither built in nor a local directory (hub downloads are not in this build)."""
+
+
+class DatasetError(TrainerError):
+    """A dataset cannot be found or read, or a record lacks the fields its type needs."""
+
+
+class TrainingFailed(TrainerError):
+    """Training itself failed (a worker raised, or the loss became NaN)."""

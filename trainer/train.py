@@ -1,0 +1,159 @@
+"""The node's entrypoint: `python -m trainer train|fetch [--job FILE]`.
+
+The TrainJob comes from FILE, or else from the environment variable FLEET_TRAIN_JOB (how the fleet sends
+it with a Ray job). `train` resolves the base model once, here on the driver, then trains:
+
+- `use_ray: true`: joins the Ray cluster at RAY_ADDRESS (set by the Ray Jobs API for a job's entrypoint)
+  or, without it, starts a private local one; runs Ray Train's TorchTrainer with `ray_num_workers`
+  workers; Ray's storage (checkpoint copies, run state) goes to ``<work_dir>/ray``.
+- `use_ray: false`: the same recipe in this process.
+
+`fetch` resolves the base model (building the tiny one) and reads the datasets, then prints a FETCHED
+progress line; the fleet runs it as the prepare step. Both exit 0 on success and 1 with a one-line
+``trainer: error: ...`` on stderr otherwise. Heavy imports wait until a command needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainer.config import TrainJob
+from trainer.errors import JobError, TrainerError, TrainingFailed
+from trainer.progress import ENV_VAR, Kind, emit
+
+
+def load_job(job_file: Path | None, environ: Mapping[str, str]) -> TrainJob:
+    """The TrainJob from `job_file` if given, else from `environ[FLEET_TRAIN_JOB]`. Raises JobError."""
+    if job_file is not None:
+        try:
+            text = job_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise JobError(f"cannot read the job file {job_file}: {exc.strerror or exc}") from exc
+        source = str(job_file)
+    elif environ.get(ENV_VAR):
+        text, source = environ[ENV_VAR], ENV_VAR
+    else:
+        raise JobError(f"no job: pass --job FILE or set {ENV_VAR}")
+    try:
+        job = TrainJob.from_env(text)
+    except ValidationError as exc:
+        raise JobError(f"{source}: not a valid TrainJob:\n{exc}") from exc
+    for name in ("work_dir", "output_dir"):
+        if not Path(getattr(job, name)).is_absolute():
+            raise JobError(f"{source}: {name} must be an absolute path")
+    return job
+
+
+def cache_dir(job: TrainJob) -> Path | None:
+    return Path(job.cache_dir) if job.cache_dir else None
+
+
+def fetch(job: TrainJob, base_dir: Path) -> dict[str, Any]:
+    """Resolve the base model and read every dataset; emit FETCHED {model_path, examples}."""
+    from trainer.data import load_records
+    from trainer.tiny import resolve_model
+
+    model_path = resolve_model(job.config.base_model, cache_dir(job))
+    examples = len(load_records(job.config.datasets, base_dir))
+    emit(Kind.FETCHED, model_path=str(model_path), examples=examples)
+    return {"model_path": str(model_path), "examples": examples}
+
+
+def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
+    """Train `job` (with Ray or in this process, per `use_ray`); return rank 0's final metrics."""
+    from trainer.data import dataset_files
+    from trainer.tiny import resolve_model
+
+    for ds in job.config.datasets:  # fail fast, before any worker starts, on a missing file
+        dataset_files(ds, base_dir)
+    model_path = resolve_model(job.config.base_model, cache_dir(job))
+    Path(job.work_dir).mkdir(parents=True, exist_ok=True)
+    if not job.config.use_ray:
+        from trainer import recipe
+
+        return recipe.run(job, model_path, base_dir=base_dir)
+    return train_with_ray(job, model_path, base_dir)
+
+
+def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
+    """Run the recipe as a Ray Train TorchTrainer; shut Ray down afterwards if this call started it."""
+    # Read when Ray is first imported: keep every worker's progress line instead of folding repeats.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import ray
+    from ray.train import RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train.torch import TorchTrainer
+
+    from trainer.recipe import loop_config, train_loop_per_worker
+
+    cfg = job.config
+    started_here = not ray.is_initialized()
+    if started_here:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()  # a Ray Jobs entrypoint: join the job's cluster
+        else:
+            ray.init(address="local", include_dashboard=False)  # standalone: a private local cluster
+    try:
+        resources = cfg.resources_per_worker or ({"GPU": 1.0} if job.use_gpu else {"CPU": 1.0})
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=loop_config(job, model_path, base_dir),
+            scaling_config=ScalingConfig(
+                num_workers=cfg.ray_num_workers, resources_per_worker=resources, use_gpu=job.use_gpu
+            ),
+            run_config=RunConfig(
+                name=cfg.ray_run_name or f"trainfleet-{job.run_id}",
+                storage_path=str(Path(job.work_dir) / "ray"),
+            ),
+        )
+        try:
+            result = trainer.fit()
+        except TrainingFailedError as exc:
+            raise TrainingFailed(f"Ray Train failed: {worker_failure(exc)}") from exc
+        return dict(result.metrics or {})
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def worker_failure(exc: BaseException) -> str:
+    """One line for a failed Ray Train run: the lowest failed rank's own exception when there is one
+    (Ray's log above it keeps the full tracebacks), else the first line of Ray's message."""
+    failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
+    if failures:
+        rank = min(failures)
+        cause = getattr(failures[rank], "cause", None) or failures[rank]  # unwrap a RayTaskError
+        message = str(cause).strip().splitlines()
+        return f"worker rank {rank}: {type(cause).__name__}: {message[-1] if message else ''}"
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="trainfleet's node-side trainer")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("train", "train the job's LoRA adapter"), ("fetch", "resolve the model and data")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--job", type=Path, default=None, help=f"TrainJob JSON file (default: ${ENV_VAR})")
+    args = parser.parse_args(argv)
+    try:
+        job = load_job(args.job, os.environ)
+        base_dir = Path.cwd()
+        if args.command == "fetch":
+            fetch(job, base_dir)
+        else:
+            train(job, base_dir)
+    except TrainerError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("trainer: interrupted", file=sys.stderr)
+        return 130
+    return 0
