@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -20,6 +20,7 @@ from fleet.errors import NotFound
 
 Draft = tuple[EventType, dict[str, Any]]
 RunChange = Callable[[Run], list[Draft] | None]
+T = TypeVar("T")
 
 
 class Ledger:
@@ -64,24 +65,33 @@ class Ledger:
 
     def update_run(self, run_id: str, change: RunChange) -> Run:
         """Apply `change` to the stored run atomically (retried on conflict); returns the new run."""
-        key = run_key(run_id)
+
+        def body(raw: str | None, pipe: redis.client.Pipeline[str]) -> Run:
+            if raw is None:
+                raise NotFound(f"no run {run_id!r}")
+            run = Run.model_validate_json(raw)
+            drafts = change(run) or []
+            run.updated_at = time.time()
+            numbered = self._number(run, drafts)
+            pipe.multi()
+            pipe.set(run_key(run_id), run.model_dump_json())
+            for event in numbered:
+                events.append(pipe, event, self.events_maxlen)
+            return run
+
+        return self._optimistic(run_key(run_id), body)
+
+    def _optimistic(self, key: str, body: Callable[[str | None, redis.client.Pipeline[str]], T]) -> T:
+        """Run `body(current value, pipeline)` under WATCH `key`, retried until no one else wrote the key
+        in between. `body` calls `pipe.multi()` before queueing its writes (or queues none)."""
         while True:
             with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(key)
-                    raw = cast(str | None, pipe.get(key))
-                    if raw is None:
-                        raise NotFound(f"no run {run_id!r}")
-                    run = Run.model_validate_json(raw)
-                    drafts = change(run) or []
-                    run.updated_at = time.time()
-                    numbered = self._number(run, drafts)
-                    pipe.multi()
-                    pipe.set(key, run.model_dump_json())
-                    for event in numbered:
-                        events.append(pipe, event, self.events_maxlen)
-                    pipe.execute()
-                    return run
+                    result = body(cast(str | None, pipe.get(key)), pipe)
+                    if pipe.explicit_transaction:
+                        pipe.execute()
+                    return result
                 except redis.WatchError:
                     continue
 
@@ -105,22 +115,18 @@ class Ledger:
         return None if raw is None else Instance.model_validate_json(raw)
 
     def update_instance(self, name: str, **changes: Any) -> Instance | None:
-        key = instance_key(name)
-        while True:
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(key)
-                    raw = cast(str | None, pipe.get(key))
-                    if raw is None:
-                        return None
-                    inst = Instance.model_validate_json(raw).model_copy(update=changes)
-                    inst.updated_at = time.time()
-                    pipe.multi()
-                    pipe.set(key, inst.model_dump_json())
-                    pipe.execute()
-                    return inst
-                except redis.WatchError:
-                    continue
+        """Change fields of a recorded instance atomically; None when there is no such record."""
+
+        def body(raw: str | None, pipe: redis.client.Pipeline[str]) -> Instance | None:
+            if raw is None:
+                return None
+            inst = Instance.model_validate_json(raw).model_copy(update=changes)
+            inst.updated_at = time.time()
+            pipe.multi()
+            pipe.set(instance_key(name), inst.model_dump_json())
+            return inst
+
+        return self._optimistic(instance_key(name), body)
 
     def list_instances(self) -> list[Instance]:
         names = sorted(str(n) for n in self.client.smembers(INSTANCES_INDEX))
