@@ -5,7 +5,7 @@ job's TrainJob (Ray Train with its own local cluster, as the node would run it).
 everything else: an embedded Redis, a Celery worker, a local Ray head with token auth, the prepare job,
 event relaying and teardown. Runs alternate (fleet, alone, fleet, alone, ...) so drift hits both.
 
-    .venv/bin/python bench/overhead.py [--repeats 2] [--config configs/examples/tiny-lora.yml]
+    .venv/bin/python bench/overhead.py [--repeats 3] [--config configs/examples/tiny-lora.yml]
 
 The last line printed is one JSON object with the figures.
 """
@@ -43,7 +43,7 @@ def timed(argv: list[str], env: dict[str, str], log: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs/examples/tiny-lora.yml")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-"))

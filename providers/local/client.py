@@ -250,5 +250,6 @@ class LocalHeads:
             psutil.wait_procs(procs, timeout=wait)
         if not self.processes(meta):
             shutil.rmtree(meta.temp_dir, ignore_errors=True)
+            (self.node_dir(name) / "token").unlink(missing_ok=True)  # a dead head's token is no use to anyone
             meta.terminated_at = meta.terminated_at or time.time()
             self._write(meta)

@@ -116,6 +116,30 @@ def events_of(home: Path, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(fields["event"]) for _sid, fields in client.xrange(f"tf:events:{run_id}")]
 
 
+def secret_hits(home: Path, secret: str) -> list[str]:
+    """Where `secret` shows up: any Redis value (strings, lists, streams) or any file under `home`
+    other than the secret's own 0600 file. Empty means nowhere."""
+    hits = []
+    client = redis_of(home)
+    for key in client.scan_iter("*"):
+        kind = client.type(key)  # type: ignore[no-untyped-call]
+        if kind == "string":
+            values = [client.get(key) or ""]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind == "stream":
+            values = [json.dumps(fields) for _sid, fields in client.xrange(key)]
+        elif kind == "hash":
+            values = [json.dumps(client.hgetall(key))]
+        else:
+            values = [json.dumps(sorted(client.smembers(key)))] if kind == "set" else []
+        hits += [f"redis:{key}" for value in values if secret in value]
+    for path in home.rglob("*"):
+        if path.is_file() and path.name != "token" and secret.encode() in path.read_bytes():
+            hits.append(str(path))
+    return hits
+
+
 def live_heads(home: Path) -> list[str]:
     return [inst.name for inst in LocalProvider(ProviderContext(home=home)).list_instances()]
 

@@ -19,6 +19,7 @@ from tests.integration.fleetproc import (
     fleet_env,
     fleet_json,
     live_heads,
+    secret_hits,
     wait_until,
 )
 
@@ -99,7 +100,8 @@ def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
         (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
         run_id = queued["run_id"]
         wait_for_training(home, run_id)
-        assert len(live_heads(home)) == 1
+        (node,) = live_heads(home)
+        token = (home / "nodes" / node / "token").read_text().strip()
         view = fleet_json(env, "cancel", run_id, timeout=180)
         assert view["state"] == "CANCELLED"
         assert view["failure_reason"] == "CANCELLED_BY_USER"
@@ -107,18 +109,23 @@ def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
         assert "train.finished" not in kinds and "instance.terminated" in kinds
         assert kinds[-1] == "run.cancelled"
         assert live_heads(home) == []
+        # The node's token never reached the ledger, the events, the queues or any log.
+        assert secret_hits(home, token) == []
     finally:
         worker.stop()
 
 
-def test_worker_killed_mid_training_recovers_without_duplicates(home: Path) -> None:
+@pytest.mark.parametrize("kill_after", ["instance.requested", "prepare.submitted", "train.step"])
+def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path, kill_after: str) -> None:
     env = fleet_env(home)
     worker = Worker(env, home / "worker-1.log")
     try:
         (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
         run_id = queued["run_id"]
-        wait_for_training(home, run_id)
-        worker.kill(signal.SIGKILL)  # main process and pool children, mid-stage
+        wait_until(
+            lambda: kill_after in [e["type"] for e in events_of(home, run_id)], 300, kill_after, every=0.2
+        )
+        worker.kill(signal.SIGKILL)  # main process and pool children at once, mid-stage
         worker = Worker(env, home / "worker-2.log")
         view = wait_until(
             lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
@@ -132,7 +139,8 @@ def test_worker_killed_mid_training_recovers_without_duplicates(home: Path) -> N
         assert len(ids) == len(set(ids))
         kinds = [e["type"] for e in evs]
         assert kinds.count("instance.requested") == 1  # one node for the run, never a second
-        assert kinds.count("train.submitted") == 1 and kinds.count("run.succeeded") == 1
+        for once in ("prepare.submitted", "train.submitted", "train.finished", "run.succeeded"):
+            assert kinds.count(once) == 1, once
         steps = [e["data"]["step"] for e in evs if e["type"] == "train.step"]
         assert steps == sorted(set(steps))  # each step relayed once, in order
         assert live_heads(home) == []
