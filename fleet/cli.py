@@ -168,16 +168,12 @@ def _follow(fleet: service.Fleet, run: Run, live: bool, quiet: bool) -> Run:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        with (
-            Live(view.render(), console=out, refresh_per_second=4, transient=False)
-            if live
-            else _Null() as screen
-        ):
+        with Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen:
             for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
                 current = fleet.ledger.get_run(run.run_id)
                 view.update(current, event)
                 if screen is not None:
-                    screen.update(view.render())
+                    screen.refresh()
                 elif not quiet:
                     print(describe(event), flush=True)
                 if event.type in TERMINAL_EVENTS:
@@ -234,12 +230,15 @@ def status(
     if as_json:
         out.print_json(json.dumps([service.run_view(r) for r in runs]))
         return
-    table = Table("run", "state", "provider", "source", "eval_loss", "age")
+    table = Table()
+    table.add_column("run", no_wrap=True, min_width=18)
+    for name in ("state", "provider", "eval_loss", "age", "source"):
+        table.add_column(name)
     for r in runs:
         age = f"{(time.time() - r.created_at) / 60:.0f}m"
-        table.add_row(
-            r.run_id, r.state.value, r.provider, r.source, str(r.metrics.get("eval_loss", "-")), age
-        )
+        loss = r.metrics.get("eval_loss")
+        shown = f"{loss:.4g}" if isinstance(loss, float) else "-"
+        table.add_row(r.run_id, r.state.value, r.provider, shown, age, r.source)
     out.print(table)
 
 

@@ -146,3 +146,23 @@ def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path, kill_af
         assert live_heads(home) == []
     finally:
         worker.stop()
+
+
+def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
+    home: Path, tmp_path: Path
+) -> None:
+    """The dataset passes submit-time checks (the file exists) but is not JSON: the node's fetch job fails."""
+    data = tmp_path / "job" / "data"
+    data.mkdir(parents=True)
+    (data / "broken.jsonl").write_text('{"instruction": "hi", "output": "ok"}\nnot json at all\n')
+    job = tmp_path / "job" / "broken.yml"
+    job.write_text(EXAMPLE_YAML.read_text().replace("data/tiny-alpaca.jsonl", "data/broken.jsonl"))
+    env = fleet_env(home)
+    done = fleet(env, "run", str(job), "--json", timeout=300)
+    assert done.returncode == 1
+    view = json.loads(done.stdout)
+    assert view["state"] == "FAILED" and view["failure_reason"] == "PREPARE_FAILED"
+    assert "broken.jsonl:2: not valid JSON" in view["failure_message"]
+    kinds = [e["type"] for e in events_of(home, view["run_id"])]
+    assert "instance.terminated" in kinds and kinds[-1] == "run.failed" and "train.submitted" not in kinds
+    assert live_heads(home) == []

@@ -51,3 +51,16 @@ def test_describe_and_live_view_render() -> None:
     text = console.export_text()
     assert "provision  done" in text and "2.5s" in text and "train      running" in text
     assert "step 5/10" in text and "eval_loss" in text
+
+
+def test_live_view_marks_the_stage_a_run_ended_in() -> None:
+    from rich.console import Console
+
+    run = Run(run_id="r", provider="local", source="x", spec={}, run_dir="/r", output_dir="/r/o")
+    run.stage(Stage.PROVISION).started, run.stage(Stage.PROVISION).ended = 1.0, 2.0
+    run.stage(Stage.PREPARE).started, run.stage(Stage.PREPARE).ended = 2.0, 4.0
+    run.state = RunState.CANCELLED
+    console = Console(width=100, record=True)
+    console.print(LiveView(run).render())
+    text = console.export_text()
+    assert "provision  done" in text and "prepare    stopped" in text and "train      waiting" in text
