@@ -65,7 +65,7 @@ def _connect(settings: Settings) -> service.Fleet:
     try:
         return service.Fleet.connect(settings)
     except FleetError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -246,7 +246,7 @@ def _find(fleet: service.Fleet, run_id: str) -> Run:
     try:
         return fleet.ledger.find_run(run_id)
     except FleetError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -348,5 +348,5 @@ def main() -> None:
     try:
         cli()
     except FleetError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"error: {exc}", style="red", markup=False, highlight=False)
         sys.exit(2)

@@ -153,14 +153,17 @@ class LocalHeads:
             return []
         return sorted(p.name for p in self.nodes_dir.iterdir() if (p / "meta.json").exists())
 
-    def start(self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str]) -> HeadMeta:
-        """Start a head for `name` in the background (returns once the process exists, not when ready)."""
+    def start(
+        self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str], token: str | None = None
+    ) -> HeadMeta:
+        """Start a head for `name` in the background (returns once the process exists, not when ready).
+        Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh."""
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
         token_path = node_dir / "token"
         fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_hex(32))
+            handle.write(token or secrets.token_hex(32))
         # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
         digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
         meta = HeadMeta(

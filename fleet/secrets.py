@@ -1,0 +1,88 @@
+"""Credentials: from the environment or a secrets file, never from a job file, an event or a log.
+
+Each credential has one environment variable name (RUNPOD_API_KEY, VAST_API_KEY, ...). The secrets file
+(`FLEET_SECRETS_FILE`, else `<config dir>/secrets.yml`) holds the same names as a YAML mapping and must
+be readable by its owner only. Values are `SecretStr`: their repr is masked, and only the provider that
+needs one calls `get_secret_value()`, at the moment it makes a request.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import yaml
+from pydantic import SecretStr
+
+from fleet.errors import ConfigError, CredentialsMissing, Problem
+
+# Which credential each provider needs (providers without one are absent).
+PROVIDER_CREDENTIALS = {"runpod": "RUNPOD_API_KEY", "vastai": "VAST_API_KEY"}
+KNOWN = (*PROVIDER_CREDENTIALS.values(), "HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The credentials this process can use, by name, and where the file was looked for."""
+
+    values: dict[str, SecretStr]
+    file: Path
+
+    def get(self, name: str) -> SecretStr | None:
+        return self.values.get(name)
+
+    def require_for(self, provider: str) -> SecretStr | None:
+        """The provider's credential; CredentialsMissing (naming the variable, not a value) if unset."""
+        name = PROVIDER_CREDENTIALS.get(provider)
+        if name is None:
+            return None
+        value = self.values.get(name)
+        if value is None or not value.get_secret_value():
+            raise CredentialsMissing(
+                f"provider {provider!r} needs {name}: set it in the environment or in the secrets file "
+                f"{self.file} (mode 600); never in the job file"
+            )
+        return value
+
+    def __repr__(self) -> str:
+        return f"Secrets(names={sorted(self.values)}, file={self.file})"
+
+
+def _file_path(environ: dict[str, str]) -> Path:
+    explicit = environ.get("FLEET_SECRETS_FILE")
+    return Path(explicit) if explicit else Path(platformdirs.user_config_dir("trainfleet")) / "secrets.yml"
+
+
+def load_secrets(env: dict[str, str] | None = None) -> Secrets:
+    """Read the secrets file (if any) and the environment; the environment wins."""
+    environ = dict(os.environ if env is None else env)
+    path = _file_path(environ)
+    values: dict[str, SecretStr] = {}
+    if path.exists():
+        mode = path.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(
+                str(path), [Problem("", "the secrets file must be readable by its owner only (chmod 600)")]
+            )
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            # The parser's message may quote the file's text: say only that it is unreadable.
+            raise ConfigError(
+                str(path), [Problem("", "cannot read the secrets file as a YAML mapping")]
+            ) from None
+        if not isinstance(data, dict):
+            raise ConfigError(str(path), [Problem("", "the secrets file must be a mapping of NAME: value")])
+        for key, value in data.items():
+            if str(key) not in KNOWN:
+                raise ConfigError(
+                    str(path), [Problem(str(key), f"unknown credential; known: {', '.join(KNOWN)}")]
+                )
+            values[str(key)] = SecretStr(str(value))
+    for name in KNOWN:
+        if environ.get(name):
+            values[name] = SecretStr(environ[name])
+    return Secrets(values, path)

@@ -1,0 +1,141 @@
+"""Choosing an offer: every cloud's offers, normalised, filtered by the job's section and ranked by price.
+
+A provider adapter turns its vendor's catalogue into `Candidate`s; `choose` keeps those that fit the
+section, prices them the way the rental would be made (a bid for INTERRUPTABLE, the list price for
+ON_DEMAND) and says, for every one it leaves out, why. Nothing here talks to a network.
+
+Money rule: an interruptible rental bids the offer's minimum bid per GPU and never more than the
+section's `max_bid_per_gpu`; an on-demand rental whose price per GPU is above it is left out too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from providers.base import ProviderName
+from providers.sections import RemoteSection
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing a cloud can rent out now, in the fleet's terms (prices in USD per hour)."""
+
+    provider: ProviderName
+    offer_id: str
+    gpu: str
+    gpu_count: int
+    on_demand_per_hour: float | None  # the whole machine; None: not rentable on demand
+    min_bid_per_gpu: float | None  # None: no interruptible rental
+    vcpus: float
+    memory_gb: float
+    secure: bool  # a datacenter (RunPod SECURE / vast.ai datacenter) host
+    download_mbps: float | None = None
+    upload_mbps: float | None = None
+    disk_gb: float | None = None
+    detail: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A candidate that fits, with the rental it would be: `bid_per_gpu` is None for on-demand."""
+
+    candidate: Candidate
+    price_per_hour: float
+    bid_per_gpu: float | None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate left out, with every reason (so `fleet offers` can say all of them)."""
+
+    candidate: Candidate
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of `choose`: what fits, cheapest first, and what was left out, and why."""
+
+    fits: tuple[Priced, ...]
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def best(self) -> Priced | None:
+        return self.fits[0] if self.fits else None
+
+
+Rule = Callable[[Candidate], str | None]
+"""A vendor-specific check: the reason to leave a candidate out, or None."""
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """GPU names compare without case, and `_` stands for a space (as vast.ai's query syntax has it)."""
+    return " ".join(a.replace("_", " ").lower().split()) == " ".join(b.replace("_", " ").lower().split())
+
+
+def _shortfall(label: str, have: float | None, need: float | None, unit: str) -> str | None:
+    if need is None:
+        return None
+    if have is None:
+        return f"{label} unknown (the job asks for at least {need:g}{unit})"
+    return f"{label} {have:g}{unit} < {need:g}{unit}" if have < need else None
+
+
+def reasons_against(section: RemoteSection, gpu: str, c: Candidate) -> list[str]:
+    """Why `c` does not fit the section's hardware and placement asks (empty: it fits)."""
+    reasons = []
+    if not same_gpu(c.gpu, gpu):
+        reasons.append(f"gpu is {c.gpu}, the job asks for {gpu}")
+    if c.gpu_count != section.gpu_count:
+        reasons.append(f"{c.gpu_count} GPU(s), the job asks for {section.gpu_count}")
+    if section.cloud_type == "SECURE" and not c.secure:
+        reasons.append("a community host; cloud_type is SECURE")
+    if section.cloud_type == "COMMUNITY" and c.secure:
+        reasons.append("a secure-cloud host; cloud_type is COMMUNITY")
+    checks = (
+        _shortfall("vCPUs", c.vcpus, section.min_vcpu_count, ""),
+        _shortfall("memory", c.memory_gb, section.min_memory_in_gb, " GB"),
+        _shortfall("download", c.download_mbps, section.min_download, " Mbps"),
+        _shortfall("upload", c.upload_mbps, section.min_upload, " Mbps"),
+        _shortfall("disk", c.disk_gb, section.container_disk_in_gb, " GB") if c.disk_gb is not None else None,
+    )
+    reasons += [r for r in checks if r]
+    return reasons
+
+
+def price(section: RemoteSection, c: Candidate) -> Priced | str:
+    """The rental the section would make of `c`, or the reason it cannot be made within the cap."""
+    cap = section.max_bid_per_gpu
+    if section.pod_type == "INTERRUPTABLE":
+        if c.min_bid_per_gpu is None:
+            return "no interruptible rental offered; pod_type is INTERRUPTABLE"
+        if c.min_bid_per_gpu > cap:
+            return f"minimum bid ${c.min_bid_per_gpu:.3f}/GPU/h is above max_bid_per_gpu ${cap:.3f}"
+        bid = c.min_bid_per_gpu
+        return Priced(c, round(bid * c.gpu_count, 6), bid)
+    if c.on_demand_per_hour is None:
+        return "not rentable on demand; pod_type is ON_DEMAND"
+    per_gpu = c.on_demand_per_hour / max(c.gpu_count, 1)
+    if per_gpu > cap:
+        return f"on-demand ${per_gpu:.3f}/GPU/h is above max_bid_per_gpu ${cap:.3f}"
+    return Priced(c, c.on_demand_per_hour, None)
+
+
+def choose(
+    section: RemoteSection, gpu: str, candidates: Iterable[Candidate], rules: Sequence[Rule] = ()
+) -> Choice:
+    """Filter `candidates` by the section (and vendor `rules`), price them, cheapest first."""
+    fits: list[Priced] = []
+    rejected: list[Rejected] = []
+    for c in candidates:
+        reasons = reasons_against(section, gpu, c) + [r for rule in rules if (r := rule(c))]
+        priced = price(section, c)
+        if isinstance(priced, str):
+            reasons.append(priced)
+        if reasons or isinstance(priced, str):
+            rejected.append(Rejected(c, tuple(reasons)))
+        else:
+            fits.append(priced)
+    fits.sort(key=lambda p: (p.price_per_hour, p.candidate.offer_id))
+    return Choice(tuple(fits), tuple(rejected))

@@ -1,0 +1,53 @@
+"""Credentials come from the environment or an owner-only file, and are never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ConfigError, CredentialsMissing
+from fleet.secrets import load_secrets
+
+CANARY = "rpa_CANARY0123456789abcdefghijklmnopqrstuv"
+
+
+def secrets_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "secrets.yml"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_environment_wins_over_the_file(tmp_path: Path) -> None:
+    path = secrets_file(tmp_path, f"RUNPOD_API_KEY: from-file\nVAST_API_KEY: {CANARY}\n")
+    secrets = load_secrets({"FLEET_SECRETS_FILE": str(path), "RUNPOD_API_KEY": "from-env"})
+    runpod_key = secrets.require_for("runpod")
+    assert runpod_key is not None and runpod_key.get_secret_value() == "from-env"
+    vast_key = secrets.require_for("vastai")
+    assert vast_key is not None and vast_key.get_secret_value() == CANARY
+    assert CANARY not in repr(secrets) and CANARY not in str(vast_key)
+    assert secrets.require_for("local") is None  # needs nothing
+
+
+def test_a_missing_credential_is_named_with_where_to_put_it(tmp_path: Path) -> None:
+    secrets = load_secrets({"FLEET_SECRETS_FILE": str(tmp_path / "none.yml")})
+    with pytest.raises(CredentialsMissing, match=r"needs VAST_API_KEY.*secrets file") as caught:
+        secrets.require_for("vastai")
+    assert "none.yml" in str(caught.value)
+
+
+def test_a_readable_by_others_file_is_refused(tmp_path: Path) -> None:
+    path = secrets_file(tmp_path, f"RUNPOD_API_KEY: {CANARY}\n", mode=0o644)
+    with pytest.raises(ConfigError, match="chmod 600") as caught:
+        load_secrets({"FLEET_SECRETS_FILE": str(path)})
+    assert CANARY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text", [f"RUNPOD_API_KEY: [{CANARY}\n", f"- {CANARY}\n", f"RUNPD_API_KEY: {CANARY}\n"]
+)
+def test_a_bad_file_never_echoes_its_values(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_secrets({"FLEET_SECRETS_FILE": str(secrets_file(tmp_path, text))})
+    assert CANARY not in str(caught.value)
