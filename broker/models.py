@@ -144,6 +144,9 @@ class Instance(BaseModel):
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     missed: int = Field(0, description="Reaper cycles in a row in which the provider did not list it.")
+    keep_until: float | None = Field(
+        None, description="Kept for debugging (one_shot: false, run failed): the reaper ends it after this."
+    )
 
 
 class EventType(StrEnum):

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainfleet.workers")
 
+KEEP_MAX_S = 24 * 3600  # the longest a failed run's node is kept for debugging
+
 # Every stage task: retry only what can get better by itself, with jittered exponential back-off.
 RETRY_POLICY: dict[str, Any] = {
     "autoretry_for": RETRYABLE,
@@ -178,9 +180,18 @@ def teardown(
                 client.stop(sid)
         except FleetError as exc:
             log.warning("run %s: could not stop its Ray jobs: %s", run.run_id, exc)
-    keep = final == RunState.FAILED and not job_spec(run).one_shot and run.instance is not None
-    if keep:
-        drafts.append((EventType.INSTANCE_KEPT, {"instance": run.instance, "why": "one_shot is false"}))
+    spec = job_spec(run)
+    if final == RunState.FAILED and not spec.one_shot and run.instance is not None:
+        # Kept for debugging, but never without an end: terminate_after from now, at most a day.
+        lifetime = spec.section.terminate_after
+        keep_until = time.time() + (KEEP_MAX_S if lifetime == -1 else min(lifetime, KEEP_MAX_S))
+        ctx.ledger.update_instance(run.instance, keep_until=keep_until)
+        drafts.append(
+            (
+                EventType.INSTANCE_KEPT,
+                {"instance": run.instance, "why": "one_shot is false", "until": keep_until},
+            )
+        )
     else:
         drafts += terminate_instance(ctx, run)
 

@@ -24,6 +24,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     if ctx.ledger.get_instance(name) is None:
         # The intent is written before the create call, so a crash in between leaves a name to look up.
         ctx.ledger.put_instance(Instance(name=name, provider=run.provider, run_id=run.run_id))
+    if run.instance != name:
 
         def attach(r: Run) -> list[Draft]:
             r.instance = name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 
 from broker.app import app
@@ -40,6 +41,8 @@ def reap_once(ctx: context.Context) -> dict[str, list[str]]:
                 if not inst_name.startswith(INSTANCE_PREFIX) or inst.age_s < ctx.settings.orphan_grace_s:
                     continue
                 record = ctx.ledger.get_instance(inst_name)
+                if record is not None and record.keep_until is not None and record.keep_until > time.time():
+                    continue  # kept for debugging until its deadline
                 active = False
                 if record is not None:
                     try:

@@ -83,3 +83,22 @@ def test_one_reaper_at_a_time(ctx: context.Context) -> None:
     ctx.redis.set("tf:lock:reap", "another-reaper", ex=30)
     assert reap_once(ctx) == {"terminated": [], "confirmed": [], "kicked": []}
     assert ctx.redis.llen(Stage.PREPARE.value) == 0
+
+
+def test_a_node_kept_for_debugging_lives_until_its_deadline(ctx: context.Context) -> None:
+    start_head(ctx, "tf-kept-1")
+    ctx.ledger.create_run(make_run("kept", RunState.FAILED), [])
+    ctx.ledger.put_instance(
+        Instance(
+            name="tf-kept-1",
+            provider="local",
+            run_id="kept",
+            state=InstanceState.RUNNING,
+            keep_until=time.time() + 600,
+        )
+    )
+    assert reap_once(ctx)["terminated"] == []
+    assert ctx.provider("local").get("tf-kept-1") is not None
+    ctx.ledger.update_instance("tf-kept-1", keep_until=time.time() - 1)
+    assert reap_once(ctx)["terminated"] == ["tf-kept-1"]
+    assert ctx.provider("local").get("tf-kept-1") is None
