@@ -1,0 +1,389 @@
+"""What every fake cloud shares: a threaded HTTP server, instance bookkeeping, scripted faults.
+
+A vendor fake (RunPod, vast.ai) subclasses `FakeCloud` and implements `route`, which maps one request to
+an operation name and a handler. The base class counts requests per operation, applies any scripted
+fault for that operation, and serves the `/_fake/...` control endpoints (state, faults, preempt).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.nodes import NodeBackend, make_nodes
+
+FAULT_KINDS = frozenset(
+    {"500", "429", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
+)
+TOKEN_ENV = "FLEET_RAY_TOKEN"
+DASHBOARD_PORT = 8265
+
+
+@dataclass
+class Request:
+    """One HTTP request, already read."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON (None when empty)."""
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass
+class Response:
+    """What to answer: status, JSON-able body, extra headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Request], Response]
+
+
+@dataclass
+class Fault:
+    """A scripted misbehaviour for one operation (or "*"), consumed `times` times."""
+
+    op: str
+    kind: str
+    times: int = 1
+    retry_after: float = 1.0
+    delay: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Fault:
+        """Validate one rule as posted to /_fake/faults."""
+        kind = str(data["kind"])
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
+        return cls(
+            op=str(data.get("op", "*")),
+            kind=kind,
+            times=int(data.get("times", 1)),
+            retry_after=float(data.get("retry_after", 1.0)),
+            delay=float(data.get("delay", 0.0)),
+        )
+
+
+@dataclass
+class Instance:
+    """One rented machine as the fake sees it; vendors render it into their own wire shape."""
+
+    id: str
+    name: str
+    gpu: str
+    gpu_count: int
+    price_per_hour: float
+    bid: float | None
+    env: dict[str, str]
+    created_at: float = field(default_factory=time.time)
+    state: str = "starting"  # starting | running | stopped | preempted | terminated
+    ready_at: float = 0.0
+    running_since: float | None = None
+    public_port: int | None = None
+    ghost_listings: int = 0  # terminate_ok_but_listed: still shown as running this many more times
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interruptible(self) -> bool:
+        """Whether this is a spot / bid instance."""
+        return self.bid is not None
+
+    def uptime_s(self) -> int:
+        """Seconds since the instance became running (0 before)."""
+        return int(time.time() - self.running_since) if self.running_since else 0
+
+    def public(self) -> dict[str, Any]:
+        """The row /_fake/state shows: env names only, never values."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "bid": self.bid,
+            "gpu": self.gpu,
+            "gpu_count": self.gpu_count,
+            "price_per_hour": self.price_per_hour,
+            "created_at": self.created_at,
+            "env_keys": sorted(self.env),
+        }
+
+
+class _HTTPHandler(BaseHTTPRequestHandler):
+    """Reads a request, hands it to the owning FakeCloud, writes the answer."""
+
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self) -> None:
+        split = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        request = Request(
+            method=self.command,
+            path=split.path,
+            query={k: v[-1] for k, v in parse_qs(split.query).items()},
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=self.rfile.read(length) if length else b"",
+        )
+        response = self.server.cloud.dispatch(request)
+        payload = json.dumps(response.body).encode()
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for key, value in response.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default per-request stderr line (it would print query strings with keys)."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, cloud: FakeCloud, port: int) -> None:
+        self.cloud = cloud
+        super().__init__(("127.0.0.1", port), _HTTPHandler)
+
+
+class FakeCloud:
+    """Base for a fake vendor API. Use as a context manager, or `start()` / `stop()`."""
+
+    vendor = "fake"
+
+    def __init__(
+        self,
+        api_key: str = "test-key",
+        home: Path | None = None,
+        nodes: str = "none",
+        ready_delay_s: float = 0.2,
+        port: int = 0,
+    ) -> None:
+        self.api_key = api_key
+        self.port = port
+        self.lock = threading.RLock()
+        self.instances: dict[str, Instance] = {}
+        self.requests: dict[str, int] = {}
+        self.faults: list[Fault] = []
+        self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The base URL clients are pointed at."""
+        if self._server is None:
+            raise RuntimeError("fake not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeCloud:
+        """Serve in a daemon thread (returns at once; the socket is already listening)."""
+        self._server = _Server(self, self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until `shutdown()` is called from another."""
+        if self._server is None:
+            self._server = _Server(self, self.port)
+        self._server.serve_forever(0.05)
+
+    def stop(self) -> None:
+        """Stop serving and stop every node this fake started; idempotent."""
+        if self._server is not None:
+            if self._thread is not None:
+                self._server.shutdown()
+                self._thread.join(timeout=5)
+            self._server.server_close()
+            self._server = None
+        self.nodes.stop_all()
+
+    def __enter__(self) -> FakeCloud:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- knobs for in-process tests (also behind /_fake/...) ---------------------------------------
+    def add_faults(self, rules: list[dict[str, Any]]) -> None:
+        """Queue fault rules; they are consumed in order."""
+        parsed = [Fault.from_json(rule) for rule in rules]
+        with self.lock:
+            self.faults.extend(parsed)
+
+    def state(self) -> dict[str, Any]:
+        """What the fake holds: live instances (env names only) and request counts per operation."""
+        with self.lock:
+            for inst in self.instances.values():
+                self.refresh(inst)
+            return {
+                "instances": [i.public() for i in self.instances.values() if i.state != "terminated"],
+                "requests": dict(self.requests),
+            }
+
+    def preempt(self, instance_id: str) -> bool:
+        """Mark an interruptible instance as lost and stop its node; False if unknown or on-demand."""
+        with self.lock:
+            inst = self.instances.get(str(instance_id))
+            if inst is None or not inst.interruptible or inst.state == "terminated":
+                return False
+            inst.state = "preempted"
+        self.nodes.stop(self.node_name(inst))
+        return True
+
+    # -- instance bookkeeping used by vendors ------------------------------------------------------
+    def node_name(self, inst: Instance) -> str:
+        """The node directory name for an instance."""
+        return f"{self.vendor}-{inst.id}"
+
+    def add_instance(self, inst: Instance) -> Instance:
+        """Record a new instance and start its node."""
+        with self.lock:
+            self.instances[inst.id] = inst
+        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV))
+        return inst
+
+    def refresh(self, inst: Instance) -> None:
+        """Advance a starting instance to running once its node answers."""
+        if inst.state != "starting":
+            return
+        port = self.nodes.ready_port(self.node_name(inst), inst.env.get(TOKEN_ENV))
+        if port is not None:
+            inst.state = "running"
+            inst.running_since = time.time()
+            inst.public_port = port
+
+    def visible(self, inst: Instance) -> str | None:
+        """The state a list/get call shows (None: gone), consuming a terminate_ok_but_listed listing."""
+        if inst.state == "terminated":
+            if inst.ghost_listings > 0:
+                inst.ghost_listings -= 1
+                return "running"
+            return None
+        self.refresh(inst)
+        return inst.state
+
+    def terminate(self, inst: Instance, keep_listed: int = 0) -> None:
+        """Terminate: stop the node; optionally keep listing it as running for `keep_listed` calls."""
+        inst.state = "terminated"
+        inst.ghost_listings = keep_listed
+        self.nodes.stop(self.node_name(inst))
+
+    def set_stopped(self, inst: Instance) -> None:
+        """User stop: the node goes away, the instance stays (and can be started again)."""
+        inst.state = "stopped"
+        inst.running_since = None
+        self.nodes.stop(self.node_name(inst))
+
+    def resume(self, inst: Instance) -> None:
+        """Start a stopped instance again (a fresh node)."""
+        inst.state = "starting"
+        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV))
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def take_fault(self, op: str) -> Fault | None:
+        """The first queued rule for `op` (or "*"), consumed once."""
+        with self.lock:
+            for fault in self.faults:
+                if fault.op in (op, "*") and fault.times > 0:
+                    if fault.kind == "terminate_ok_but_listed":
+                        if op != "terminate":
+                            continue
+                        self.faults.remove(fault)  # one terminate; `times` counts later listings
+                        return fault
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                    return fault
+        return None
+
+    def dispatch(self, request: Request) -> Response:
+        """Control endpoints first, then auth, fault injection and the vendor's handler."""
+        if request.path.startswith("/_fake/"):
+            return self._control(request)
+        if not self.authorized(request):
+            return self.unauthorized()
+        op, handler = self.route(request)
+        with self.lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
+        fault = self.take_fault(op)
+        if fault is None:
+            return handler(request)
+        if fault.kind == "timeout":
+            time.sleep(fault.delay)
+            return handler(request)
+        if fault.kind == "429":
+            body = self.error_body(429, "Too many requests")
+            return Response(429, body, {"Retry-After": f"{fault.retry_after:g}"})
+        if fault.kind == "500":
+            return Response(500, self.error_body(500, "Internal server error"))
+        if fault.kind == "error_after_create":
+            handler(request)
+            return Response(500, self.error_body(500, "Internal server error"))
+        if fault.kind == "not_found":
+            return self.not_found(op)
+        return self.terminate_but_list(request, fault.times)
+
+    def bearer(self, request: Request) -> str:
+        """The Bearer token of a request ('' if none)."""
+        auth = request.headers.get("authorization", "")
+        return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+
+    def _control(self, request: Request) -> Response:
+        if request.path == "/_fake/state" and request.method == "GET":
+            return Response(200, self.state())
+        if request.path == "/_fake/faults" and request.method == "POST":
+            try:
+                self.add_faults(list(request.json() or []))
+            except (ValueError, KeyError, TypeError) as exc:
+                return Response(400, {"error": str(exc)})
+            return Response(200, {"queued": len(self.faults)})
+        if request.path.startswith("/_fake/preempt/") and request.method == "POST":
+            ok = self.preempt(request.path.rsplit("/", 1)[-1])
+            return Response(200 if ok else 404, {"preempted": ok})
+        return Response(404, {"error": "no such control endpoint"})
+
+    # -- vendor hooks ------------------------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        """Whether the request carries the expected key."""
+        return self.bearer(request) == self.api_key
+
+    def unauthorized(self) -> Response:
+        """The vendor's answer to a bad key."""
+        return Response(401, {"error": "unauthorized"})
+
+    def route(self, request: Request) -> tuple[str, Handler]:
+        """(operation name, handler) for a request."""
+        raise NotImplementedError
+
+    def error_body(self, status: int, message: str) -> Any:
+        """The vendor's error body for a failed request."""
+        return {"error": message}
+
+    def not_found(self, op: str) -> Response:
+        """The vendor's not-found answer."""
+        return Response(404, {"error": "not found"})
+
+    def terminate_but_list(self, request: Request, listings: int) -> Response:
+        """Handle a terminate request that succeeds yet keeps the instance listed `listings` times."""
+        raise NotImplementedError

@@ -1,0 +1,232 @@
+"""Just enough GraphQL for the RunPod fake: parse an operation and project resolved data onto it.
+
+runpod-python builds its queries as f-strings with inline input literals and no variables, so literal
+values (strings with escapes, numbers, booleans, null, enums, lists, objects) must parse exactly as a
+GraphQL server parses them; our own client sends `$variables`, which are substituted at execution.
+Fragments and directives are not supported (nobody we fake against sends them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+_TOKEN = re.compile(
+    r"""
+    (?P<skip>[\s,\ufeff]+|\#[^\n]*)
+  | (?P<block>\"\"\"(?:\\\"\"\"|[^"]|"(?!""))*\"\"\")
+  | (?P<string>"(?:\\.|[^"\\\n])*")
+  | (?P<number>-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)
+  | (?P<name>[_A-Za-z][_0-9A-Za-z]*)
+  | (?P<punct>\.\.\.|[{}()\[\]:$!=@|&])
+    """,
+    re.VERBOSE,
+)
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class GraphQLError(Exception):
+    """A request the fake server rejects the way a GraphQL server does (an entry in `errors`)."""
+
+
+@dataclass(frozen=True)
+class Var:
+    """A `$name` reference, resolved from the request's variables at execution."""
+
+    name: str
+
+
+class Enum(str):
+    """An enum literal (`cloudType: SECURE`): compares equal to its name."""
+
+
+@dataclass
+class Field:
+    """One selected field with its arguments and sub-selection (None for a leaf)."""
+
+    name: str
+    alias: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    selections: list[Field] | None = None
+
+    @property
+    def key(self) -> str:
+        """The key this field has in the response."""
+        return self.alias or self.name
+
+
+@dataclass
+class Operation:
+    """A parsed `query` or `mutation`."""
+
+    kind: str
+    fields: list[Field]
+
+
+def _unescape(raw: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        char = raw[i]
+        if char != "\\":
+            out.append(char)
+            i += 1
+            continue
+        nxt = raw[i + 1]
+        if nxt == "u":
+            out.append(chr(int(raw[i + 2 : i + 6], 16)))
+            i += 6
+        elif nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        else:
+            raise GraphQLError(f"Syntax Error: Invalid character escape sequence: \\{nxt}")
+    return "".join(out)
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            match = _TOKEN.match(text, pos)
+            if match is None:
+                raise GraphQLError(f"Syntax Error: Unexpected character {text[pos]!r}")
+            kind = match.lastgroup or ""
+            if kind != "skip":
+                self.tokens.append((kind, match.group()))
+            pos = match.end()
+        self.i = 0
+
+    def peek(self) -> tuple[str, str]:
+        return self.tokens[self.i] if self.i < len(self.tokens) else ("eof", "<EOF>")
+
+    def take(self, kind: str, value: str | None = None) -> str:
+        got_kind, got = self.peek()
+        if got_kind != kind or (value is not None and got != value):
+            want = value or kind.capitalize()
+            raise GraphQLError(f'Syntax Error: Expected {want}, found {got_kind.capitalize()} "{got}".')
+        self.i += 1
+        return got
+
+    def at(self, value: str) -> bool:
+        return self.peek()[1] == value and self.peek()[0] == "punct"
+
+    def operation(self) -> Operation:
+        kind = "query"
+        if self.peek()[0] == "name":
+            kind = self.take("name")
+            if kind not in ("query", "mutation"):
+                raise GraphQLError(f'Syntax Error: Unexpected Name "{kind}".')
+            if self.peek()[0] == "name":
+                self.take("name")
+            if self.at("("):  # variable definitions: types do not matter here
+                depth = 0
+                while True:
+                    value = self.take(self.peek()[0])
+                    depth += {"(": 1, ")": -1}.get(value, 0)
+                    if depth == 0:
+                        break
+        fields = self.selection_set()
+        if self.peek()[0] != "eof":
+            raise GraphQLError("Syntax Error: only one operation per request is supported.")
+        return Operation(kind, fields)
+
+    def selection_set(self) -> list[Field]:
+        self.take("punct", "{")
+        fields = []
+        while not self.at("}"):
+            if self.at("...") or self.at("@"):
+                raise GraphQLError("fragments and directives are not supported by this fake")
+            name = self.take("name")
+            alias = None
+            if self.at(":"):
+                self.take("punct", ":")
+                alias, name = name, self.take("name")
+            args: dict[str, Any] = {}
+            if self.at("("):
+                self.take("punct", "(")
+                while not self.at(")"):
+                    key = self.take("name")
+                    self.take("punct", ":")
+                    args[key] = self.value()
+                self.take("punct", ")")
+            subs = self.selection_set() if self.at("{") else None
+            fields.append(Field(name, alias, args, subs))
+        self.take("punct", "}")
+        return fields
+
+    def value(self) -> Any:
+        kind, text = self.peek()
+        if kind == "punct" and text == "$":
+            self.take("punct", "$")
+            return Var(self.take("name"))
+        if kind == "punct" and text == "[":
+            self.take("punct", "[")
+            items = []
+            while not self.at("]"):
+                items.append(self.value())
+            self.take("punct", "]")
+            return items
+        if kind == "punct" and text == "{":
+            self.take("punct", "{")
+            obj: dict[str, Any] = {}
+            while not self.at("}"):
+                key = self.take("name")
+                self.take("punct", ":")
+                obj[key] = self.value()
+            self.take("punct", "}")
+            return obj
+        self.i += 1
+        if kind == "string":
+            return _unescape(text[1:-1])
+        if kind == "block":
+            return text[3:-3].replace('\\"""', '"""')
+        if kind == "number":
+            return json.loads(text)
+        if kind == "name":
+            return {"true": True, "false": False, "null": None}.get(text, Enum(text))
+        self.i -= 1
+        raise GraphQLError(f'Syntax Error: Unexpected {kind.capitalize()} "{text}".')
+
+
+def parse(text: str) -> Operation:
+    """Parse one GraphQL operation (raises GraphQLError with a server-like message)."""
+    return _Parser(text).operation()
+
+
+def substitute(value: Any, variables: dict[str, Any]) -> Any:
+    """Replace `$var` references inside a literal with the request's variables."""
+    if isinstance(value, Var):
+        return variables.get(value.name)
+    if isinstance(value, list):
+        return [substitute(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, variables) for k, v in value.items()}
+    return value
+
+
+Resolver = Callable[[dict[str, Any]], Any]
+
+
+def project(value: Any, selections: list[Field] | None, variables: dict[str, Any], type_name: str) -> Any:
+    """Keep only the selected fields of resolved data; a callable value is a field taking arguments."""
+    if selections is None or value is None:
+        return value
+    if isinstance(value, list):
+        return [project(v, selections, variables, type_name) for v in value]
+    out: dict[str, Any] = {}
+    for sel in selections:
+        if sel.name == "__typename":
+            out[sel.key] = type_name
+            continue
+        if sel.name not in value:
+            raise GraphQLError(f'Cannot query field "{sel.name}" on type "{type_name}".')
+        item = value[sel.name]
+        if callable(item):
+            item = item(substitute(sel.args, variables))
+        out[sel.key] = project(item, sel.selections, variables, sel.name)
+    return out

@@ -1,0 +1,129 @@
+"""The machines behind a fake cloud's instances: none at all, or a real local Ray head per instance.
+
+A backend is asked to `start` a node (returns at once), whether it is ready (`ready_port`: the local port
+that the instance publishes as its container port 8265, or None while it boots) and to `stop` it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Protocol
+
+from providers.local.client import LocalHeads
+
+RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
+
+
+class NodeBackend(Protocol):
+    """What a fake cloud needs from the machines behind its instances."""
+
+    def start(self, name: str, token: str | None) -> None:
+        """Start the node for `name` in the background (returns at once)."""
+
+    def ready_port(self, name: str, token: str | None) -> int | None:
+        """The local port published as the node's dashboard once it is up, else None."""
+
+    def stop(self, name: str) -> None:
+        """Stop the node; idempotent."""
+
+    def stop_all(self) -> None:
+        """Stop every node this backend started."""
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NoNodes:
+    """No processes: an instance is "up" `delay_s` after it was started; its port has no listener."""
+
+    def __init__(self, delay_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self._started: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def start(self, name: str, token: str | None) -> None:
+        """Remember when the node 'booted' and pick the port it will publish."""
+        with self._lock:
+            self._started[name] = (time.time(), _unused_port())
+
+    def ready_port(self, name: str, token: str | None) -> int | None:
+        """The published port once `delay_s` has passed."""
+        with self._lock:
+            started = self._started.get(name)
+        if started is None or time.time() - started[0] < self.delay_s:
+            return None
+        return started[1]
+
+    def stop(self, name: str) -> None:
+        """Forget the node."""
+        with self._lock:
+            self._started.pop(name, None)
+
+    def stop_all(self) -> None:
+        """Forget every node."""
+        with self._lock:
+            self._started.clear()
+
+
+class RayNodes:
+    """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`)."""
+
+    def __init__(self, home: Path) -> None:
+        self.heads = LocalHeads(home / "nodes")
+        self._names: set[str] = set()
+        self._lock = threading.Lock()
+
+    def start(self, name: str, token: str | None) -> None:
+        """Start a 1-CPU head whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent)."""
+        with self._lock:
+            self._names.add(name)
+        self.heads.start(name, RAY_CPUS_PER_NODE, num_gpus=0, env={}, token=token or secrets.token_hex(16))
+
+    def ready_port(self, name: str, token: str | None) -> int | None:
+        """The head's dashboard port once `GET /api/version` answers 200 with the node's token."""
+        meta = self.heads.read(name)
+        if meta is None or not self.heads.head_alive(meta):
+            return None
+        request = urllib.request.Request(
+            f"{meta.dashboard_url}/api/version",
+            headers={"Authorization": f"Bearer {token or self.heads.token(name)}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                ok = response.status == 200
+        except (urllib.error.URLError, OSError):
+            return None
+        return meta.ports["dashboard_port"] if ok else None
+
+    def stop(self, name: str) -> None:
+        """Stop the head's processes."""
+        self.heads.stop(name)
+
+    def stop_all(self) -> None:
+        """Stop every head started by this backend (best effort: one failure must not leak the rest)."""
+        with self._lock:
+            names = sorted(self._names)
+        for name in names:
+            with contextlib.suppress(Exception):  # best-effort cleanup
+                self.heads.stop(name)
+
+
+def make_nodes(kind: str, home: Path | None, delay_s: float) -> NodeBackend:
+    """The backend for `--nodes ray|none`."""
+    if kind == "none":
+        return NoNodes(delay_s)
+    if kind == "ray":
+        if home is None:
+            raise ValueError("nodes='ray' needs a home directory")
+        return RayNodes(home)
+    raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, none")

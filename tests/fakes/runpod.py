@@ -1,0 +1,281 @@
+"""A fake of RunPod's GraphQL API (`POST /graphql`), good enough for runpod-python 1.11 unmodified.
+
+Point the SDK at it with `RUNPOD_API_BASE_URL=<fake.url>` and `runpod.api_key = <key>`. It serves the
+`gpuTypes` catalog, on-demand and spot creates, stop/resume/terminate, and the pod queries, answering
+with exactly the fields the request selects; unknown fields are GraphQL errors, as on the real server.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import time
+from typing import Any
+
+from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
+from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
+
+NO_CAPACITY = (
+    "There are no longer any instances available with the requested specifications. "
+    "Please refresh and try again."
+)
+# id, display name, memory GB, secure, community, secure spot, community spot ($/GPU/h)
+_CATALOG = [
+    ("NVIDIA RTX A5000", "RTX A5000", 24, 0.27, 0.16, 0.13, 0.11),
+    ("NVIDIA RTX A6000", "RTX A6000", 48, 0.49, 0.33, 0.25, 0.19),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 80, 1.64, 1.19, 0.82, 0.60),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090", 24, 0.69, 0.34, 0.35, 0.20),
+]
+_OPS = {
+    "gpuTypes": "search",
+    "podFindAndDeployOnDemand": "create",
+    "podRentInterruptable": "create",
+    "podTerminate": "terminate",
+    "podStop": "stop",
+    "podResume": "resume",
+    "podBidResume": "resume",
+    "myself": "list",
+    "pod": "get",
+}
+
+
+def _pod_id() -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(14))
+
+
+class FakeRunPod(FakeCloud):
+    """RunPod's GraphQL API. `stock` maps a GPU type id to how many GPUs one pod may get (0: none)."""
+
+    vendor = "runpod"
+
+    def __init__(self, api_key: str = "test-key", **kwargs: Any) -> None:
+        super().__init__(api_key, **kwargs)
+        self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
+
+    def set_stock(self, gpu_type_id: str, gpus: int) -> None:
+        """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
+        self.stock[gpu_type_id] = gpus
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def unauthorized(self) -> Response:
+        """RunPod answers a bad key with HTTP 401."""
+        return Response(401, {"errors": [{"message": "Unauthorized"}]})
+
+    def error_body(self, status: int, message: str) -> Any:
+        """GraphQL-style error body."""
+        return {"errors": [{"message": message, "extensions": {"code": "INTERNAL_SERVER_ERROR"}}]}
+
+    def not_found(self, op: str) -> Response:
+        """RunPod's not-found answer (HTTP 200 with an error entry)."""
+        message = "pod not found to terminate" if op == "terminate" else "pod not found"
+        return Response(200, {"errors": [{"message": message}], "data": None})
+
+    def route(self, request: Request) -> tuple[str, Any]:
+        """Parse the GraphQL request; the operation is its first top-level field."""
+        if request.method != "POST" or request.path.rstrip("/") != "/graphql":
+            return "other", lambda _r: Response(404, {"errors": [{"message": "Not Found"}]})
+        try:
+            body = request.json() or {}
+            operation = parse(str(body.get("query", "")))
+            variables = dict(body.get("variables") or {})
+        except (GraphQLError, ValueError, TypeError, AttributeError) as exc:
+            error = Response(400, {"errors": [{"message": str(exc)}]})
+            return "graphql", lambda _r: error
+        op = _OPS.get(operation.fields[0].name, "graphql") if operation.fields else "graphql"
+        return op, lambda _r: self._execute(operation, variables)
+
+    def terminate_but_list(self, request: Request, listings: int) -> Response:
+        """Terminate for real but keep listing the pod as RUNNING for `listings` list/get calls."""
+        body = request.json() or {}
+        operation = parse(str(body.get("query", "")))
+        args = substitute(operation.fields[0].args, dict(body.get("variables") or {}))
+        with self.lock:
+            inst = self._find(args)
+            self.terminate(inst, keep_listed=listings)
+        return Response(200, {"data": {"podTerminate": None}})
+
+    def _execute(self, operation: Operation, variables: dict[str, Any]) -> Response:
+        roots = self._mutations() if operation.kind == "mutation" else self._queries()
+        data: dict[str, Any] = {}
+        try:
+            for sel in operation.fields:
+                resolver = roots.get(sel.name)
+                if resolver is None:
+                    kind = "Mutation" if operation.kind == "mutation" else "Query"
+                    raise GraphQLError(f'Cannot query field "{sel.name}" on type "{kind}".')
+                with self.lock:
+                    value = resolver(substitute(sel.args, variables))
+                data[sel.key] = project(value, sel.selections, variables, sel.name)
+        except GraphQLError as exc:
+            return Response(200, {"errors": [{"message": str(exc), "path": [sel.key]}], "data": None})
+        return Response(200, {"data": data})
+
+    # -- resolvers ---------------------------------------------------------------------------------
+    def _queries(self) -> dict[str, Any]:
+        return {"gpuTypes": self._gpu_types, "myself": self._myself, "pod": self._pod}
+
+    def _mutations(self) -> dict[str, Any]:
+        return {
+            "podFindAndDeployOnDemand": lambda a: self._create(a, spot=False),
+            "podRentInterruptable": lambda a: self._create(a, spot=True),
+            "podTerminate": self._terminate,
+            "podStop": self._stop,
+            "podResume": self._resume,
+            "podBidResume": self._resume,
+        }
+
+    def _gpu_types(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        wanted = (args.get("input") or {}).get("id")
+        return [self._gpu(row) for row in _CATALOG if wanted in (None, row[0])]
+
+    def _gpu(self, row: tuple[str, str, int, float, float, float, float]) -> dict[str, Any]:
+        gpu_id, display, memory, secure, community, secure_spot, community_spot = row
+        lowest = {
+            "minimumBidPrice": min(secure_spot, community_spot),
+            "uninterruptablePrice": min(secure, community),
+            "stockStatus": "High" if self.stock.get(gpu_id, 0) else None,
+        }
+        return {
+            "id": gpu_id,
+            "displayName": display,
+            "manufacturer": "Nvidia",
+            "memoryInGb": memory,
+            "cudaCores": 0,
+            "maxGpuCount": 8,
+            "secureCloud": True,
+            "communityCloud": True,
+            "securePrice": secure,
+            "communityPrice": community,
+            "secureSpotPrice": secure_spot,
+            "communitySpotPrice": community_spot,
+            "oneMonthPrice": None,
+            "threeMonthPrice": None,
+            "oneWeekPrice": None,
+            "lowestPrice": lambda _args: lowest,
+        }
+
+    def _create(self, args: dict[str, Any], spot: bool) -> dict[str, Any]:
+        spec = dict(args.get("input") or {})
+        gpu_id = str(spec.get("gpuTypeId") or "")
+        row = next((r for r in _CATALOG if r[0] == gpu_id), None)
+        if row is None:
+            raise GraphQLError(f"Invalid gpuTypeId: {gpu_id!r}")
+        count = int(spec.get("gpuCount") or 1)
+        if count > self.stock.get(gpu_id, 0):
+            raise GraphQLError(NO_CAPACITY)
+        cloud = str(spec.get("cloudType") or "ALL")
+        on_demand = {"SECURE": row[3], "COMMUNITY": row[4]}.get(cloud, min(row[3], row[4]))
+        bid: float | None = None
+        if spot:
+            if spec.get("bidPerGpu") is None:
+                raise GraphQLError("bidPerGpu is required")
+            bid = float(spec["bidPerGpu"])
+            if bid < min(row[5], row[6]):
+                raise GraphQLError(f"Bid {bid} is below the minimum bid price {min(row[5], row[6])}.")
+        env = {str(e["key"]): str(e["value"]) for e in spec.get("env") or []}
+        inst = Instance(
+            id=_pod_id(),
+            name=str(spec.get("name") or ""),
+            gpu=gpu_id,
+            gpu_count=count,
+            price_per_hour=round((bid if bid is not None else on_demand) * count, 4),
+            bid=bid,
+            env=env,
+            extra={k: v for k, v in spec.items() if k not in ("env", "name")},
+        )
+        self.add_instance(inst)
+        return self._render(inst, inst.state)
+
+    def _find(self, args: dict[str, Any], message: str = "pod not found") -> Instance:
+        pod_id = str((args.get("input") or {}).get("podId") or args.get("podId") or "")
+        inst = self.instances.get(pod_id)
+        if inst is None or inst.state == "terminated":
+            raise GraphQLError(message)
+        return inst
+
+    def _terminate(self, args: dict[str, Any]) -> None:
+        self.terminate(self._find(args, "pod not found to terminate"))
+
+    def _stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        inst = self._find(args)
+        self.set_stopped(inst)
+        return self._render(inst, inst.state)
+
+    def _resume(self, args: dict[str, Any]) -> dict[str, Any]:
+        inst = self._find(args)
+        bid = (args.get("input") or {}).get("bidPerGpu")
+        if bid is not None:
+            inst.bid = float(bid)
+        self.resume(inst)
+        return self._render(inst, inst.state)
+
+    def _myself(self, args: dict[str, Any]) -> dict[str, Any]:
+        pods = []
+        for inst in list(self.instances.values()):
+            shown = self.visible(inst)
+            if shown is not None:
+                pods.append(self._render(inst, shown))
+        return {"id": "user-fake", "pods": pods}
+
+    def _pod(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        pod_id = str((args.get("input") or {}).get("podId") or "")
+        inst = self.instances.get(pod_id)
+        shown = self.visible(inst) if inst is not None else None
+        return self._render(inst, shown) if inst is not None and shown is not None else None
+
+    def _render(self, inst: Instance, shown: str) -> dict[str, Any]:
+        """The pod as RunPod's `Pod` type, for the state a caller sees."""
+        running = shown == "running"
+        extra = inst.extra
+        runtime = None
+        if running:
+            ports = [
+                {
+                    "ip": "127.0.0.1",
+                    "isIpPublic": True,
+                    "privatePort": DASHBOARD_PORT,
+                    "publicPort": inst.public_port,
+                    "type": "http",
+                }
+            ]
+            runtime = {
+                "uptimeInSeconds": inst.uptime_s(),
+                "ports": ports,
+                "gpus": [
+                    {"id": f"GPU-{i}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
+                    for i in range(inst.gpu_count)
+                ],
+                "container": {"cpuPercent": 0, "memoryPercent": 0},
+            }
+        return {
+            "id": inst.id,
+            "name": inst.name,
+            "desiredStatus": "RUNNING" if shown in ("starting", "running") else "EXITED",
+            "costPerHr": inst.price_per_hour,
+            "bidPerGpu": inst.bid,
+            "podType": "INTERRUPTABLE" if inst.interruptible else "RESERVED",
+            "gpuCount": inst.gpu_count,
+            "imageName": extra.get("imageName", ""),
+            "env": [f"{k}={v}" for k, v in inst.env.items()],
+            "containerDiskInGb": extra.get("containerDiskInGb", 10),
+            "volumeInGb": extra.get("volumeInGb", 0),
+            "volumeMountPath": extra.get("volumeMountPath", "/runpod-volume"),
+            "dockerArgs": extra.get("dockerArgs", ""),
+            "dockerId": None,
+            "ports": extra.get("ports", f"{DASHBOARD_PORT}/http"),
+            "port": None,
+            "memoryInGb": 62,
+            "vcpuCount": 8,
+            "machineId": f"m-{inst.id[:8]}",
+            "machine": {"gpuDisplayName": inst.gpu.replace("NVIDIA ", ""), "podHostId": f"{inst.id}-host"},
+            "lastStatusChange": f"Rented by User: {time.ctime(inst.created_at)}",
+            "uptimeSeconds": inst.uptime_s(),
+            "runtime": runtime,
+        }
+
+
+def graphql_body(query: str, variables: dict[str, Any] | None = None) -> bytes:
+    """A GraphQL request body (for tests that talk to the fake without the SDK)."""
+    return json.dumps({"query": query, "variables": variables or {}}).encode()

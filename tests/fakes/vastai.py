@@ -1,0 +1,291 @@
+"""A fake of vast.ai's REST API, good enough for vastai 1.9.1's `VastAI(api_key=, server_url=)` unmodified.
+
+It serves offer search (`POST /api/v0/bundles/` with the library's filter operators), renting an offer
+(`PUT /api/v0/asks/{offer}/`, a bid when `price` is set), the paged instance list (`GET /api/v1/instances/`),
+one instance, start/stop/label, destroy and change_bid. The key may come as a Bearer header (what the
+library sends) or as an `api_key` query parameter (what older clients send).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import time
+from typing import Any
+
+from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Handler, Instance, Request, Response
+
+_OFFER_KEYS = (
+    "id", "gpu_name", "num_gpus", "dph_total", "min_bid", "gpu_ram", "cpu_cores_effective", "cpu_ram",
+    "inet_down", "inet_up", "disk_space", "reliability2", "verified", "hosting_type", "cuda_max_good",
+    "score", "geolocation",
+)  # fmt: skip
+_OFFER_ROWS = [
+    (1001, "RTX A5000", 1, 0.18, 0.09, 24564, 8.0, 32000, 900, 400, 120, 0.991, True, 0, 12.4, 86, "CZ"),
+    (1002, "RTX A6000", 1, 0.42, 0.21, 49140, 12.0, 64000, 2500, 900, 250, 0.995, True, 1, 12.4, 91, "US"),
+    (1003, "RTX A6000", 2, 0.80, 0.40, 49140, 24.0, 128000, 3000, 1200, 500, 0.989, True, 1, 12.2, 88, "DE"),
+    (1004, "RTX 4090", 1, 0.35, 0.17, 24564, 16.0, 64000, 1800, 700, 200, 0.978, True, 0, 12.4, 93, "SE"),
+    (1005, "RTX 4090", 1, 0.29, 0.14, 24564, 8.0, 32000, 600, 300, 100, 0.952, False, 0, 12.2, 70, "BR"),
+    (1006, "A100 PCIE", 1, 1.10, 0.55, 81920, 32.0, 256000, 5000, 5000, 1000, 0.998, True, 1, 12.4, 97, "US"),
+    (1007, "RTX 3090", 1, 0.16, 0.08, 24576, 6.0, 32000, 500, 200, 80, 0.970, True, 0, 12.0, 80, "PL"),
+    (1008, "RTX 4090", 4, 1.30, 0.64, 24564, 64.0, 256000, 4000, 2000, 800, 0.993, True, 1, 12.4, 95, "US"),
+]
+_SEARCH_META = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
+_ROUTES: list[tuple[str, str, str]] = [
+    ("POST", r"/api/v0/bundles/?", "search"),
+    ("PUT", r"/api/v0/asks/(?P<id>\d+)/?", "create"),
+    ("GET", r"/api/v1/instances/?", "list"),
+    ("GET", r"/api/v0/instances/?", "list"),
+    ("PUT", r"/api/v0/instances/bid_price/(?P<id>\d+)/?", "bid"),
+    ("GET", r"/api/v0/instances/(?P<id>\d+)/?", "get"),
+    ("PUT", r"/api/v0/instances/(?P<id>\d+)/?", "update"),
+    ("DELETE", r"/api/v0/instances/(?P<id>\d+)/?", "terminate"),
+]
+
+
+def _coerce(want: Any, have: Any) -> Any:
+    """The filter value in the type of the offer's field (the library sends numbers as strings)."""
+    if isinstance(have, bool):
+        return want if isinstance(want, bool) else str(want).lower() in ("true", "1")
+    if isinstance(have, int | float):
+        return float(want)
+    return str(want)
+
+
+def matches(row: dict[str, Any], filters: dict[str, Any]) -> bool:
+    """Whether a row passes every `{field: {op: value}}` filter; fields the row lacks are ignored."""
+    for key, conds in filters.items():
+        if key in _SEARCH_META or key not in row or not isinstance(conds, dict):
+            continue
+        have = row[key]
+        for op, want in conds.items():
+            if op in ("in", "notin"):
+                found = have in [_coerce(w, have) for w in want]
+                ok = found if op == "in" else not found
+            elif have is None:
+                ok = op == "eq" and want is None
+            else:
+                value = _coerce(want, have)
+                ok = {
+                    "eq": have == value,
+                    "neq": have != value,
+                    "lt": have < value,
+                    "lte": have <= value,
+                    "gt": have > value,
+                    "gte": have >= value,
+                }.get(op, True)
+            if not ok:
+                return False
+    return True
+
+
+def _sort_key(row: dict[str, Any], key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def parse_env(env: Any) -> tuple[dict[str, str], list[str]]:
+    """(variables, published ports) from the dict form or the docker-style "-e K=V -p 8265:8265" string."""
+    if isinstance(env, str):
+        words = shlex.split(env)
+        pairs = list(itertools.pairwise(words))
+        env = {w.split("=", 1)[0]: w.split("=", 1)[-1] for flag, w in pairs if flag == "-e" and "=" in w}
+        env.update({f"-p {w}": "1" for flag, w in pairs if flag == "-p"})
+    variables = {str(k): str(v) for k, v in dict(env or {}).items() if not str(k).startswith("-")}
+    ports = [str(k)[3:] for k in dict(env or {}) if str(k).startswith("-p ")]
+    return variables, ports
+
+
+class FakeVastAI(FakeCloud):
+    """vast.ai's REST API with a catalog of 8 offers; instance ids are integers."""
+
+    vendor = "vastai"
+
+    def __init__(self, api_key: str = "test-key", page_size: int = 25, **kwargs: Any) -> None:
+        super().__init__(api_key, **kwargs)
+        self.page_size = page_size
+        self.offers: dict[int, dict[str, Any]] = {}
+        for row in _OFFER_ROWS:
+            offer: dict[str, Any] = dict(zip(_OFFER_KEYS, row, strict=True))
+            offer.update(rentable=True, rented=False, external=False, machine_id=int(row[0]) + 5000)
+            self.offers[int(row[0])] = offer
+        self._ids = itertools.count(24_000_001)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        """Bearer header (what vastai 1.9.1 sends) or `api_key` query parameter."""
+        return self.api_key in (self.bearer(request), request.query.get("api_key"))
+
+    def unauthorized(self) -> Response:
+        """vast.ai's answer to a bad key."""
+        return Response(401, {"success": False, "error": "auth_error", "msg": "Invalid user key"})
+
+    def error_body(self, status: int, message: str) -> Any:
+        """vast.ai's error envelope (a 429 that is not a search quota, so clients may retry it)."""
+        error = "rate_limited" if status == 429 else "server_error"
+        return {"success": False, "error": error, "msg": message}
+
+    def not_found(self, op: str) -> Response:
+        """Unknown instance: `show_instance` gets `{"instances": null}`, the rest a 404."""
+        if op == "get":
+            return Response(200, {"instances": None})
+        return Response(404, {"success": False, "error": "no_such_instance", "msg": "Instance not found."})
+
+    def route(self, request: Request) -> tuple[str, Handler]:
+        """Match the path; `update` becomes stop/resume/label by its body."""
+        for method, pattern, op in _ROUTES:
+            match = re.fullmatch(pattern, request.path)
+            if match is None or method != request.method:
+                continue
+            ident = int(match.group("id")) if "id" in match.groupdict() else 0
+            if op == "update":
+                state = (request.json() or {}).get("state")
+                op = {"stopped": "stop", "running": "resume"}.get(str(state), "label")
+            return op, lambda req, op=op, ident=ident: self._handle(op, ident, req)
+        return "other", lambda _r: Response(404, {"success": False, "error": "not_found", "msg": "No route"})
+
+    def terminate_but_list(self, request: Request, listings: int) -> Response:
+        """Destroy for real but keep listing the instance as running for `listings` list/get calls."""
+        with self.lock:
+            inst = self.instances.get(request.path.rstrip("/").rsplit("/", 1)[-1])
+            if inst is not None:
+                self.terminate(inst, keep_listed=listings)
+                self._free_offer(inst)
+        return Response(200, {"success": True})
+
+    # -- handlers ----------------------------------------------------------------------------------
+    def _handle(self, op: str, ident: int, request: Request) -> Response:
+        with self.lock:
+            if op == "search":
+                return self._search(request.json() or {})
+            if op == "create":
+                return self._create(ident, request.json() or {})
+            if op == "list":
+                return self._list(request.query)
+            if op == "get":
+                inst = self.instances.get(str(ident))
+                shown = self.visible(inst) if inst is not None else None
+                row = self._render(inst, shown) if inst is not None and shown is not None else None
+                return Response(200, {"instances": row})
+            inst = self.instances.get(str(ident))
+            if inst is None or inst.state == "terminated":
+                return self.not_found(op)
+            body = request.json() or {}
+            if op == "terminate":
+                self.terminate(inst)
+                self._free_offer(inst)
+            elif op == "stop":
+                self.set_stopped(inst)
+            elif op == "resume" and inst.state in ("stopped", "preempted"):
+                self.resume(inst)
+            elif op == "label":
+                inst.name = str(body.get("label", inst.name))
+            elif op == "bid":
+                price = float(body.get("price") or 0)
+                inst.bid = round(price / inst.gpu_count, 6)
+                inst.price_per_hour = price
+            return Response(200, {"success": True})
+
+    def _search(self, query: dict[str, Any]) -> Response:
+        bid = query.get("type") == "bid"
+        rows = []
+        for offer in self.offers.values():
+            row = dict(offer, dph_total=offer["min_bid"] if bid else offer["dph_total"], is_bid=bid)
+            if matches(row, query):
+                rows.append(row)
+        for key, direction in reversed(query.get("order") or []):
+            rows.sort(key=lambda r: _sort_key(r, str(key)), reverse=direction == "desc")
+        limit = int(query.get("limit") or 64)
+        return Response(200, {"offers": rows[:limit]})
+
+    def _create(self, offer_id: int, body: dict[str, Any]) -> Response:
+        offer = self.offers.get(offer_id)
+        if offer is None or not offer["rentable"]:
+            msg = "Instance type no longer available."
+            return Response(400, {"success": False, "error": "no_such_ask", "msg": msg})
+        price = body.get("price")
+        if price is not None and float(price) < offer["min_bid"]:
+            msg = f"Your bid price must be at least {offer['min_bid']}"
+            return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
+        env, ports = parse_env(body.get("env"))
+        count = int(offer["num_gpus"])
+        inst = Instance(
+            id=str(next(self._ids)),
+            name=str(body.get("label") or ""),
+            gpu=str(offer["gpu_name"]),
+            gpu_count=count,
+            price_per_hour=float(price) if price is not None else float(offer["dph_total"]),
+            bid=round(float(price) / count, 6) if price is not None else None,
+            env=env,
+            extra={
+                "offer": offer_id,
+                "image": body.get("image"),
+                "disk": body.get("disk"),
+                "onstart": body.get("onstart"),
+                "ports": ports,
+            },
+        )
+        offer.update(rentable=False, rented=True)
+        self.add_instance(inst)
+        return Response(200, {"success": True, "new_contract": int(inst.id)})
+
+    def _free_offer(self, inst: Instance) -> None:
+        offer = self.offers.get(int(inst.extra.get("offer", 0)))
+        if offer is not None:
+            offer.update(rentable=True, rented=False)
+
+    def _list(self, query: dict[str, str]) -> Response:
+        filters = json.loads(query.get("select_filters") or "{}")
+        limit = int(json.loads(query.get("limit") or str(self.page_size)))
+        start = int(query.get("after_token") or 0)
+        rows = []
+        for inst in sorted(self.instances.values(), key=lambda i: int(i.id)):
+            shown = self.visible(inst)
+            if shown is not None:
+                row = self._render(inst, shown)
+                if matches(row, filters):
+                    rows.append(row)
+        page = rows[start : start + limit]
+        next_token = str(start + limit) if start + limit < len(rows) else None
+        return Response(200, {"instances": page, "next_token": next_token, "total_instances": len(rows)})
+
+    def _render(self, inst: Instance, shown: str) -> dict[str, Any]:
+        """The instance in vast.ai's wire shape, for the state a caller sees."""
+        offer = self.offers.get(int(inst.extra.get("offer", 0)), {})
+        running = shown == "running"
+        actual = {
+            "starting": None if time.time() - inst.created_at < 0.05 else "loading",
+            "running": "running",
+            "stopped": "exited",
+            "preempted": "stopped",
+        }.get(shown)
+        ports = {}
+        if running:
+            host = [{"HostIp": "127.0.0.1", "HostPort": str(inst.public_port)}]
+            ports = {f"{DASHBOARD_PORT}/tcp": host}
+        return {
+            "id": int(inst.id),
+            "label": inst.name or None,
+            "actual_status": actual,
+            "intended_status": "stopped" if shown == "stopped" else "running",
+            "cur_state": "running" if shown in ("starting", "running") else "stopped",
+            "status_msg": "outbid by a higher bid" if shown == "preempted" else f"{actual or 'creating'}",
+            "dph_total": inst.price_per_hour,
+            "is_bid": inst.interruptible,
+            "min_bid": offer.get("min_bid"),
+            "gpu_name": inst.gpu,
+            "num_gpus": inst.gpu_count,
+            "gpu_util": 0.0 if running else None,
+            "gpu_ram": offer.get("gpu_ram"),
+            "uptime_mins": round(inst.uptime_s() / 60, 2),
+            "start_date": inst.created_at,
+            "public_ipaddr": "127.0.0.1",
+            "ports": ports,
+            "image_uuid": inst.extra.get("image"),
+            "disk_space": inst.extra.get("disk"),
+            "machine_id": offer.get("machine_id"),
+            "extra_env": [[k, v] for k, v in inst.env.items()],
+            "onstart": inst.extra.get("onstart"),
+        }

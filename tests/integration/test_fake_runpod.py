@@ -1,0 +1,226 @@
+"""The RunPod fake, driven by the real runpod-python SDK (and raw GraphQL where the SDK has no call)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import runpod
+import runpod.error
+
+from providers.local.client import LocalHeads
+from tests.fakes import FakeRunPod
+
+pytestmark = pytest.mark.integration
+
+KEY = "rp-test-key"
+GPU = "NVIDIA RTX A6000"
+SPOT = """
+mutation Rent($input: PodRentInterruptableInput!) {
+  podRentInterruptable(input: $input) { id desiredStatus costPerHr env name }
+}
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
+    with FakeRunPod(api_key=KEY, home=tmp_path, nodes="none", ready_delay_s=0.1) as server:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
+        monkeypatch.setattr(runpod, "api_key", KEY)
+        yield server
+
+
+def gql(fake: FakeRunPod, query: str, variables: dict[str, Any] | None = None, key: str = KEY) -> Any:
+    response = requests.post(
+        f"{fake.url}/graphql",
+        json={"query": query, "variables": variables or {}},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    return response
+
+
+def wait_running(pod_id: str, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = runpod.get_pod(pod_id)
+        if pod and pod["runtime"]:
+            return dict(pod)
+        time.sleep(0.05)
+    raise AssertionError(f"pod {pod_id} never got a runtime")
+
+
+def test_sdk_lifecycle(fake: FakeRunPod) -> None:
+    created = runpod.create_pod("tf-run-1", "img:1", GPU, env={"FLEET_RAY_TOKEN": "s3cret"})
+    pod = runpod.get_pod(created["id"])
+    assert pod["name"] == "tf-run-1"
+    assert pod["desiredStatus"] == "RUNNING"
+    assert pod["runtime"] is None
+    assert pod["costPerHr"] == pytest.approx(0.33)
+
+    pod = wait_running(created["id"])
+    (port,) = pod["runtime"]["ports"]
+    assert (port["ip"], port["privatePort"], port["type"]) == ("127.0.0.1", 8265, "http")
+    assert isinstance(port["publicPort"], int)
+    assert [p["id"] for p in runpod.get_pods()] == [created["id"]]
+
+    state = fake.state()
+    (row,) = state["instances"]
+    assert row["env_keys"] == ["FLEET_RAY_TOKEN"]
+    assert "s3cret" not in str(state)
+    assert row["bid"] is None and row["gpu"] == GPU and row["gpu_count"] == 1
+
+    assert runpod.stop_pod(created["id"]) == {"id": created["id"], "desiredStatus": "EXITED"}
+    assert runpod.get_pod(created["id"])["runtime"] is None
+    assert runpod.terminate_pod(created["id"]) is None
+    assert runpod.get_pod(created["id"]) is None
+    assert runpod.get_pods() == []
+    assert fake.state()["requests"]["search"] == 1  # create_pod's get_gpu check
+
+
+def test_spot_with_variables_round_trips_quotes(fake: FakeRunPod) -> None:
+    value = 'has "quote" and \\ backslash'
+    spec = {
+        "name": "tf-spot",
+        "gpuTypeId": GPU,
+        "gpuCount": 2,
+        "bidPerGpu": 0.3,
+        "cloudType": "SECURE",
+        "imageName": "img",
+        "env": [{"key": "NOTE", "value": value}],
+    }
+    body = gql(fake, SPOT, {"input": spec}).json()
+    pod = body["data"]["podRentInterruptable"]
+    assert set(pod) == {"id", "desiredStatus", "costPerHr", "env", "name"}
+    assert pod["env"] == [f"NOTE={value}"]
+    assert pod["costPerHr"] == pytest.approx(0.6)
+    (row,) = fake.state()["instances"]
+    assert (row["bid"], row["gpu_count"], row["name"]) == (0.3, 2, "tf-spot")
+
+    low = gql(fake, SPOT, {"input": {**spec, "bidPerGpu": 0.01}}).json()
+    assert "minimum bid" in low["errors"][0]["message"]
+
+
+def test_inline_literal_escapes_and_sdk_quote_bug(fake: FakeRunPod) -> None:
+    literal = 'mutation { podFindAndDeployOnDemand(input: {name: "a\\"b\\u00e9", gpuTypeId: "'
+    literal += (
+        GPU + '", env: [{key: "K", value: "v"}], gpuCount: 1, cloudType: ALL, startSsh: true}) { id name } }'
+    )
+    assert gql(fake, literal).json()["data"]["podFindAndDeployOnDemand"]["name"] == 'a"b\u00e9'
+    with pytest.raises(runpod.error.QueryError, match="Syntax Error"):
+        runpod.create_pod("q", "img", GPU, env={"A": 'has "quote"'})  # the SDK does not escape
+
+
+def test_wrong_key_is_401(fake: FakeRunPod, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runpod, "api_key", "wrong")
+    with pytest.raises(runpod.error.AuthenticationError):
+        runpod.get_pods()
+    assert gql(fake, "{ myself { pods { id } } }", key="").status_code == 401
+
+
+def test_no_capacity_and_unknown_field(fake: FakeRunPod) -> None:
+    fake.set_stock(GPU, 0)
+    with pytest.raises(runpod.error.QueryError, match="no longer any instances available"):
+        runpod.create_pod("x", "img", GPU)
+    runpod.create_pod("y", "img", "NVIDIA RTX A5000")
+    errors = gql(fake, "{ myself { pods { id bogus } } }").json()["errors"]
+    assert 'Cannot query field "bogus"' in errors[0]["message"]
+
+
+def test_500_and_error_after_create(fake: FakeRunPod) -> None:
+    fake.add_faults([{"op": "list", "kind": "500"}])
+    response = gql(fake, "{ myself { pods { id } } }")
+    assert response.status_code == 500 and response.json()["errors"]
+    assert runpod.get_pods() == []  # consumed
+
+    fake.add_faults([{"op": "create", "kind": "error_after_create"}])
+    with pytest.raises(runpod.error.QueryError):
+        runpod.create_pod("tf-half", "img", GPU)
+    (row,) = requests.get(f"{fake.url}/_fake/state", timeout=5).json()["instances"]
+    assert row["name"] == "tf-half"
+
+
+def test_429_timeout_not_found_and_ghost_listing(fake: FakeRunPod) -> None:
+    requests.post(
+        f"{fake.url}/_fake/faults",
+        json=[{"op": "*", "kind": "429", "retry_after": 7}, {"op": "get", "kind": "timeout", "delay": 1.0}],
+        timeout=5,
+    ).raise_for_status()
+    limited = gql(fake, "{ myself { pods { id } } }")
+    assert (limited.status_code, limited.headers["Retry-After"]) == (429, "7")
+    query = '{ pod(input: {podId: "nope"}) { id } }'
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        headers = {"Authorization": f"Bearer {KEY}"}
+        requests.post(f"{fake.url}/graphql", json={"query": query}, headers=headers, timeout=0.3)
+
+    pod_id = runpod.create_pod("tf-ghost", "img", GPU)["id"]
+    fake.add_faults([{"op": "terminate", "kind": "not_found"}])
+    with pytest.raises(runpod.error.QueryError, match="pod not found to terminate"):
+        runpod.terminate_pod(pod_id)
+    fake.add_faults([{"op": "terminate", "kind": "terminate_ok_but_listed", "times": 2}])
+    runpod.terminate_pod(pod_id)
+    assert runpod.get_pod(pod_id)["desiredStatus"] == "RUNNING"
+    assert [p["desiredStatus"] for p in runpod.get_pods()] == ["RUNNING"]
+    assert runpod.get_pods() == []
+    assert fake.state()["instances"] == []
+
+
+def test_preempt_spot(fake: FakeRunPod) -> None:
+    body = gql(fake, SPOT, {"input": {"name": "s", "gpuTypeId": GPU, "bidPerGpu": 0.5, "imageName": "i"}})
+    pod_id = body.json()["data"]["podRentInterruptable"]["id"]
+    wait_running(pod_id)
+    assert requests.post(f"{fake.url}/_fake/preempt/{pod_id}", timeout=5).json() == {"preempted": True}
+    pod = runpod.get_pod(pod_id)
+    assert (pod["desiredStatus"], pod["runtime"]) == ("EXITED", None)
+
+
+def test_ray_node_behind_published_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "fake-ray-token-0123456789"
+    with FakeRunPod(api_key=KEY, home=tmp_path, nodes="ray") as server:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
+        monkeypatch.setattr(runpod, "api_key", KEY)
+        pod_id = runpod.create_pod("tf-ray", "img", GPU, env={"FLEET_RAY_TOKEN": token})["id"]
+        pod = wait_running(pod_id, timeout=120)
+        port = pod["runtime"]["ports"][0]["publicPort"]
+        url = f"http://127.0.0.1:{port}/api/version"
+        assert requests.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5).status_code == 200
+        assert requests.get(url, timeout=5).status_code in (401, 403)
+        heads = LocalHeads(tmp_path / "nodes")
+        meta = heads.read(f"runpod-{pod_id}")
+        assert meta is not None and heads.processes(meta)
+        runpod.terminate_pod(pod_id)
+        assert not heads.processes(meta)
+
+
+def test_command_line_serve(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes", "serve", "runpod", "--port", "0", "--nodes", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "FAKE_API_KEY": KEY},
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        state = requests.get(f"{url}/_fake/state", timeout=5).json()
+        assert state == {"instances": [], "requests": {}}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
