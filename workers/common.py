@@ -90,9 +90,11 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc))
         return
     except FleetError as exc:
-        if exc.retryable:
-            raise
-        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), str(exc))
+        retries, limit = task.request.retries or 0, task.max_retries
+        if exc.retryable and (limit is None or retries < limit):
+            raise  # Celery's autoretry sends this task again (same id, so it still owns the run)
+        why = f"gave up after {retries} retries: {exc}" if exc.retryable else str(exc)
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), why)
         return
     except Exception as exc:  # a bug must not leave a node billing: log it, clean up, fail the run
         log.exception("run %s: %s step crashed", run_id, stage)

@@ -1,0 +1,105 @@
+"""The shape every stage task shares (workers.common.run_stage), against a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from broker.constants import Stage
+from broker.models import FailureReason, Run, RunState
+from fleet.errors import NodeError
+from fleet.settings import Settings
+from workers import context
+from workers.common import Next, StageFailed, run_stage
+
+
+@pytest.fixture
+def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> Iterator[context.Context]:
+    from broker.app import configure
+
+    settings = Settings(home=fleet_home)
+    configure(settings, redis_url)
+    yield context.init(settings, redis_url)
+
+
+def task(task_id: str = "t1", retries: int = 0, max_retries: int = 3) -> Any:
+    return SimpleNamespace(request=SimpleNamespace(id=task_id, retries=retries), max_retries=max_retries)
+
+
+def queued_run(ctx: context.Context, state: RunState, **kw: Any) -> Run:
+    spec = {
+        "train": {"base_model": "m", "datasets": [{"path": "/d.jsonl"}]},
+        "provider": "local",
+        "section": {},
+    }
+    run = Run(
+        run_id="r1",
+        provider="local",
+        source="t",
+        spec=spec,
+        run_dir="/r",
+        output_dir="/r/o",
+        state=state,
+        **kw,
+    )
+    return ctx.ledger.create_run(run, [])
+
+
+def failing(exc: Exception) -> Any:
+    def step(_ctx: context.Context, _run: Run) -> Next:
+        raise exc
+
+    return step
+
+
+def test_a_retryable_error_is_retried_until_the_limit_then_fails_the_run(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.TRAINING)
+    with pytest.raises(NodeError):
+        run_stage(task(retries=2), "r1", Stage.TRAIN, failing(NodeError("head not answering")))
+    assert ctx.ledger.get_run("r1").state == RunState.TRAINING
+    run_stage(task(retries=3), "r1", Stage.TRAIN, failing(NodeError("head not answering")))
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.FAILED and run.failure_reason == FailureReason.TRAINING_FAILED
+    assert run.failure_message == "gave up after 3 retries: head not answering"
+
+
+def test_stage_failed_carries_its_reason(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.PREPARING)
+    run_stage(task(), "r1", Stage.PREPARE, failing(StageFailed(FailureReason.INSTANCE_LOST, "gone")))
+    run = ctx.ledger.get_run("r1")
+    assert (run.state, run.failure_reason, run.failure_message) == (
+        RunState.FAILED,
+        FailureReason.INSTANCE_LOST,
+        "gone",
+    )
+
+
+def test_a_bug_in_a_step_fails_the_run_instead_of_leaving_it(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.PREPARING)
+    run_stage(task(), "r1", Stage.PREPARE, failing(KeyError("oops")))
+    assert ctx.ledger.get_run("r1").failure_reason == FailureReason.INTERNAL_ERROR
+
+
+def test_a_stale_message_hands_the_run_to_its_current_stage(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.PREPARING)
+    run_stage(task(), "r1", Stage.TRAIN, failing(AssertionError("the train step must not run")))
+    assert ctx.redis.llen(Stage.PREPARE.value) == 1 and ctx.redis.llen(Stage.TRAIN.value) == 0
+
+
+def test_cancel_is_seen_before_the_step(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.TRAINING, cancel_requested=True)
+    run_stage(task(), "r1", Stage.TRAIN, failing(AssertionError("the step must not run")))
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.CANCELLED and run.failure_reason == FailureReason.CANCELLED_BY_USER
+
+
+def test_a_task_that_does_not_own_the_run_stands_down(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.TRAINING)
+    assert ctx.dispatcher.claim("r1", "owner")
+    run_stage(task("intruder"), "r1", Stage.TRAIN, failing(AssertionError("must not run")))
+    assert ctx.ledger.get_run("r1").state == RunState.TRAINING
