@@ -293,6 +293,52 @@ def cancel(
         raise typer.Exit(1)
 
 
+@cli.command()
+def instances(as_json: JsonOpt = False) -> None:
+    """The fleet's live instances at every provider (state, age, $/h, run)."""
+    from fleet.instances import live_instances
+
+    rows = live_instances(_connect(_settings()))
+    if as_json:
+        out.print_json(json.dumps([r.view() for r in rows]))
+        return
+    table = Table()
+    table.add_column("instance", no_wrap=True)
+    for name in ("provider", "state", "age", "$/h", "run", "run state"):
+        table.add_column(name)
+    for r in rows:
+        v = r.view()
+        table.add_row(
+            v["name"],
+            v["provider"],
+            v["state"],
+            f"{v['age_s'] / 60:.0f}m",
+            f"{v['price_per_hour']:.3f}",
+            v["run_id"] or "-",
+            v["run_state"] or "-",
+        )
+    out.print(table)
+
+
+@cli.command()
+def terminate(
+    name: Annotated[
+        str, typer.Argument(help="An instance name (tf-<run>-<attempt>), see `fleet instances`.")
+    ],
+    force: Annotated[bool, typer.Option(help="Even when its run is still going.")] = False,
+) -> None:
+    """Terminate one of the fleet's instances now."""
+    from fleet.instances import terminate as terminate_instance
+
+    fleet = _connect(_settings())
+    try:
+        row = terminate_instance(fleet, name, force=force)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    out.print(f"terminated {row.node.name} ({row.node.provider.value})", highlight=False)
+
+
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
 ALL_QUEUES = ",".join(QUEUES)
 
