@@ -9,9 +9,10 @@ from typing import Any
 from broker.events import new_event
 from broker.models import EventType, InstanceState
 from fleet.errors import FleetError, NotFound
+from fleet.secrets import provider_context
 from fleet.service import Fleet
-from providers.base import NodeInstance, Provider, ProviderContext
-from providers.registry import PROVIDERS
+from providers.base import NodeInstance, Provider
+from providers.registry import configured_providers
 
 
 class InstanceBusy(FleetError):
@@ -40,8 +41,7 @@ class Row:
 
 
 def _providers(fleet: Fleet) -> list[Provider]:
-    context = ProviderContext(home=fleet.settings.home)
-    return [cls(context) for cls in PROVIDERS.values()]
+    return configured_providers(provider_context(fleet.settings.home, fleet.settings.api_urls()))
 
 
 def live_instances(fleet: Fleet) -> list[Row]:

@@ -3,7 +3,7 @@
 Each credential has one environment variable name (RUNPOD_API_KEY, VAST_API_KEY, ...). The secrets file
 (`FLEET_SECRETS_FILE`, else `<config dir>/secrets.yml`) holds the same names as a YAML mapping and must
 be readable by its owner only. Values are `SecretStr`: their repr is masked, and only the provider that
-needs one calls `get_secret_value()`, at the moment it makes a request.
+needs one (through `ProviderContext.credential`) calls `get_secret_value()`, when it makes a request.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ import platformdirs
 import yaml
 from pydantic import SecretStr
 
-from fleet.errors import ConfigError, CredentialsMissing, Problem
+from fleet.errors import ConfigError, Problem
+from providers.base import ProviderContext
 
-# Which credential each provider needs (providers without one are absent).
-PROVIDER_CREDENTIALS = {"runpod": "RUNPOD_API_KEY", "vastai": "VAST_API_KEY"}
-KNOWN = (*PROVIDER_CREDENTIALS.values(), "HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
+KNOWN = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -34,21 +33,14 @@ class Secrets:
     def get(self, name: str) -> SecretStr | None:
         return self.values.get(name)
 
-    def require_for(self, provider: str) -> SecretStr | None:
-        """The provider's credential; CredentialsMissing (naming the variable, not a value) if unset."""
-        name = PROVIDER_CREDENTIALS.get(provider)
-        if name is None:
-            return None
-        value = self.values.get(name)
-        if value is None or not value.get_secret_value():
-            raise CredentialsMissing(
-                f"provider {provider!r} needs {name}: set it in the environment or in the secrets file "
-                f"{self.file} (mode 600); never in the job file"
-            )
-        return value
-
     def __repr__(self) -> str:
         return f"Secrets(names={sorted(self.values)}, file={self.file})"
+
+
+def provider_context(home: Path, urls: dict[str, str], secrets: Secrets | None = None) -> ProviderContext:
+    """What providers get: the home, the credentials (masked), the API URLs."""
+    found = secrets if secrets is not None else load_secrets()
+    return ProviderContext(home=home, credentials=dict(found.values), urls=urls)
 
 
 def _file_path(environ: dict[str, str]) -> Path:

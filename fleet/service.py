@@ -16,9 +16,10 @@ from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, Run
 from fleet.embedded import ensure_redis
+from fleet.errors import ConfigError, CredentialsMissing, Problem
+from fleet.secrets import provider_context
 from fleet.settings import Settings
 from fleet.spec import LoadedJob
-from providers.base import ProviderContext
 from providers.registry import get_provider
 
 
@@ -52,8 +53,13 @@ def new_run_id() -> str:
 
 
 def check_submittable(settings: Settings, job: LoadedJob) -> None:
-    """Refuse (ConfigError) a valid job that this fleet cannot run, e.g. its provider is not available."""
-    get_provider(job.spec.provider.value, ProviderContext(home=settings.home))
+    """Refuse (ConfigError) a valid job this fleet cannot run: its provider is not available, or has no
+    credential (named, never shown)."""
+    provider = job.spec.provider.value
+    try:
+        get_provider(provider, provider_context(settings.home, settings.api_urls()))
+    except CredentialsMissing as exc:
+        raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
 
 
 def submit(fleet: Fleet, job: LoadedJob) -> Run:

@@ -32,6 +32,12 @@ class Settings(BaseModel):
         description="Where the fleet keeps its data: embedded Redis, run directories, local nodes.",
     )
     default_provider: str = Field("local", description="Provider of a job without a provider section.")
+    runpod_api_base_url: str = Field(
+        "https://api.runpod.io", description="RunPod's API (RUNPOD_API_BASE_URL; a fake's URL in tests)."
+    )
+    vast_url: str = Field(
+        "https://console.vast.ai", description="vast.ai's API (VAST_URL; a fake's in tests)."
+    )
     poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
@@ -52,12 +58,20 @@ class Settings(BaseModel):
     def cache_dir(self) -> Path:
         return self.home / "cache"
 
+    def api_urls(self) -> dict[str, str]:
+        """The clouds' API base URLs, by provider name."""
+        return {"runpod": self.runpod_api_base_url, "vastai": self.vast_url}
+
     def public(self) -> dict[str, Any]:
         """Settings safe to show (URLs may hold passwords: only their presence is shown)."""
         data = self.model_dump(mode="json")
         if data.get("redis_url"):
             data["redis_url"] = "<set>"
         return data
+
+
+# Settings also read from the environment under the name their own tools use.
+AS_IS = {"redis_url": "REDIS_URL", "runpod_api_base_url": "RUNPOD_API_BASE_URL", "vast_url": "VAST_URL"}
 
 
 def _file_values(path: Path) -> dict[str, Any]:
@@ -79,11 +93,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     if explicit or path.exists():
         values = _file_values(path)
     for name in Settings.model_fields:
-        key = "REDIS_URL" if name == "redis_url" else f"FLEET_{name.upper()}"
-        if key in environ:
-            values[name] = environ[key]
-    if "FLEET_REDIS_URL" in environ and "REDIS_URL" not in environ:
-        values["redis_url"] = environ["FLEET_REDIS_URL"]
+        for key in (f"FLEET_{name.upper()}", AS_IS.get(name)):
+            if key and key in environ:
+                values[name] = environ[key]  # the vendor's own name (AS_IS) wins over FLEET_*
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:

@@ -9,13 +9,18 @@ errors of fleet.errors (ProviderError and its subclasses), translated from their
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
+
+from fleet.errors import CredentialsMissing, ProvisioningFailed
 
 INSTANCE_PREFIX = "tf-"
 
@@ -86,9 +91,37 @@ class LaunchRequest:
 
 @dataclass(frozen=True)
 class ProviderContext:
-    """What a provider may use from the fleet's settings (no secrets: those come from their own model)."""
+    """What a provider may use: the fleet's home, its credentials (by name, masked) and API base URLs."""
 
     home: Path
+    credentials: Mapping[str, SecretStr] = field(default_factory=dict)
+    urls: Mapping[str, str] = field(default_factory=dict)  # provider name -> API base URL override
+
+    def credential(self, name: str) -> SecretStr:
+        """The named credential; CredentialsMissing (naming it, never showing it) when absent."""
+        value = self.credentials.get(name)
+        if value is None or not value.get_secret_value():
+            raise CredentialsMissing(
+                f"{name} is not set: put it in the environment or in the fleet's secrets file (mode 600), "
+                "never in a job file"
+            )
+        return value
+
+
+def require_ours(name: str) -> None:
+    """Refuse to create an instance whose name the fleet would not recognise as its own."""
+    if not name.startswith(INSTANCE_PREFIX):
+        raise ProvisioningFailed(f"instance names start with {INSTANCE_PREFIX!r}: {name!r}")
+
+
+def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
+    """Whether a Ray head's Jobs API at `url` answers with the node's token (HTTP 200 on /api/version)."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/version", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 class Provider(ABC):

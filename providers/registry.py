@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from fleet.errors import ConfigError, Problem
+from fleet.errors import ConfigError, CredentialsMissing, Problem
 from providers.base import Provider, ProviderContext, ProviderName
 from providers.local.provider import LocalProvider
+from providers.runpod.provider import RunPodProvider
 
 PROVIDERS: dict[ProviderName, type[Provider]] = {
     ProviderName.LOCAL: LocalProvider,
+    ProviderName.RUNPOD: RunPodProvider,
 }
 
 
@@ -33,3 +35,14 @@ def get_provider(name: str, context: ProviderContext) -> Provider:
             [Problem("provider", f"provider {key.value!r} is not available yet; available: {ready}")],
         )
     return cls(context)
+
+
+def configured_providers(context: ProviderContext) -> list[Provider]:
+    """Every registered provider this fleet has credentials for (the others are skipped)."""
+    found = []
+    for cls in PROVIDERS.values():
+        try:
+            found.append(cls(context))
+        except CredentialsMissing:
+            continue
+    return found

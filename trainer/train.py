@@ -76,8 +76,11 @@ def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
     model_path = resolve_model(job.config.base_model, cache_dir(job))
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     if not job.config.use_ray:
+        import torch
+
         from trainer import recipe
 
+        job = without_missing_gpus(job, torch.cuda.device_count())
         return recipe.run(job, model_path, base_dir=base_dir)
     return train_with_ray(job, model_path, base_dir)
 
@@ -100,6 +103,7 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
         else:
             ray.init(address="local", include_dashboard=False)  # standalone: a private local cluster
     try:
+        job = without_missing_gpus(job, float(ray.cluster_resources().get("GPU", 0)))
         resources = cfg.resources_per_worker or ({"GPU": 1.0} if job.use_gpu else {"CPU": 1.0})
         trainer = TorchTrainer(
             train_loop_per_worker,
@@ -120,6 +124,18 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
     finally:
         if started_here:
             ray.shutdown()
+
+
+def without_missing_gpus(job: TrainJob, gpus: float) -> TrainJob:
+    """The job as this node can run it: a node without GPUs (a cloud's fake, a CPU box) trains on its
+    CPUs, with a warning, rather than waiting forever for GPUs Ray will never grant."""
+    if job.use_gpu and gpus <= 0:
+        print(
+            "trainer: warning: the job asks for GPUs but this node has none; training on CPUs",
+            file=sys.stderr,
+        )
+        return job.model_copy(update={"use_gpu": False})
+    return job
 
 
 def worker_failure(exc: BaseException) -> str:

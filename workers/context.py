@@ -9,6 +9,7 @@ import redis
 from broker.app import app
 from broker.dispatch import Dispatcher
 from broker.ledger import Ledger
+from fleet.secrets import provider_context
 from fleet.settings import Settings
 from providers.base import Provider, ProviderContext
 from providers.registry import get_provider
@@ -22,11 +23,12 @@ class Context:
     redis: redis.Redis[str]
     ledger: Ledger
     dispatcher: Dispatcher
+    provider_context: ProviderContext
     _providers: dict[str, Provider] = field(default_factory=dict)
 
     def provider(self, name: str) -> Provider:
         if name not in self._providers:
-            self._providers[name] = get_provider(name, ProviderContext(home=self.settings.home))
+            self._providers[name] = get_provider(name, self.provider_context)
         return self._providers[name]
 
 
@@ -42,6 +44,7 @@ def init(settings: Settings, redis_url: str) -> Context:
         redis=client,
         ledger=Ledger(client, settings.events_maxlen),
         dispatcher=Dispatcher(app, client, settings.stall_after_s),
+        provider_context=provider_context(settings.home, settings.api_urls()),
     )
     return _context
 

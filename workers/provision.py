@@ -44,7 +44,8 @@ def step(ctx: context.Context, run: Run) -> Next:
             provider_id=found.provider_id,
             price_per_hour=found.price_per_hour,
         )
-        _emit(ctx, run, EventType.INSTANCE_REQUESTED, {"instance": name, "provider": run.provider})
+        requested = {"instance": name, "provider": run.provider, "price_per_hour": found.price_per_hour}
+        _emit(ctx, run, EventType.INSTANCE_REQUESTED, requested)
     elif record.state == InstanceState.REQUESTED:
         ctx.ledger.update_instance(name, state=InstanceState.STARTING, provider_id=found.provider_id)
         _emit(ctx, run, EventType.INSTANCE_ADOPTED, {"instance": name, "provider": run.provider})

@@ -19,8 +19,8 @@ from broker.events import new_event
 from broker.ledger import Draft
 from broker.models import EventType, InstanceState, Run
 from fleet.errors import FleetError, NotFound
-from providers.base import INSTANCE_PREFIX
-from providers.registry import PROVIDERS
+from providers.base import INSTANCE_PREFIX, Provider
+from providers.registry import configured_providers
 from workers import context
 
 log = logging.getLogger("trainfleet.reap")
@@ -34,47 +34,50 @@ def reap_once(ctx: context.Context) -> dict[str, list[str]]:
     if not ctx.redis.set(REAP_LOCK, owner, nx=True, ex=lock_ttl):
         return did
     try:
-        for name in PROVIDERS:
-            provider = ctx.provider(name.value)
-            live = {inst.name: inst for inst in provider.list_instances()}
-            for inst_name, inst in live.items():
-                if not inst_name.startswith(INSTANCE_PREFIX) or inst.age_s < ctx.settings.orphan_grace_s:
-                    continue
-                record = ctx.ledger.get_instance(inst_name)
-                if record is not None and record.keep_until is not None and record.keep_until > time.time():
-                    continue  # kept for debugging until its deadline
-                active = False
-                if record is not None:
-                    try:
-                        active = not ctx.ledger.get_run(record.run_id).state.is_terminal()
-                    except NotFound:
-                        active = False
-                if not active:
-                    provider.terminate(inst_name)
-                    did["terminated"].append(inst_name)
-                    ctx.ledger.emit(
-                        new_event(EventType.REAP_TERMINATED, {"instance": inst_name, "why": "orphan"})
-                    )
-            for record in ctx.ledger.list_instances():
-                if record.provider != name.value or record.state != InstanceState.TERMINATING:
-                    continue
-                if record.name in live:
-                    provider.terminate(record.name)
-                else:
-                    ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
-                    did["confirmed"].append(record.name)
+        for provider in configured_providers(ctx.provider_context):
+            try:
+                _reconcile(ctx, provider, did)
+            except FleetError as exc:  # one cloud's outage must not stop the others' reaping
+                log.warning("reap: %s skipped this pass: %s", provider.name.value, exc)
         for run in ctx.ledger.list_runs(limit=500):
             stage = run.state.stage
             # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
             if stage is not None and ctx.dispatcher.send(stage, run.run_id, after=None):
                 did["kicked"].append(run.run_id)
                 ctx.ledger.update_run(run.run_id, _kicked_event(stage))
-    except FleetError as exc:
-        log.warning("reap pass stopped early: %s", exc)
     finally:
         if ctx.redis.get(REAP_LOCK) == owner:
             ctx.redis.delete(REAP_LOCK)
     return did
+
+
+def _reconcile(ctx: context.Context, provider: Provider, did: dict[str, list[str]]) -> None:
+    """Terminate the provider's orphans past the grace window; confirm what is TERMINATING."""
+    live = {inst.name: inst for inst in provider.list_instances()}
+    for inst_name, inst in live.items():
+        if not inst_name.startswith(INSTANCE_PREFIX) or inst.age_s < ctx.settings.orphan_grace_s:
+            continue
+        record = ctx.ledger.get_instance(inst_name)
+        if record is not None and record.keep_until is not None and record.keep_until > time.time():
+            continue  # kept for debugging until its deadline
+        active = False
+        if record is not None:
+            try:
+                active = not ctx.ledger.get_run(record.run_id).state.is_terminal()
+            except NotFound:
+                active = False
+        if not active:
+            provider.terminate(inst_name)
+            did["terminated"].append(inst_name)
+            ctx.ledger.emit(new_event(EventType.REAP_TERMINATED, {"instance": inst_name, "why": "orphan"}))
+    for record in ctx.ledger.list_instances():
+        if record.provider != provider.name.value or record.state != InstanceState.TERMINATING:
+            continue
+        if record.name in live:
+            provider.terminate(record.name)
+        else:
+            ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
+            did["confirmed"].append(record.name)
 
 
 def _kicked_event(stage: Stage) -> Callable[[Run], list[Draft]]:

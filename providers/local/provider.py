@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import ClassVar
 
 from pydantic import BaseModel
@@ -25,6 +23,8 @@ from providers.base import (
     Provider,
     ProviderContext,
     ProviderName,
+    jobs_api_answers,
+    require_ours,
 )
 from providers.local.client import HeadMeta, LocalHeads
 from providers.local.models import LocalSection
@@ -50,8 +50,7 @@ class LocalProvider(Provider):
         section = request.section
         if not isinstance(section, LocalSection):
             raise ProvisioningFailed(f"local provider got a {type(section).__name__} section")
-        if not request.name.startswith(INSTANCE_PREFIX):
-            raise ProvisioningFailed(f"instance names start with {INSTANCE_PREFIX!r}: {request.name!r}")
+        require_ours(request.name)
         try:
             meta = self.heads.start(
                 request.name, section.num_cpus or os.cpu_count() or 1, section.num_gpus, dict(section.env)
@@ -83,14 +82,7 @@ class LocalProvider(Provider):
         return NodeInstance(meta.name, self.name, meta.name, state, meta.created_at, 0.0, message)
 
     def _answers(self, meta: HeadMeta) -> bool:
-        request = urllib.request.Request(
-            f"{meta.dashboard_url}/api/version", headers=self._headers(meta.name)
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=2) as reply:
-                return bool(reply.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return jobs_api_answers(meta.dashboard_url, self._headers(meta.name))
 
     def _headers(self, name: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.heads.token(name)}"}

@@ -28,11 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--nodes", choices=("ray", "none"), default="none")
     serve.add_argument("--api-key", default=os.environ.get("FAKE_API_KEY", "test-key"))
     serve.add_argument("--ready-delay", type=float, default=0.2, help="seconds to RUNNING with --nodes none")
+    serve.add_argument("--node-cpus", type=int, default=1, help="CPUs of each node's Ray head (--nodes ray)")
     args = parser.parse_args(argv)
 
     home = args.home or Path(tempfile.mkdtemp(prefix=f"fake-{args.vendor}-"))
     fake = FAKES[args.vendor](
-        api_key=args.api_key, home=home, nodes=args.nodes, ready_delay_s=args.ready_delay, port=args.port
+        api_key=args.api_key,
+        home=home,
+        nodes=args.nodes,
+        ready_delay_s=args.ready_delay,
+        port=args.port,
+        node_cpus=args.node_cpus,
     )
     fake.start()
     stopping = threading.Event()

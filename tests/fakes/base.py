@@ -174,6 +174,7 @@ class FakeCloud:
         nodes: str = "none",
         ready_delay_s: float = 0.2,
         port: int = 0,
+        node_cpus: int = 1,
     ) -> None:
         self.api_key = api_key
         self.port = port
@@ -181,7 +182,7 @@ class FakeCloud:
         self.instances: dict[str, Instance] = {}
         self.requests: dict[str, int] = {}
         self.faults: list[Fault] = []
-        self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s)
+        self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s, node_cpus)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

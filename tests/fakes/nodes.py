@@ -78,16 +78,17 @@ class NoNodes:
 class RayNodes:
     """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, cpus: int = RAY_CPUS_PER_NODE) -> None:
         self.heads = LocalHeads(home / "nodes")
+        self.cpus = cpus
         self._names: set[str] = set()
         self._lock = threading.Lock()
 
     def start(self, name: str, token: str | None) -> None:
-        """Start a 1-CPU head whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent)."""
+        """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent)."""
         with self._lock:
             self._names.add(name)
-        self.heads.start(name, RAY_CPUS_PER_NODE, num_gpus=0, env={}, token=token or secrets.token_hex(16))
+        self.heads.start(name, self.cpus, num_gpus=0, env={}, token=token or secrets.token_hex(16))
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The head's dashboard port once `GET /api/version` answers 200 with the node's token."""
@@ -118,12 +119,12 @@ class RayNodes:
                 self.heads.stop(name)
 
 
-def make_nodes(kind: str, home: Path | None, delay_s: float) -> NodeBackend:
+def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPUS_PER_NODE) -> NodeBackend:
     """The backend for `--nodes ray|none`."""
     if kind == "none":
         return NoNodes(delay_s)
     if kind == "ray":
         if home is None:
             raise ValueError("nodes='ray' needs a home directory")
-        return RayNodes(home)
+        return RayNodes(home, cpus)
     raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, none")

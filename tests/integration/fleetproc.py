@@ -31,6 +31,7 @@ def fleet_env(home: Path, **settings: str) -> dict[str, str]:
     env.update(
         FLEET_HOME=str(home),
         FLEET_SETTINGS_FILE=str(home / "no-settings.yml"),
+        FLEET_SECRETS_FILE=str(home / "no-secrets.yml"),
         FLEET_POLL_INTERVAL_S="0.5",
         FLEET_STALL_AFTER_S="8",
         FLEET_REAP_INTERVAL_S="2",

@@ -52,13 +52,21 @@ def test_enqueue_queues_a_run_and_use_ray_flag(env: dict[str, str], redis_client
     assert cancelled.exit_code == 0 and '"cancel_requested": true' in cancelled.stdout
 
 
-def test_unavailable_provider_is_refused_at_submit(
-    env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("vastai:\n  gpu_count: 1", "not available yet"),
+        ("runpod:\n  gpu_count: 1", "cannot submit: RUNPOD_API_KEY is not set"),
+    ],
+)
+def test_a_job_this_fleet_cannot_run_is_refused_at_submit(
+    env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path, section: str, expected: str
 ) -> None:
-    job = tmp_path / "runpod.yml"
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", "runpod:\n  gpu_count: 1"))
+    job = tmp_path / "job.yml"
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", section))
     (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    env = {**env, "FLEET_SECRETS_FILE": str(tmp_path / "no-secrets.yml"), "RUNPOD_API_KEY": ""}
     result = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML), str(job)], env=env)
     assert result.exit_code == 1
-    assert "not available yet" in result.output
-    assert redis_client.zcard(RUNS_INDEX) == 0
+    assert expected in result.output
+    assert redis_client.zcard(RUNS_INDEX) == 0  # the valid job beside it was not queued either

@@ -3,6 +3,7 @@ fakes). Real processes: a local instance is a real Ray head with token auth."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -10,26 +11,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, SecretStr
 
 from fleet.errors import NodeError
 from providers.base import LaunchRequest, NodeState, Provider, ProviderContext, ProviderName
 from providers.local.models import LocalSection
 from providers.registry import PROVIDERS
+from providers.runpod.models import RunPodSection
+from tests.fakes.runpod import FakeRunPod
 
 pytestmark = pytest.mark.integration
 
 
-def section_for(name: ProviderName) -> LocalSection:
-    assert name == ProviderName.LOCAL
+def section_for(name: ProviderName) -> BaseModel:
+    if name == ProviderName.RUNPOD:
+        return RunPodSection(gpu="NVIDIA RTX A5000", gpu_count=1, max_bid_per_gpu=0.5)
     return LocalSection(num_cpus=1)
 
 
 @pytest.fixture(params=sorted(PROVIDERS), ids=str)
 def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provider]:
-    prov = PROVIDERS[request.param](ProviderContext(home=tmp_path))
-    yield prov
-    for inst in prov.list_instances():
-        prov.terminate(inst.name)
+    """Each provider, against a fake of its cloud where it has one (a fake's node is a real Ray head)."""
+    name = ProviderName(request.param)
+    with contextlib.ExitStack() as stack:
+        context = ProviderContext(home=tmp_path)
+        if name == ProviderName.RUNPOD:
+            fake = stack.enter_context(
+                FakeRunPod(api_key="contract-key", home=tmp_path / "fake", nodes="ray")
+            )
+            context = ProviderContext(
+                home=tmp_path,
+                credentials={"RUNPOD_API_KEY": SecretStr("contract-key")},
+                urls={"runpod": fake.url},
+            )
+        prov = PROVIDERS[name](context)
+        yield prov
+        for inst in prov.list_instances():
+            prov.terminate(inst.name)
 
 
 def wait_running(provider: Provider, name: str, timeout: float = 60) -> None:

@@ -92,3 +92,13 @@ def test_worker_failure_is_one_line() -> None:
     failures: dict[int, BaseException] = {1: ValueError("later rank"), 0: DatasetError("data.jsonl:2: bad")}
     assert worker_failure(_WorkerGroupFailure(failures)) == "worker rank 0: DatasetError: data.jsonl:2: bad"
     assert worker_failure(RuntimeError("controller died\ndetails")) == "controller died"
+
+
+def test_a_node_without_gpus_trains_on_cpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer.train import without_missing_gpus
+
+    wants_gpu = train_job(tmp_path).model_copy(update={"use_gpu": True})
+    assert without_missing_gpus(wants_gpu, gpus=2).use_gpu is True
+    assert capsys.readouterr().err == ""
+    assert without_missing_gpus(wants_gpu, gpus=0).use_gpu is False
+    assert "asks for GPUs but this node has none" in capsys.readouterr().err

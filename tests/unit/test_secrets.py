@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError, CredentialsMissing
-from fleet.secrets import load_secrets
+from fleet.secrets import load_secrets, provider_context
 
 CANARY = "rpa_CANARY0123456789abcdefghijklmnopqrstuv"
 
@@ -22,19 +22,17 @@ def secrets_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
 def test_environment_wins_over_the_file(tmp_path: Path) -> None:
     path = secrets_file(tmp_path, f"RUNPOD_API_KEY: from-file\nVAST_API_KEY: {CANARY}\n")
     secrets = load_secrets({"FLEET_SECRETS_FILE": str(path), "RUNPOD_API_KEY": "from-env"})
-    runpod_key = secrets.require_for("runpod")
-    assert runpod_key is not None and runpod_key.get_secret_value() == "from-env"
-    vast_key = secrets.require_for("vastai")
-    assert vast_key is not None and vast_key.get_secret_value() == CANARY
-    assert CANARY not in repr(secrets) and CANARY not in str(vast_key)
-    assert secrets.require_for("local") is None  # needs nothing
+    context = provider_context(tmp_path, {}, secrets)
+    assert context.credential("RUNPOD_API_KEY").get_secret_value() == "from-env"
+    vast_key = context.credential("VAST_API_KEY")
+    assert vast_key.get_secret_value() == CANARY
+    assert CANARY not in repr(secrets) and CANARY not in str(vast_key) and CANARY not in repr(context)
 
 
 def test_a_missing_credential_is_named_with_where_to_put_it(tmp_path: Path) -> None:
-    secrets = load_secrets({"FLEET_SECRETS_FILE": str(tmp_path / "none.yml")})
-    with pytest.raises(CredentialsMissing, match=r"needs VAST_API_KEY.*secrets file") as caught:
-        secrets.require_for("vastai")
-    assert "none.yml" in str(caught.value)
+    context = provider_context(tmp_path, {}, load_secrets({"FLEET_SECRETS_FILE": str(tmp_path / "none.yml")}))
+    with pytest.raises(CredentialsMissing, match=r"VAST_API_KEY is not set.*secrets file"):
+        context.credential("VAST_API_KEY")
 
 
 def test_a_readable_by_others_file_is_refused(tmp_path: Path) -> None:

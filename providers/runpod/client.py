@@ -1,0 +1,97 @@
+"""RunPod's GraphQL API, wire calls only: every request sends its values as GraphQL variables.
+
+Why not runpod-python for these calls: its f-string queries are not escaped (a `"` in an env value
+breaks the request), it has no interruptible pods, and it reads the API key from a module global. The
+client raises `RunPodAPIError` as the vendor answered; the adapter (provider.py) translates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from pydantic import SecretStr
+
+POD_FIELDS = (
+    "id name desiredStatus costPerHr gpuCount "
+    "runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } }"
+)
+GPU_TYPES = (
+    "query GpuTypes($lowest: GpuLowestPriceInput) { gpuTypes { id displayName memoryInGb "
+    "securePrice communityPrice secureSpotPrice communitySpotPrice "
+    "lowestPrice(input: $lowest) { minimumBidPrice uninterruptablePrice } } }"
+)
+PODS = f"query Pods {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
+ON_DEMAND = (
+    "mutation Deploy($input: PodFindAndDeployOnDemandInput!) "
+    f"{{ podFindAndDeployOnDemand(input: $input) {{ {POD_FIELDS} }} }}"
+)
+SPOT = (
+    "mutation Rent($input: PodRentInterruptableInput!) "
+    f"{{ podRentInterruptable(input: $input) {{ {POD_FIELDS} }} }}"
+)
+TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
+
+
+@dataclass
+class RunPodAPIError(Exception):
+    """What RunPod answered: an HTTP status (0 when no answer came) and its message."""
+
+    status: int
+    message: str
+    retry_after: float | None = None
+
+    def __str__(self) -> str:
+        return f"RunPod API {self.status or 'unreachable'}: {self.message}"
+
+
+class RunPodClient:
+    """A small typed client for the calls the fleet makes."""
+
+    def __init__(self, api_key: SecretStr, base_url: str, timeout_s: float = 30.0) -> None:
+        self._key = api_key
+        self.url = base_url.rstrip("/") + "/graphql"
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One GraphQL request; returns `data`, or raises RunPodAPIError."""
+        headers = {"Authorization": f"Bearer {self._key.get_secret_value()}"}
+        try:
+            reply = self._session.post(
+                self.url,
+                json={"query": query, "variables": variables or {}},
+                headers=headers,
+                timeout=self.timeout_s,
+            )
+        except requests.Timeout:
+            raise RunPodAPIError(0, f"no answer within {self.timeout_s:.0f} s") from None
+        except requests.RequestException as exc:
+            raise RunPodAPIError(0, f"connection failed: {type(exc).__name__}") from None
+        try:
+            body = reply.json()
+        except ValueError:
+            body = {}
+        errors = body.get("errors") if isinstance(body, dict) else None
+        if reply.status_code != 200 or errors:
+            message = str(errors[0].get("message")) if errors else reply.reason or "error"
+            retry = reply.headers.get("Retry-After")
+            raise RunPodAPIError(reply.status_code, message, float(retry) if retry else None)
+        data = body.get("data")
+        return data if isinstance(data, dict) else {}
+
+    def gpu_types(self, gpu_count: int) -> list[dict[str, Any]]:
+        return list(self.call(GPU_TYPES, {"lowest": {"gpuCount": gpu_count}}).get("gpuTypes") or [])
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list((self.call(PODS).get("myself") or {}).get("pods") or [])
+
+    def deploy_on_demand(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.call(ON_DEMAND, {"input": spec}).get("podFindAndDeployOnDemand") or {})
+
+    def rent_interruptable(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.call(SPOT, {"input": spec}).get("podRentInterruptable") or {})
+
+    def terminate(self, pod_id: str) -> None:
+        self.call(TERMINATE, {"input": {"podId": pod_id}})

@@ -1,0 +1,245 @@
+"""The `runpod` provider: on-demand and interruptible (bid) pods, named tf-<run>-<attempt>.
+
+A pod runs a Ray head with token auth (providers.bootstrap) and publishes its Jobs API port over HTTP;
+the fleet reaches it exactly as it reaches a local head. RunPod's own `terminateAfter` is set at create,
+so a pod dies at the section's `terminate_after` even if the fleet does not.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from fleet.errors import (
+    AuthFailed,
+    NoCapacity,
+    NodeError,
+    ProviderError,
+    ProviderUnavailable,
+    ProvisioningFailed,
+)
+from providers.base import (
+    INSTANCE_PREFIX,
+    LaunchRequest,
+    NodeEndpoint,
+    NodeInstance,
+    NodeState,
+    Offer,
+    Provider,
+    ProviderContext,
+    ProviderName,
+    jobs_api_answers,
+    require_ours,
+)
+from providers.bootstrap import JOBS_PORT, TOKEN_ENV, container_command
+from providers.offers import Candidate, Choice, choose
+from providers.runpod.client import RunPodAPIError, RunPodClient
+from providers.runpod.models import RunPodSection
+from providers.tokens import NodeTokens
+
+DEFAULT_API = "https://api.runpod.io"
+NO_CAPACITY_MARK = "no longer any instances available"
+
+
+def translate(exc: RunPodAPIError) -> ProviderError:
+    """RunPod's answer as one of the fleet's errors (which say whether retrying can help)."""
+    if exc.status in (401, 403):
+        return AuthFailed(f"RunPod refused the API key (HTTP {exc.status})")
+    if exc.status == 0 or exc.status == 429 or exc.status >= 500:
+        return ProviderUnavailable(str(exc))
+    if NO_CAPACITY_MARK in exc.message.lower():
+        return NoCapacity(f"RunPod: {exc.message}")
+    return ProviderError(str(exc))
+
+
+class RunPodProvider(Provider):
+    """Pods on RunPod, through its GraphQL API."""
+
+    name: ClassVar[ProviderName] = ProviderName.RUNPOD
+
+    def __init__(self, context: ProviderContext) -> None:
+        super().__init__(context)
+        self.client = RunPodClient(
+            context.credential("RUNPOD_API_KEY"), context.urls.get("runpod", DEFAULT_API)
+        )
+        self.tokens = NodeTokens(context.home)
+
+    # offers ---------------------------------------------------------------------------------------
+    def choose(self, section: RunPodSection) -> Choice:
+        """Every GPU type in both clouds, filtered and priced by the section, cheapest first."""
+        try:
+            types = self.client.gpu_types(section.gpu_count)
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
+        candidates = []
+        for gpu in types:
+            for secure in (True, False):
+                spot = gpu.get("secureSpotPrice" if secure else "communitySpotPrice")
+                price = gpu.get("securePrice" if secure else "communityPrice")
+                candidates.append(
+                    Candidate(
+                        provider=self.name,
+                        offer_id=f"{gpu['id']}/{'SECURE' if secure else 'COMMUNITY'}",
+                        gpu=str(gpu["id"]),
+                        gpu_count=section.gpu_count,
+                        on_demand_per_hour=float(price) * section.gpu_count if price else None,
+                        min_bid_per_gpu=float(spot) if spot else None,
+                        # RunPod places a pod only on a host meeting these, so they hold by construction.
+                        vcpus=section.min_vcpu_count,
+                        memory_gb=section.min_memory_in_gb,
+                        download_mbps=section.min_download,
+                        upload_mbps=section.min_upload,
+                        secure=secure,
+                        detail={
+                            "display_name": str(gpu.get("displayName", "")),
+                            "memory_gb": str(gpu.get("memoryInGb")),
+                        },
+                    )
+                )
+        return choose(section, section.gpu, candidates)
+
+    def list_offers(self, section: BaseModel) -> list[Offer]:
+        assert isinstance(section, RunPodSection)
+        return [
+            Offer(self.name, p.candidate.offer_id, p.candidate.gpu, p.candidate.gpu_count, p.price_per_hour)
+            for p in self.choose(section).fits
+        ]
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> NodeInstance:
+        section = request.section
+        if not isinstance(section, RunPodSection):
+            raise ProvisioningFailed(f"runpod provider got a {type(section).__name__} section")
+        require_ours(request.name)
+        best = self.choose(section).best
+        if best is None:
+            raise NoCapacity(
+                f"no RunPod offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
+            )
+        token = self.tokens.ensure(request.name)
+        spec = self._pod_spec(request.name, section, token, secure=best.candidate.secure)
+        try:
+            if best.bid_per_gpu is not None:
+                pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
+            else:
+                pod = self.client.deploy_on_demand(spec)
+        except RunPodAPIError as exc:
+            # The create may have happened although the call failed: whatever exists under the name is ours.
+            existing = self.get(request.name)
+            if existing is not None:
+                return existing
+            raise translate(exc) from None
+        return self._instance(pod, probe=False)
+
+    def _pod_spec(self, name: str, section: RunPodSection, token: str, secure: bool) -> dict[str, Any]:
+        env = {**section.env, TOKEN_ENV: token}
+        spec: dict[str, Any] = {
+            "name": name,
+            "imageName": section.image,
+            "gpuTypeId": section.gpu,
+            "gpuCount": section.gpu_count,
+            "cloudType": "SECURE" if secure else "COMMUNITY",
+            "containerDiskInGb": section.container_disk_in_gb,
+            "volumeInGb": section.volume_in_gb,
+            "volumeMountPath": section.volume_mount_path,
+            "minVcpuCount": section.min_vcpu_count,
+            "minMemoryInGb": section.min_memory_in_gb,
+            "dockerArgs": shlex.join(container_command(section.entry)),
+            "ports": f"{JOBS_PORT}/http",
+            "env": [{"key": k, "value": v} for k, v in sorted(env.items())],
+            "supportPublicIp": True,
+            "startSsh": False,
+        }
+        if section.template_id:
+            spec["templateId"] = section.template_id
+        if section.min_download:
+            spec["minDownload"] = section.min_download
+        if section.min_upload:
+            spec["minUpload"] = section.min_upload
+        if section.terminate_after != -1:  # a deadline on RunPod's side, should the fleet be gone
+            deadline = datetime.now(UTC) + timedelta(seconds=section.terminate_after)
+            spec["terminateAfter"] = deadline.isoformat(timespec="seconds")
+        return spec
+
+    def _pods(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            pods = self.client.pods()
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
+        live = [p for p in pods if p.get("desiredStatus") != "TERMINATED"]
+        return [p for p in live if name is None or p.get("name") == name]
+
+    def get(self, name: str) -> NodeInstance | None:
+        pods = self._pods(name)
+        if not pods:
+            return None
+        for extra in pods[1:]:  # a retried create made a second one: keep exactly one
+            self._terminate_pod(str(extra["id"]))
+        return self._instance(pods[0], probe=True)
+
+    def _instance(self, pod: dict[str, Any], probe: bool) -> NodeInstance:
+        runtime = pod.get("runtime") or {}
+        status = pod.get("desiredStatus")
+        if status in ("EXITED", "STOPPED"):
+            state, message = NodeState.STOPPED, f"pod {status.lower()} (stopped or preempted)"
+        elif not runtime or self._jobs_url(pod) is None:
+            state, message = NodeState.PENDING, "starting"
+        elif probe and not self._ready(pod):
+            state, message = NodeState.PENDING, "container up, Ray head not answering yet"
+        else:
+            state, message = NodeState.RUNNING, "ready"
+        created = time.time() - float(runtime.get("uptimeInSeconds") or 0)
+        return NodeInstance(
+            str(pod.get("name")),
+            self.name,
+            str(pod["id"]),
+            state,
+            created,
+            float(pod.get("costPerHr") or 0),
+            message,
+        )
+
+    @staticmethod
+    def _jobs_url(pod: dict[str, Any]) -> str | None:
+        for port in (pod.get("runtime") or {}).get("ports") or []:
+            if port.get("privatePort") == JOBS_PORT:
+                if port.get("isIpPublic") and port.get("ip") and port.get("publicPort"):
+                    return f"http://{port['ip']}:{port['publicPort']}"
+                return f"https://{pod['id']}-{JOBS_PORT}.proxy.runpod.net"  # RunPod's HTTP proxy
+        return None
+
+    def _ready(self, pod: dict[str, Any]) -> bool:
+        url, token = self._jobs_url(pod), self.tokens.get(str(pod.get("name")))
+        return bool(url and token and jobs_api_answers(url, {"Authorization": f"Bearer {token}"}))
+
+    def endpoint(self, name: str) -> NodeEndpoint:
+        pods = self._pods(name)
+        url = self._jobs_url(pods[0]) if pods else None
+        token = self.tokens.get(name)
+        if url is None or token is None:
+            raise NodeError(f"pod {name} has no reachable Ray head (yet)")
+        return NodeEndpoint(url, url, {"Authorization": f"Bearer {token}"})
+
+    def _terminate_pod(self, pod_id: str) -> None:
+        try:
+            self.client.terminate(pod_id)
+        except RunPodAPIError as exc:
+            if "not found" not in exc.message.lower():
+                raise translate(exc) from None
+
+    def terminate(self, name: str) -> None:
+        for pod in self._pods(name):
+            self._terminate_pod(str(pod["id"]))
+        if not self._pods(name):
+            self.tokens.forget(name)
+
+    def list_instances(self) -> list[NodeInstance]:
+        return [
+            self._instance(p, probe=False)
+            for p in self._pods()
+            if str(p.get("name", "")).startswith(INSTANCE_PREFIX)
+        ]

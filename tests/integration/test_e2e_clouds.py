@@ -1,0 +1,78 @@
+"""The tiny job on a rented node: `fleet run` against a local fake of the cloud's API, whose "pod" is a
+real local Ray head, so the job provisions, trains and gives the node back for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.factories import EXAMPLE_YAML
+from tests.integration.fleetproc import REPO, cleanup, events_of, fleet, fleet_env
+
+pytestmark = pytest.mark.integration
+API_KEY = "fake-runpod-key-0123456789"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    home = tmp_path / "fleet"
+    home.mkdir()
+    yield home
+    cleanup(home)
+
+
+@pytest.fixture
+def fake_runpod(tmp_path: Path) -> Iterator[str]:
+    """`python -m tests.fakes serve runpod` as its own process, as a user would run it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes", "serve", "runpod", "--nodes", "ray", "--node-cpus", "2",
+         "--home", str(tmp_path / "fake"), "--api-key", API_KEY],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    yield url
+    proc.terminate()
+    proc.wait(60)
+
+
+def fake_state(url: str) -> dict[str, list[dict[str, object]]]:
+    with urllib.request.urlopen(f"{url}/_fake/state", timeout=10) as reply:
+        state: dict[str, list[dict[str, object]]] = json.loads(reply.read())
+    return state
+
+
+def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
+    home: Path, fake_runpod: str, tmp_path: Path
+) -> None:
+    job = tmp_path / "runpod-tiny.yml"
+    section = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    env = fleet_env(home, RUNPOD_API_BASE_URL=fake_runpod, RUNPOD_API_KEY=API_KEY)
+
+    done = fleet(env, "run", str(job), "--json", timeout=420)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED" and view["provider"] == "runpod"
+    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
+
+    state = fake_state(fake_runpod)
+    assert state["instances"] == []  # no live pod of ours is left
+    assert state["requests"]["create"] == 1  # and exactly one was ever made
+    evs = events_of(home, view["run_id"])
+    (requested,) = [e for e in evs if e["type"] == "instance.requested"]
+    # An interruptible pod at the minimum bid (the fake's A5000 spot floor), never above the cap.
+    assert 0 < requested["data"]["price_per_hour"] <= 0.5
+    assert "instance.terminated" in [e["type"] for e in evs]
+    # The API key never reached the ledger, the events or the run's files.
+    from tests.integration.fleetproc import secret_hits
+
+    assert secret_hits(home, API_KEY) == []

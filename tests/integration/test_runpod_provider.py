@@ -1,0 +1,113 @@
+"""The RunPod adapter against the fake RunPod API (no Ray nodes: wire behaviour and error handling)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable
+from providers.base import LaunchRequest, ProviderContext
+from providers.runpod.models import RunPodSection
+from providers.runpod.provider import RunPodProvider
+from tests.fakes.runpod import FakeRunPod
+
+pytestmark = pytest.mark.integration
+KEY = "rp-test-key"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeRunPod]:
+    with FakeRunPod(api_key=KEY, home=tmp_path / "fake", nodes="none", ready_delay_s=0.1) as fake:
+        yield fake
+
+
+def provider_for(fake: FakeRunPod, tmp_path: Path, key: str = KEY) -> RunPodProvider:
+    context = ProviderContext(
+        home=tmp_path, credentials={"RUNPOD_API_KEY": SecretStr(key)}, urls={"runpod": fake.url}
+    )
+    return RunPodProvider(context)
+
+
+SECTION = RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5)
+
+
+def test_offers_fit_the_section_cheapest_first_and_say_why_not(fake: FakeRunPod, tmp_path: Path) -> None:
+    choice = provider_for(fake, tmp_path).choose(
+        RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.12, cloud_type="ALL")
+    )
+    assert [p.candidate.offer_id for p in choice.fits] == ["NVIDIA RTX A5000/COMMUNITY"]
+    assert choice.fits[0].bid_per_gpu == 0.11
+    why = {r.candidate.offer_id: r.reasons for r in choice.rejected}
+    assert "minimum bid $0.130/GPU/h is above max_bid_per_gpu $0.120" in why["NVIDIA RTX A5000/SECURE"]
+    assert any("gpu is NVIDIA RTX A6000" in reason for reason in why["NVIDIA RTX A6000/SECURE"])
+
+
+def test_launch_bids_within_the_cap_and_sets_a_deadline(fake: FakeRunPod, tmp_path: Path) -> None:
+    inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r1-1", "r1", SECTION))
+    (row,) = fake.state()["instances"]
+    assert row["name"] == "tf-r1-1" and row["bid"] == 0.13 and inst.price_per_hour == 0.13
+    assert row["env_keys"] == ["FLEET_RAY_TOKEN"]  # the node's token travels in its env, by name only here
+    assert fake.instances[str(row["id"])].extra["terminateAfter"]  # RunPod's own deadline is set
+
+
+def test_error_after_create_leaves_exactly_one_instance(fake: FakeRunPod, tmp_path: Path) -> None:
+    fake.add_faults([{"op": "create", "kind": "error_after_create"}])
+    provider = provider_for(fake, tmp_path)
+    inst = provider.launch(LaunchRequest("tf-r2-1", "r2", SECTION))
+    assert inst.name == "tf-r2-1"
+    assert [r["name"] for r in fake.state()["instances"]] == ["tf-r2-1"]
+    provider.terminate("tf-r2-1")
+    assert fake.state()["instances"] == [] and provider.get("tf-r2-1") is None
+
+
+def test_a_duplicate_under_one_name_is_terminated(fake: FakeRunPod, tmp_path: Path) -> None:
+    provider = provider_for(fake, tmp_path)
+    provider.launch(LaunchRequest("tf-r3-1", "r3", SECTION))
+    provider.client.rent_interruptable(  # as if a retried create had gone through twice
+        {"name": "tf-r3-1", "gpuTypeId": "NVIDIA RTX A5000", "gpuCount": 1, "bidPerGpu": 0.13}
+    )
+    assert len(fake.state()["instances"]) == 2
+    assert provider.get("tf-r3-1") is not None
+    assert len(fake.state()["instances"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ({"op": "create", "kind": "500"}, ProviderUnavailable),
+        ({"op": "create", "kind": "429", "retry_after": 1}, ProviderUnavailable),
+    ],
+)
+def test_vendor_failures_become_retryable_errors_and_create_nothing(
+    fake: FakeRunPod, tmp_path: Path, fault: dict[str, object], error: type[Exception]
+) -> None:
+    fake.add_faults([fault])
+    with pytest.raises(error) as caught:
+        provider_for(fake, tmp_path).launch(LaunchRequest("tf-r4-1", "r4", SECTION))
+    assert getattr(caught.value, "retryable", False)
+    assert fake.state()["instances"] == []
+
+
+def test_no_capacity_and_bad_key(fake: FakeRunPod, tmp_path: Path) -> None:
+    fake.set_stock("NVIDIA RTX A5000", 0)
+    with pytest.raises(NoCapacity):
+        provider_for(fake, tmp_path).launch(LaunchRequest("tf-r5-1", "r5", SECTION))
+    with pytest.raises(AuthFailed) as caught:
+        provider_for(fake, tmp_path, key="wrong-key").list_instances()
+    assert "wrong-key" not in str(caught.value)
+
+
+def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
+    fake: FakeRunPod, tmp_path: Path
+) -> None:
+    provider = provider_for(fake, tmp_path)
+    provider.launch(LaunchRequest("tf-r6-1", "r6", SECTION))
+    fake.add_faults([{"op": "terminate", "kind": "not_found"}])
+    provider.terminate("tf-r6-1")  # the vendor says "not found": nothing to do, no error
+    provider.terminate("tf-r6-1")
+    assert fake.state()["instances"] == []
+    provider.terminate("tf-never-1")
+    assert provider.get("tf-never-1") is None
