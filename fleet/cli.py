@@ -10,35 +10,23 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import service
+from fleet import cli_nodes, service
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
 from fleet.live import LiveView, describe
-from fleet.settings import Settings, load_settings
+from fleet.settings import Settings
 from fleet.spec import LoadedJob, format_problems, load_job
 
 cli = typer.Typer(
     help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 UseRay = Annotated[bool, typer.Option("--use-ray", help="Set use_ray: true (like axolotl's flag).")]
-
-
-def _settings() -> Settings:
-    try:
-        return load_settings()
-    except ConfigError as exc:
-        err.print(f"[red]invalid settings[/red]\n{format_problems(exc)}")
-        raise typer.Exit(2) from None
 
 
 def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJob]:
@@ -61,18 +49,10 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
     return jobs
 
 
-def _connect(settings: Settings) -> service.Fleet:
-    try:
-        return service.Fleet.connect(settings)
-    except FleetError as exc:
-        err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-
-
 @cli.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="Job YAML files.")]) -> None:
     """Check job files; print every problem with its key and line. Exit 1 on any problem."""
-    settings = _settings()
+    settings = settings_or_exit()
     failed = False
     for path in files:
         try:
@@ -95,9 +75,9 @@ def enqueue(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate all files, then queue one run per file and print the run ids."""
-    settings = _settings()
+    settings = settings_or_exit()
     jobs = _load(files, settings, use_ray)
-    fleet = _connect(settings)
+    fleet = connect_or_exit(settings)
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
         out.print_json(json.dumps([{"run_id": r.run_id, "source": r.source} for r in runs]))
@@ -133,9 +113,9 @@ def run(
     """
     from fleet.workerproc import SpawnedWorker, missing_queues, wait_for_queues
 
-    settings = _settings()
+    settings = settings_or_exit()
     (job,) = _load([file], settings, use_ray)
-    fleet = _connect(settings)
+    fleet = connect_or_exit(settings)
     spawned = None
     if missing_queues(fleet.redis):
         spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
@@ -209,7 +189,7 @@ def status(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """Show one run, or list runs newest first."""
-    fleet = _connect(_settings())
+    fleet = connect_or_exit(settings_or_exit())
     if run_id is not None:
         run = _find(fleet, run_id)
         if as_json:
@@ -257,7 +237,7 @@ def logs(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a run's events in order."""
-    fleet = _connect(_settings())
+    fleet = connect_or_exit(settings_or_exit())
     run = _find(fleet, run_id)
     last = "0"
     for sid, event in events.read_run(fleet.redis, run.run_id):
@@ -279,7 +259,7 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a run: its Ray job is stopped and its node terminated."""
-    fleet = _connect(_settings())
+    fleet = connect_or_exit(settings_or_exit())
     run = _find(fleet, run_id)
     run = service.cancel(fleet, run.run_id)
     if wait and not run.state.is_terminal():
@@ -291,52 +271,6 @@ def cancel(
         out.print(f"{run.run_id} {run.state.value}", highlight=False)
     if wait and not run.state.is_terminal():
         raise typer.Exit(1)
-
-
-@cli.command()
-def instances(as_json: JsonOpt = False) -> None:
-    """The fleet's live instances at every provider (state, age, $/h, run)."""
-    from fleet.instances import live_instances
-
-    rows = live_instances(_connect(_settings()))
-    if as_json:
-        out.print_json(json.dumps([r.view() for r in rows]))
-        return
-    table = Table()
-    table.add_column("instance", no_wrap=True)
-    for name in ("provider", "state", "age", "$/h", "run", "run state"):
-        table.add_column(name)
-    for r in rows:
-        v = r.view()
-        table.add_row(
-            v["name"],
-            v["provider"],
-            v["state"],
-            f"{v['age_s'] / 60:.0f}m",
-            f"{v['price_per_hour']:.3f}",
-            v["run_id"] or "-",
-            v["run_state"] or "-",
-        )
-    out.print(table)
-
-
-@cli.command()
-def terminate(
-    name: Annotated[
-        str, typer.Argument(help="An instance name (tf-<run>-<attempt>), see `fleet instances`.")
-    ],
-    force: Annotated[bool, typer.Option(help="Even when its run is still going.")] = False,
-) -> None:
-    """Terminate one of the fleet's instances now."""
-    from fleet.instances import terminate as terminate_instance
-
-    fleet = _connect(_settings())
-    try:
-        row = terminate_instance(fleet, name, force=force)
-    except FleetError as exc:
-        err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(1) from None
-    out.print(f"terminated {row.node.name} ({row.node.provider.value})", highlight=False)
 
 
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
@@ -352,8 +286,8 @@ def worker(
     """Run a Celery worker for the given stage queues (foreground)."""
     from fleet.workerproc import run_worker
 
-    settings = _settings()
-    fleet = _connect(settings)
+    settings = settings_or_exit()
+    fleet = connect_or_exit(settings)
     chosen = [q.strip() for q in queues.split(",") if q.strip()]
     if unknown := [q for q in chosen if q not in QUEUES]:
         err.print(f"[red]unknown queue(s) {', '.join(unknown)}; valid: {', '.join(QUEUES)}[/red]")
@@ -366,8 +300,8 @@ def beat() -> None:
     """Run celery beat, which sends the reaper every FLEET_REAP_INTERVAL_S seconds (foreground)."""
     from fleet.workerproc import run_beat
 
-    settings = _settings()
-    run_beat(settings, _connect(settings).redis_url)
+    settings = settings_or_exit()
+    run_beat(settings, connect_or_exit(settings).redis_url)
 
 
 @cli.command()
@@ -375,8 +309,8 @@ def up() -> None:
     """A whole single-machine fleet in the foreground: one worker on every queue, plus beat."""
     from fleet.workerproc import run_worker
 
-    settings = _settings()
-    fleet = _connect(settings)
+    settings = settings_or_exit()
+    fleet = connect_or_exit(settings)
     err.print(f"fleet home {settings.home}; Ctrl-C to stop", highlight=False)
     run_worker(settings, fleet.redis_url, list(QUEUES), settings.worker_concurrency, beat=True)
 
@@ -386,8 +320,11 @@ def down() -> None:
     """Stop the embedded Redis (the ledger stays on disk)."""
     from fleet.embedded import stop_redis
 
-    settings = _settings()
+    settings = settings_or_exit()
     out.print("stopped" if stop_redis(settings.home) else "not running")
+
+
+cli_nodes.register(cli)
 
 
 def main() -> None:

@@ -60,6 +60,14 @@ def live_instances(fleet: Fleet) -> list[Row]:
     return sorted(rows, key=lambda r: r.node.created_at)
 
 
+def find_provider(fleet: Fleet, name: str) -> Provider:
+    """The provider that has a live instance of ours by that name."""
+    for provider in _providers(fleet):
+        if provider.get(name) is not None:
+            return provider
+    raise NotFound(f"no live instance of ours named {name!r} (see `fleet instances`)")
+
+
 def terminate(fleet: Fleet, name: str, force: bool = False) -> Row:
     """Terminate one live instance of ours by name; refuses one whose run is still going unless forced."""
     for row in live_instances(fleet):

@@ -67,6 +67,13 @@ def test_list_and_terminate(env: dict[str, str], redis_client: redis.Redis[str],
     assert rows["tf-busy-1"]["run_id"] == "busy" and rows["tf-busy-1"]["run_state"] == "TRAINING"
     assert rows["tf-stray-1"]["run_id"] is None and rows["tf-stray-1"]["state"] == "RUNNING"
 
+    shown = CliRunner().invoke(cli, ["node", "tf-stray-1", "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    cluster = json.loads(shown.stdout)
+    (head,) = cluster["nodes"]  # read from the head's own dashboard, as `ray status` would
+    assert head["is_head_node"] and head["state"] == "ALIVE" and head["resources_total"]["CPU"] == 1.0
+    assert "Resources" in cluster["status"] or "Usage" in cluster["status"]
+
     refused = CliRunner().invoke(cli, ["terminate", "tf-busy-1"], env=env)
     assert refused.exit_code == 1 and "fleet cancel busy" in refused.output
     assert LocalProvider(ProviderContext(home=fleet_home)).get("tf-busy-1") is not None

@@ -111,3 +111,32 @@ def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
     assert fake.state()["instances"] == []
     provider.terminate("tf-never-1")
     assert provider.get("tf-never-1") is None
+
+
+def test_fleet_offers_shows_fits_and_why_not(fake: FakeRunPod, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from fleet.cli import cli
+    from tests.factories import EXAMPLE_YAML
+
+    job = tmp_path / "job.yml"
+    section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.12\n  cloud_type: ALL\n"
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    env = {
+        "RUNPOD_API_BASE_URL": fake.url,
+        "RUNPOD_API_KEY": KEY,
+        "FLEET_HOME": str(tmp_path / "home"),
+        "FLEET_SETTINGS_FILE": str(tmp_path / "none.yml"),
+        "FLEET_SECRETS_FILE": str(tmp_path / "no-secrets.yml"),
+    }
+    (tmp_path / "none.yml").write_text("{}\n")
+    result = CliRunner().invoke(cli, ["offers", str(job), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert [f["offer"] for f in shown["fits"]] == ["NVIDIA RTX A5000/COMMUNITY"]
+    assert shown["fits"][0]["bid_per_gpu"] == 0.11
+    why = {r["offer"]: r["why"] for r in shown["rejected"]}
+    assert any("above max_bid_per_gpu" in w for w in why["NVIDIA RTX A5000/SECURE"])

@@ -1,0 +1,171 @@
+"""`fleet instances`, `fleet terminate`, `fleet offers`, `fleet node`: the machines behind the runs."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.errors import ConfigError, FleetError, NodeError
+from fleet.secrets import provider_context
+from fleet.spec import format_problems, load_job
+from providers.offers import Choice
+from providers.registry import get_provider
+
+
+def register(cli: typer.Typer) -> None:
+    """Add these commands to the `fleet` app."""
+    cli.command()(instances)
+    cli.command()(terminate)
+    cli.command()(offers)
+    cli.command()(node)
+
+
+def instances(as_json: JsonOpt = False) -> None:
+    """The fleet's live instances at every provider (state, age, $/h, run)."""
+    from fleet.instances import live_instances
+
+    rows = live_instances(connect_or_exit(settings_or_exit()))
+    if as_json:
+        out.print_json(json.dumps([r.view() for r in rows]))
+        return
+    table = Table()
+    table.add_column("instance", no_wrap=True)
+    for name in ("provider", "state", "age", "$/h", "run", "run state"):
+        table.add_column(name)
+    for r in rows:
+        v = r.view()
+        table.add_row(
+            v["name"],
+            v["provider"],
+            v["state"],
+            f"{v['age_s'] / 60:.0f}m",
+            f"{v['price_per_hour']:.3f}",
+            v["run_id"] or "-",
+            v["run_state"] or "-",
+        )
+    out.print(table)
+
+
+def terminate(
+    name: Annotated[
+        str, typer.Argument(help="An instance name (tf-<run>-<attempt>), see `fleet instances`.")
+    ],
+    force: Annotated[bool, typer.Option(help="Even when its run is still going.")] = False,
+) -> None:
+    """Terminate one of the fleet's instances now."""
+    from fleet.instances import terminate as terminate_instance
+
+    fleet = connect_or_exit(settings_or_exit())
+    try:
+        row = terminate_instance(fleet, name, force=force)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    out.print(f"terminated {row.node.name} ({row.node.provider.value})", highlight=False)
+
+
+def offers(
+    file: Annotated[Path, typer.Argument(help="A job YAML file.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """The offers that fit the job's provider section, cheapest first, and why the others do not."""
+    settings = settings_or_exit()
+    try:
+        job = load_job(file, default_provider=settings.default_provider)
+        provider = get_provider(job.spec.provider.value, provider_context(settings.home, settings.api_urls()))
+        chooser = getattr(provider, "choose", None)
+        choice: Choice | None = chooser(job.spec.section) if chooser is not None else None
+        plain = provider.list_offers(job.spec.section) if choice is None else []
+    except ConfigError as exc:
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    fits: list[dict[str, Any]] = [
+        {"offer": o.offer_id, "gpu": o.gpu, "gpu_count": o.gpu_count, "price_per_hour": o.price_per_hour}
+        for o in plain
+    ]
+    rejected: list[dict[str, Any]] = []
+    if choice is not None:
+        for p in choice.fits:
+            c = p.candidate
+            fits.append(
+                {
+                    "offer": c.offer_id,
+                    "gpu": c.gpu,
+                    "gpu_count": c.gpu_count,
+                    "price_per_hour": p.price_per_hour,
+                }
+                | {"bid_per_gpu": p.bid_per_gpu}
+            )
+        rejected = [{"offer": r.candidate.offer_id, "why": list(r.reasons)} for r in choice.rejected]
+    if as_json:
+        out.print_json(json.dumps({"provider": provider.name.value, "fits": fits, "rejected": rejected}))
+        return
+    table = Table("offer", "gpu", "GPUs", "$/h", "bid $/GPU/h", title="fits, cheapest first")
+    for f in fits:
+        bid = f.get("bid_per_gpu")
+        shown = "-" if bid is None else f"{bid:.3f}"
+        table.add_row(
+            str(f["offer"]), str(f["gpu"]), str(f["gpu_count"]), f"{f['price_per_hour']:.3f}", shown
+        )
+    out.print(table)
+    if rejected:
+        left = Table("offer", "why not", title="left out")
+        for r in rejected:
+            left.add_row(str(r["offer"]), "; ".join(r["why"]))
+        out.print(left)
+
+
+def node(
+    name: Annotated[str, typer.Argument(help="An instance name, see `fleet instances`.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """The node's Ray cluster as its head sees it (what `ray status` shows): nodes, resources, usage."""
+    from fleet.instances import find_provider
+
+    fleet = connect_or_exit(settings_or_exit())
+    try:
+        endpoint = find_provider(fleet, name).endpoint(name)
+        status, nodes = _cluster_status(endpoint.jobs_url, endpoint.headers)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps({"instance": name, "dashboard_url": endpoint.dashboard_url, "nodes": nodes,
+                                   "status": status}))  # fmt: skip
+        return
+    out.print(f"{name}  dashboard {endpoint.dashboard_url}", highlight=False)
+    print(status)
+
+
+def _get(url: str, headers: dict[str, str]) -> Any:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
+            return json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise NodeError(f"the node's Ray head did not answer: {exc}") from None
+
+
+def _cluster_status(
+    url: str, headers: dict[str, str], wait_s: float = 15.0
+) -> tuple[str, list[dict[str, Any]]]:
+    """`ray status`'s text and the node list, from the head's dashboard (waits while it warms up)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        status = str(_get(f"{url}/api/cluster_status?format=1", headers)["data"]["clusterStatus"])
+        listed = _get(f"{url}/api/v0/nodes", headers)["data"]["result"]["result"]
+        if (listed and not status.startswith("No cluster status")) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
+    return status, [{k: n.get(k) for k in keep} for n in listed]
