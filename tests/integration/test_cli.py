@@ -55,7 +55,7 @@ def test_enqueue_queues_a_run_and_use_ray_flag(env: dict[str, str], redis_client
 @pytest.mark.parametrize(
     ("section", "expected"),
     [
-        ("vastai:\n  gpu_count: 1", "not available yet"),
+        ("vastai:\n  gpu_count: 1", "cannot submit: VAST_API_KEY is not set"),
         ("runpod:\n  gpu_count: 1", "cannot submit: RUNPOD_API_KEY is not set"),
     ],
 )
@@ -65,7 +65,12 @@ def test_a_job_this_fleet_cannot_run_is_refused_at_submit(
     job = tmp_path / "job.yml"
     job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", section))
     (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
-    env = {**env, "FLEET_SECRETS_FILE": str(tmp_path / "no-secrets.yml"), "RUNPOD_API_KEY": ""}
+    env = {
+        **env,
+        "FLEET_SECRETS_FILE": str(tmp_path / "no-secrets.yml"),
+        "RUNPOD_API_KEY": "",
+        "VAST_API_KEY": "",
+    }
     result = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML), str(job)], env=env)
     assert result.exit_code == 1
     assert expected in result.output

@@ -76,3 +76,54 @@ def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
     from tests.integration.fleetproc import secret_hits
 
     assert secret_hits(home, API_KEY) == []
+
+
+VAST_KEY = "fake-vast-key-9876543210"
+
+
+@pytest.fixture
+def fake_vastai(tmp_path: Path) -> Iterator[str]:
+    """`python -m tests.fakes serve vastai` as its own process, as a user would run it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes", "serve", "vastai", "--nodes", "ray", "--node-cpus", "2",
+         "--home", str(tmp_path / "fake-vast"), "--api-key", VAST_KEY],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    yield url
+    proc.terminate()
+    proc.wait(60)
+
+
+def test_a_vastai_job_runs_on_the_fakes_node_and_gives_it_back(
+    home: Path, fake_vastai: str, tmp_path: Path
+) -> None:
+    from tests.integration.fleetproc import secret_hits
+
+    job = tmp_path / "vastai-tiny.yml"
+    # The fake's RTX A5000 (offer 1001): a community host, 8 vCPUs, 32 GB, a minimum bid of $0.09/h.
+    section = (
+        "vastai:\n  gpu: RTX_A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n"
+        "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n  one_shot: true\n"
+    )
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    env = fleet_env(home, VAST_URL=fake_vastai, VAST_API_KEY=VAST_KEY)
+
+    done = fleet(env, "run", str(job), "--json", timeout=420)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED" and view["provider"] == "vastai"
+    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
+
+    state = fake_state(fake_vastai)
+    assert state["instances"] == []  # no live instance of ours is left
+    assert state["requests"]["create"] == 1  # and exactly one was ever made
+    evs = events_of(home, view["run_id"])
+    (requested,) = [e for e in evs if e["type"] == "instance.requested"]
+    assert requested["data"]["price_per_hour"] == 0.09  # the offer's minimum bid, under the cap
+    assert "instance.terminated" in [e["type"] for e in evs]
+    assert secret_hits(home, VAST_KEY) == []  # the API key reached no ledger, event or file
+    assert VAST_KEY not in done.stdout + done.stderr

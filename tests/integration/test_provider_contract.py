@@ -18,7 +18,9 @@ from providers.base import LaunchRequest, NodeState, Provider, ProviderContext, 
 from providers.local.models import LocalSection
 from providers.registry import PROVIDERS
 from providers.runpod.models import RunPodSection
+from providers.vastai.models import VastAISection
 from tests.fakes.runpod import FakeRunPod
+from tests.fakes.vastai import FakeVastAI
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.integration
 def section_for(name: ProviderName) -> BaseModel:
     if name == ProviderName.RUNPOD:
         return RunPodSection(gpu="NVIDIA RTX A5000", gpu_count=1, max_bid_per_gpu=0.5)
+    if name == ProviderName.VASTAI:  # two 1-GPU RTX 4090 offers in the fake, for two instances at once
+        return VastAISection(gpu="RTX_4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
     return LocalSection(num_cpus=1)
 
 
@@ -43,6 +47,15 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
                 home=tmp_path,
                 credentials={"RUNPOD_API_KEY": SecretStr("contract-key")},
                 urls={"runpod": fake.url},
+            )
+        if name == ProviderName.VASTAI:
+            vast = stack.enter_context(
+                FakeVastAI(api_key="contract-key", home=tmp_path / "fake", nodes="ray")
+            )
+            context = ProviderContext(
+                home=tmp_path,
+                credentials={"VAST_API_KEY": SecretStr("contract-key")},
+                urls={"vastai": vast.url},
             )
         prov = PROVIDERS[name](context)
         yield prov

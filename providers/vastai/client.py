@@ -1,0 +1,112 @@
+"""vast.ai's REST API, wire calls only, through the official `vastai` library (1.9.1).
+
+Queries go in as filter dicts (`{"field": {"op": value}}`), not query strings, so nothing is parsed or
+printed by the library and GB -> MB is done here, visibly. `retry=1`: the library would otherwise retry
+429/502/503/504 in-line (waiting out a Retry-After of up to a minute, and repeating a create); the
+fleet retries its own retryable errors. Vendor errors propagate as the library raises them
+(`requests.HTTPError`, `requests.ConnectionError`, `requests.Timeout`); the adapter translates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import SecretStr
+
+SEARCH_LIMIT = 64  # the cheapest offers that pass the filters; more would only be more expensive
+MB_PER_GB = 1000  # vast.ai's own factor for cpu_ram and gpu_ram
+
+
+def offer_query(
+    gpu: str,
+    gpu_count: int,
+    *,
+    min_vcpus: float | None = None,
+    min_memory_gb: float | None = None,
+    min_download: float | None = None,
+    min_upload: float | None = None,
+    min_disk_gb: float | None = None,
+    min_reliability: float | None = None,
+    min_gpu_ram_gb: float | None = None,
+    min_cuda: float | None = None,
+    verified_only: bool = True,
+    datacenter: bool | None = None,
+) -> dict[str, Any]:
+    """A search filter in vast.ai's field names (`_` in a GPU name stands for a space, as in its CLI)."""
+    query: dict[str, Any] = {
+        "gpu_name": {"eq": " ".join(gpu.replace("_", " ").split())},
+        "num_gpus": {"eq": gpu_count},
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        "external": {"eq": False},
+    }
+    floors = {
+        "cpu_cores_effective": min_vcpus,
+        "cpu_ram": min_memory_gb * MB_PER_GB if min_memory_gb is not None else None,
+        "inet_down": min_download,
+        "inet_up": min_upload,
+        "disk_space": min_disk_gb,
+        "reliability": min_reliability,
+        "gpu_ram": min_gpu_ram_gb * MB_PER_GB if min_gpu_ram_gb is not None else None,
+        "cuda_max_good": min_cuda,
+    }
+    query.update({key: {"gte": value} for key, value in floors.items() if value is not None})
+    if verified_only:
+        query["verified"] = {"eq": True}
+    if datacenter is not None:
+        query["datacenter"] = {"eq": datacenter}
+    return query
+
+
+class VastAIClient:
+    """The calls the fleet makes, each one request (or one paged listing)."""
+
+    def __init__(self, api_key: SecretStr, server_url: str, timeout_s: float = 30.0) -> None:
+        # Imported here: the library reads VAST_URL at import; we always pass server_url explicitly.
+        from vastai import VastAI  # type: ignore[import-untyped]  # the wheel ships no py.typed
+
+        self._vast: Any = VastAI(
+            api_key=api_key.get_secret_value(), server_url=server_url.rstrip("/"), retry=1, raw=True
+        )
+        self._vast.client.timeout = timeout_s
+
+    def search_offers(self, query: dict[str, Any], bid: bool) -> list[dict[str, Any]]:
+        """Offers matching `query`, cheapest first. For bids `dph_total` is the machine's minimum bid."""
+        offers = self._vast.search_offers(
+            dict(query),
+            type="bid" if bid else "on-demand",
+            order="dph_total",
+            limit=SEARCH_LIMIT,
+            no_default=True,  # the query carries its own rentable/verified/external filters
+        )
+        return [dict(o) for o in offers or []]
+
+    def create_instance(
+        self,
+        offer_id: int,
+        *,
+        label: str,
+        image: str,
+        disk_gb: float,
+        env: dict[str, str],
+        onstart: str,
+        price: float | None,
+    ) -> int:
+        """Rent the offer; `price` (USD/h for the whole machine) makes it a bid. Returns the instance id."""
+        made = self._vast.create_instance(
+            offer_id,
+            image=image,
+            disk=disk_gb,
+            env=env,
+            label=label,
+            onstart_cmd=onstart,
+            bid_price=price,
+        )
+        return int(made["new_contract"])
+
+    def show_instances(self) -> list[dict[str, Any]]:
+        """Every instance of the account (all pages)."""
+        return [dict(row) for row in self._vast.show_instances() or []]
+
+    def destroy_instance(self, instance_id: int) -> None:
+        self._vast.destroy_instance(instance_id)

@@ -1,0 +1,336 @@
+"""The `vastai` provider: on-demand and interruptible (bid) instances on vast.ai, labelled tf-<run>-<attempt>.
+
+An instance runs a Ray head with token auth (providers.bootstrap's start script as its `onstart`) and
+publishes the Jobs API port; the fleet reaches it at the host's public address and mapped port.
+
+Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machine. An offer's `min_bid`
+(and `dph_total` in a bid search) is for the whole machine, so the minimum bid per GPU is
+`min_bid / num_gpus`, and a rental bids `price = bid_per_gpu * num_gpus`.
+vast.ai has no server-side deadline like RunPod's `terminateAfter`: `terminate_after` is the fleet's job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import requests
+from pydantic import BaseModel
+
+from fleet.errors import (
+    AuthFailed,
+    NoCapacity,
+    NodeError,
+    ProviderError,
+    ProviderUnavailable,
+    ProvisioningFailed,
+)
+from providers.base import (
+    INSTANCE_PREFIX,
+    LaunchRequest,
+    NodeEndpoint,
+    NodeInstance,
+    NodeState,
+    Offer,
+    Provider,
+    ProviderContext,
+    ProviderName,
+    jobs_api_answers,
+    require_ours,
+)
+from providers.bootstrap import JOBS_PORT, TOKEN_ENV, start_script
+from providers.offers import Candidate, Choice, Rule, choose
+from providers.tokens import NodeTokens
+from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
+from providers.vastai.models import VastAISection
+
+DEFAULT_API = "https://console.vast.ai"
+CREDENTIAL = "VAST_API_KEY"
+NO_CAPACITY_ERRORS = ("no_such_ask",)
+NO_CAPACITY_MARK = "no longer available"
+PORT_KEY = f"{JOBS_PORT}/tcp"
+PENDING_STATUSES = (None, "", "created", "loading", "scheduling")
+STOPPED_STATUSES = ("stopped", "frozen")  # stopped by its owner, or outbid; storage still bills
+
+
+def _vendor_message(response: requests.Response) -> tuple[str, str]:
+    """(error code, message) from vast.ai's `{"error": ..., "msg": ...}` envelope, when there is one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return "", response.reason or ""
+    if not isinstance(body, dict):
+        return "", response.reason or ""
+    return str(body.get("error") or ""), str(body.get("msg") or response.reason or "")
+
+
+def translate(exc: requests.RequestException) -> ProviderError:
+    """The library's failure as one of the fleet's errors. Messages carry the status and vast.ai's own
+    message, never the request (its URL and headers are the library's business)."""
+    if isinstance(exc, requests.Timeout):
+        return ProviderUnavailable("vast.ai did not answer in time")
+    if isinstance(exc, requests.ConnectionError):
+        return ProviderUnavailable(f"vast.ai unreachable: {type(exc).__name__}")
+    response = exc.response
+    if response is None:
+        return ProviderError(f"vast.ai request failed: {type(exc).__name__}")
+    status = response.status_code
+    code, message = _vendor_message(response)
+    if status in (401, 403):
+        return AuthFailed(f"vast.ai refused the API key (HTTP {status})")
+    if status == 429 or status >= 500:
+        return ProviderUnavailable(f"vast.ai API {status}: {message}")
+    if code in NO_CAPACITY_ERRORS or NO_CAPACITY_MARK in message.lower():
+        return NoCapacity(f"vast.ai: {message}")
+    return ProviderError(f"vast.ai API {status}: {code or 'error'}: {message}")
+
+
+def _number(row: dict[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def vendor_rules(section: VastAISection, offers: dict[str, dict[str, Any]]) -> list[Rule]:
+    """vast.ai-only asks, checked again on our side: the API only warns about filter fields it does not
+    know, so a renamed field would otherwise drop a filter silently."""
+
+    def check(test: Callable[[dict[str, Any]], str | None]) -> Rule:
+        return lambda c: test(offers.get(c.offer_id, {}))
+
+    def reliability(o: dict[str, Any]) -> str | None:
+        have = _number(o, "reliability2", "reliability")
+        if have is None or have < section.min_reliability:
+            return f"reliability {have if have is not None else 'unknown'} < {section.min_reliability:g}"
+        return None
+
+    def verified(o: dict[str, Any]) -> str | None:
+        return (
+            "host not verified; verified_only is set"
+            if section.verified_only and not o.get("verified")
+            else None
+        )
+
+    def gpu_ram(o: dict[str, Any]) -> str | None:
+        need = section.min_gpu_ram_in_gb
+        mb = _number(o, "gpu_ram")
+        if need is None or (mb is not None and mb / MB_PER_GB >= need):
+            return None
+        return f"GPU memory {'unknown' if mb is None else f'{mb / MB_PER_GB:g} GB'} < {need} GB"
+
+    def cuda(o: dict[str, Any]) -> str | None:
+        need = section.min_cuda_version
+        have = _number(o, "cuda_max_good")
+        if need is None or (have is not None and have >= need):
+            return None
+        return f"CUDA {have if have is not None else 'unknown'} < {need:g}"
+
+    return [check(reliability), check(verified), check(gpu_ram), check(cuda)]
+
+
+class VastAIProvider(Provider):
+    """Instances on vast.ai, through the official `vastai` library."""
+
+    name: ClassVar[ProviderName] = ProviderName.VASTAI
+
+    def __init__(self, context: ProviderContext) -> None:
+        super().__init__(context)
+        self.client = VastAIClient(context.credential(CREDENTIAL), context.urls.get("vastai", DEFAULT_API))
+        self.tokens = NodeTokens(context.home)
+
+    # offers ---------------------------------------------------------------------------------------
+    def choose(self, section: VastAISection) -> Choice:
+        """The cheapest offers vast.ai finds for the section, checked and priced, cheapest first."""
+        bid = section.pod_type == "INTERRUPTABLE"
+        secure = {"SECURE": True, "COMMUNITY": False}.get(section.cloud_type)
+        query = offer_query(
+            section.gpu,
+            section.gpu_count,
+            min_vcpus=section.min_vcpu_count,
+            min_memory_gb=section.min_memory_in_gb,
+            min_download=section.min_download,
+            min_upload=section.min_upload,
+            min_disk_gb=section.container_disk_in_gb,
+            min_reliability=section.min_reliability,
+            min_gpu_ram_gb=section.min_gpu_ram_in_gb,
+            min_cuda=section.min_cuda_version,
+            verified_only=section.verified_only,
+            datacenter=secure,
+        )
+        try:
+            rows = self.client.search_offers(query, bid=bid)
+        except requests.RequestException as exc:
+            raise translate(exc) from None
+        offers = {str(o["id"]): o for o in rows if "id" in o}
+        candidates = [self._candidate(o, bid) for o in offers.values()]
+        return choose(section, section.gpu, candidates, vendor_rules(section, offers))
+
+    def _candidate(self, offer: dict[str, Any], bid: bool) -> Candidate:
+        count = int(offer.get("num_gpus") or 1)
+        dph = _number(offer, "dph_total")
+        # In a bid search dph_total is the machine's minimum bid; min_bid is, everywhere.
+        machine_bid = _number(offer, "min_bid") if not bid else _number(offer, "min_bid", "dph_total")
+        memory_mb = _number(offer, "cpu_ram")
+        return Candidate(
+            provider=self.name,
+            offer_id=str(offer["id"]),
+            gpu=str(offer.get("gpu_name", "")),
+            gpu_count=count,
+            on_demand_per_hour=None if bid else dph,
+            min_bid_per_gpu=round(machine_bid / count, 6) if machine_bid is not None else None,
+            vcpus=_number(offer, "cpu_cores_effective") or 0.0,
+            memory_gb=memory_mb / MB_PER_GB if memory_mb is not None else 0.0,
+            secure=bool(offer.get("datacenter")) or offer.get("hosting_type") == 1,
+            download_mbps=_number(offer, "inet_down"),
+            upload_mbps=_number(offer, "inet_up"),
+            disk_gb=_number(offer, "disk_space"),
+            detail={
+                "reliability": str(offer.get("reliability2", offer.get("reliability"))),
+                "verified": str(offer.get("verified")),
+                "cuda": str(offer.get("cuda_max_good")),
+                "location": str(offer.get("geolocation", "")),
+            },
+        )
+
+    def list_offers(self, section: BaseModel) -> list[Offer]:
+        assert isinstance(section, VastAISection)
+        return [
+            Offer(self.name, p.candidate.offer_id, p.candidate.gpu, p.candidate.gpu_count, p.price_per_hour)
+            for p in self.choose(section).fits
+        ]
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> NodeInstance:
+        section = request.section
+        if not isinstance(section, VastAISection):
+            raise ProvisioningFailed(f"vastai provider got a {type(section).__name__} section")
+        require_ours(request.name)
+        best = self.choose(section).best
+        if best is None:
+            raise NoCapacity(
+                f"no vast.ai offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
+            )
+        token = self.tokens.ensure(request.name)
+        env = {**section.env, TOKEN_ENV: token, f"-p {JOBS_PORT}:{JOBS_PORT}": "1"}
+        # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.
+        price = best.price_per_hour if best.bid_per_gpu is not None else None
+        try:
+            ident = self.client.create_instance(
+                int(best.candidate.offer_id),
+                label=request.name,
+                image=section.image,
+                disk_gb=section.container_disk_in_gb,
+                env=env,
+                onstart=start_script(section.entry),
+                price=price,
+            )
+        except requests.RequestException as exc:
+            # The create may have happened although the call failed: whatever carries our label is ours.
+            existing = self.get(request.name)
+            if existing is not None:
+                return existing
+            raise translate(exc) from None
+        return NodeInstance(
+            request.name,
+            self.name,
+            str(ident),
+            NodeState.PENDING,
+            time.time(),
+            best.price_per_hour,
+            "created",
+        )
+
+    def _rows(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            rows = self.client.show_instances()
+        except requests.RequestException as exc:
+            raise translate(exc) from None
+        rows.sort(key=lambda r: int(r.get("id") or 0))
+        return [r for r in rows if name is None or r.get("label") == name]
+
+    def get(self, name: str) -> NodeInstance | None:
+        rows = self._rows(name)
+        if not rows:
+            return None
+        for extra in rows[1:]:  # a retried create made a second one: keep exactly one (the oldest)
+            self._destroy(int(extra["id"]))
+        return self._instance(rows[0], probe=True)
+
+    def _instance(self, row: dict[str, Any], probe: bool) -> NodeInstance:
+        status = row.get("actual_status")
+        note = str(row.get("status_msg") or "").strip()
+        if status in STOPPED_STATUSES:
+            state, message = (
+                NodeState.STOPPED,
+                f"instance {status} (stopped or outbid){': ' + note if note else ''}",
+            )
+        elif status == "exited" and row.get("intended_status") == "stopped":
+            state, message = NodeState.STOPPED, "instance stopped"
+        elif status in ("exited", "offline", "unknown"):
+            state, message = (
+                NodeState.FAILED,
+                f"instance {status}; it will not come up{': ' + note if note else ''}",
+            )
+        elif status in PENDING_STATUSES or self._jobs_url(row) is None:
+            state, message = NodeState.PENDING, f"starting ({status or 'creating'})"
+        elif probe and not self._ready(row):
+            state, message = NodeState.PENDING, "container up, Ray head not answering yet"
+        else:
+            state, message = NodeState.RUNNING, "ready"
+        started = _number(row, "start_date")
+        created = started if started is not None else time.time() - 60 * (_number(row, "uptime_mins") or 0)
+        return NodeInstance(
+            str(row.get("label") or ""),
+            self.name,
+            str(row["id"]),
+            state,
+            created,
+            _number(row, "dph_total") or 0.0,
+            message,
+        )
+
+    @staticmethod
+    def _jobs_url(row: dict[str, Any]) -> str | None:
+        ip = row.get("public_ipaddr")
+        mapped = (row.get("ports") or {}).get(PORT_KEY) or []
+        port = mapped[0].get("HostPort") if mapped and isinstance(mapped[0], dict) else None
+        if not ip or not port:
+            return None
+        return f"http://{str(ip).strip()}:{port}"
+
+    def _ready(self, row: dict[str, Any]) -> bool:
+        url, token = self._jobs_url(row), self.tokens.get(str(row.get("label")))
+        return bool(url and token and jobs_api_answers(url, {"Authorization": f"Bearer {token}"}))
+
+    def endpoint(self, name: str) -> NodeEndpoint:
+        rows = self._rows(name)
+        url = self._jobs_url(rows[0]) if rows and rows[0].get("actual_status") == "running" else None
+        token = self.tokens.get(name)
+        if url is None or token is None:
+            raise NodeError(f"instance {name} has no reachable Ray head (yet)")
+        return NodeEndpoint(url, url, {"Authorization": f"Bearer {token}"})
+
+    def _destroy(self, instance_id: int) -> None:
+        try:
+            self.client.destroy_instance(instance_id)
+        except requests.HTTPError as exc:
+            if exc.response is None or exc.response.status_code != 404:  # 404: already gone
+                raise translate(exc) from None
+        except requests.RequestException as exc:
+            raise translate(exc) from None
+
+    def terminate(self, name: str) -> None:
+        for row in self._rows(name):
+            self._destroy(int(row["id"]))
+        if not self._rows(name):
+            self.tokens.forget(name)
+
+    def list_instances(self) -> list[NodeInstance]:
+        return [
+            self._instance(r, probe=False)
+            for r in self._rows()
+            if str(r.get("label") or "").startswith(INSTANCE_PREFIX)
+        ]

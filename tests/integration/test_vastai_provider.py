@@ -1,0 +1,143 @@
+"""The vast.ai adapter against the fake vast.ai API (no Ray nodes: wire behaviour and error handling)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable
+from providers.base import LaunchRequest, NodeState, ProviderContext
+from providers.vastai.models import VastAISection
+from providers.vastai.provider import VastAIProvider
+from tests.fakes.vastai import FakeVastAI
+
+pytestmark = pytest.mark.integration
+KEY = "vast-test-key-0123"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeVastAI]:
+    with FakeVastAI(api_key=KEY, home=tmp_path / "fake", nodes="none", ready_delay_s=0.1) as fake:
+        yield fake
+
+
+def provider_for(fake: FakeVastAI, tmp_path: Path, key: str = KEY) -> VastAIProvider:
+    context = ProviderContext(
+        home=tmp_path, credentials={"VAST_API_KEY": SecretStr(key)}, urls={"vastai": fake.url}
+    )
+    return VastAIProvider(context)
+
+
+SECTION = VastAISection(gpu="RTX_A5000", cloud_type="ALL", max_bid_per_gpu=0.5)  # offer 1001, bid 0.09
+
+
+def test_offers_fit_the_section_cheapest_first_and_say_why_not(fake: FakeVastAI, tmp_path: Path) -> None:
+    provider = provider_for(fake, tmp_path)
+    loose = VastAISection(gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
+    assert [p.candidate.offer_id for p in provider.choose(loose).fits] == ["1005", "1004"]
+
+    capped = provider.choose(loose.model_copy(update={"max_bid_per_gpu": 0.16}))
+    assert [(p.candidate.offer_id, p.bid_per_gpu) for p in capped.fits] == [("1005", 0.14)]
+    why = {r.candidate.offer_id: r.reasons for r in capped.rejected}
+    assert why == {"1004": ("minimum bid $0.170/GPU/h is above max_bid_per_gpu $0.160",)}
+
+    strict = provider.choose(loose.model_copy(update={"min_reliability": 0.96}))
+    assert [p.candidate.offer_id for p in strict.fits] == ["1004"]
+    assert [r.reasons for r in strict.rejected] == [("reliability 0.952 < 0.96",)]
+
+    on_demand = provider.list_offers(loose.model_copy(update={"pod_type": "ON_DEMAND"}))
+    assert [(o.offer_id, o.price_per_hour) for o in on_demand] == [("1005", 0.29), ("1004", 0.35)]
+
+
+def test_a_bid_is_per_gpu_in_the_fleet_and_per_machine_at_vastai(fake: FakeVastAI, tmp_path: Path) -> None:
+    section = VastAISection(gpu="RTX_A6000", gpu_count=2, max_bid_per_gpu=0.25)  # 1003: min_bid 0.40/machine
+    provider = provider_for(fake, tmp_path)
+    (fit,) = provider.choose(section).fits
+    assert (fit.bid_per_gpu, fit.price_per_hour) == (0.2, 0.4)
+    assert provider.choose(section.model_copy(update={"max_bid_per_gpu": 0.19})).best is None
+
+    inst = provider.launch(LaunchRequest("tf-r0-1", "r0", section))
+    (row,) = fake.state()["instances"]
+    assert (row["name"], row["bid"], row["gpu_count"]) == ("tf-r0-1", 0.2, 2)
+    assert inst.price_per_hour == 0.4 and inst.state == NodeState.PENDING
+
+
+def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
+    inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r1-1", "r1", SECTION))
+    (row,) = fake.state()["instances"]
+    assert row["name"] == "tf-r1-1" and row["bid"] == 0.09 and inst.price_per_hour == 0.09
+    assert row["env_keys"] == ["FLEET_RAY_TOKEN"]  # the node's token travels in its env, by name only here
+    extra: dict[str, Any] = fake.instances[str(row["id"])].extra
+    assert extra["ports"] == ["8265:8265"] and "ray start --head" in extra["onstart"]
+    assert extra["disk"] == SECTION.container_disk_in_gb
+
+
+def test_error_after_create_leaves_exactly_one_instance(fake: FakeVastAI, tmp_path: Path) -> None:
+    fake.add_faults([{"op": "create", "kind": "error_after_create"}])
+    provider = provider_for(fake, tmp_path)
+    inst = provider.launch(LaunchRequest("tf-r2-1", "r2", SECTION))
+    assert inst.name == "tf-r2-1"
+    assert [r["name"] for r in fake.state()["instances"]] == ["tf-r2-1"]
+    provider.terminate("tf-r2-1")
+    assert fake.state()["instances"] == [] and provider.get("tf-r2-1") is None
+
+
+def test_a_duplicate_under_one_name_is_destroyed(fake: FakeVastAI, tmp_path: Path) -> None:
+    provider = provider_for(fake, tmp_path)
+    provider.launch(LaunchRequest("tf-r3-1", "r3", SECTION))
+    provider.client.create_instance(  # as if a retried create had gone through twice
+        1007, label="tf-r3-1", image="img", disk_gb=10, env={}, onstart="true", price=0.08
+    )
+    assert len(fake.state()["instances"]) == 2
+    assert provider.get("tf-r3-1") is not None
+    assert len(fake.state()["instances"]) == 1
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [{"op": "create", "kind": "500"}, {"op": "create", "kind": "429", "retry_after": 1}],
+    ids=["500", "429"],
+)
+def test_vendor_failures_become_retryable_errors_and_create_nothing(
+    fake: FakeVastAI, tmp_path: Path, fault: dict[str, object]
+) -> None:
+    fake.add_faults([fault])
+    with pytest.raises(ProviderUnavailable) as caught:
+        provider_for(fake, tmp_path).launch(LaunchRequest("tf-r4-1", "r4", SECTION))
+    assert caught.value.retryable
+    assert fake.state()["instances"] == []
+
+
+def test_no_capacity_and_bad_key(fake: FakeVastAI, tmp_path: Path) -> None:
+    provider = provider_for(fake, tmp_path)
+    stale = provider.client.search_offers  # an offer that is gone between the search and the create
+    offers = stale({"gpu_name": {"eq": "RTX A5000"}}, bid=True)
+    fake.offers[1001].update(rentable=False)
+    with pytest.raises(NoCapacity):
+        provider.launch(LaunchRequest("tf-r5-1", "r5", SECTION))  # nothing fits any more
+    provider.client.search_offers = lambda query, bid: offers  # type: ignore[method-assign]
+    with pytest.raises(NoCapacity, match="no longer available"):
+        provider.launch(LaunchRequest("tf-r5-1", "r5", SECTION))  # vast.ai answers no_such_ask
+    assert fake.state()["instances"] == []
+
+    with pytest.raises(AuthFailed) as caught:
+        provider_for(fake, tmp_path, key="wrong-key-4567").list_instances()
+    assert "wrong-key-4567" not in str(caught.value) and KEY not in str(caught.value)
+
+
+def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
+    fake: FakeVastAI, tmp_path: Path
+) -> None:
+    provider = provider_for(fake, tmp_path)
+    provider.launch(LaunchRequest("tf-r6-1", "r6", SECTION))
+    assert provider.tokens.get("tf-r6-1") is not None
+    fake.add_faults([{"op": "terminate", "kind": "not_found"}])
+    provider.terminate("tf-r6-1")  # the vendor says "not found": nothing to do, no error
+    provider.terminate("tf-r6-1")
+    assert fake.state()["instances"] == [] and provider.tokens.get("tf-r6-1") is None
+    provider.terminate("tf-never-1")
+    assert provider.get("tf-never-1") is None and provider.list_instances() == []
