@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,16 +50,42 @@ def fake_state(url: str) -> dict[str, list[dict[str, object]]]:
     return state
 
 
+class MostLive:
+    """Samples the fake's live instances while a run goes on; `most` is the largest count seen."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.most, self._stop = url, 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self.most = max(self.most, len(fake_state(self.url)["instances"]))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.most
+
+
+@pytest.mark.parametrize("fault", [None, "error_after_create"])
 def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
-    home: Path, fake_runpod: str, tmp_path: Path
+    home: Path, fake_runpod: str, tmp_path: Path, fault: str | None
 ) -> None:
     job = tmp_path / "runpod-tiny.yml"
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
     job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
     (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
     env = fleet_env(home, RUNPOD_API_BASE_URL=fake_runpod, RUNPOD_API_KEY=API_KEY)
+    if fault is not None:  # the create answers an error although RunPod made the pod
+        body = json.dumps([{"op": "create", "kind": fault}]).encode()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{fake_runpod}/_fake/faults", data=body), timeout=10
+        ).close()
+    watch = MostLive(fake_runpod)
 
     done = fleet(env, "run", str(job), "--json", timeout=420)
+    assert watch.stop() == 1  # never more than one pod for the run, at any moment
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     view = json.loads(done.stdout)
     assert view["state"] == "SUCCEEDED" and view["provider"] == "runpod"
