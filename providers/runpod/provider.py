@@ -17,29 +17,24 @@ from pydantic import BaseModel
 from fleet.errors import (
     AuthFailed,
     NoCapacity,
-    NodeError,
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
 )
 from providers.base import (
-    INSTANCE_PREFIX,
     LaunchRequest,
-    NodeEndpoint,
     NodeInstance,
     NodeState,
     Offer,
-    Provider,
     ProviderContext,
     ProviderName,
-    jobs_api_answers,
     require_ours,
 )
 from providers.bootstrap import JOBS_PORT, TOKEN_ENV, container_command
 from providers.offers import Candidate, Choice, choose
+from providers.remote import Record, RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import RunPodSection
-from providers.tokens import NodeTokens
 
 DEFAULT_API = "https://api.runpod.io"
 NO_CAPACITY_MARK = "no longer any instances available"
@@ -56,7 +51,7 @@ def translate(exc: RunPodAPIError) -> ProviderError:
     return ProviderError(str(exc))
 
 
-class RunPodProvider(Provider):
+class RunPodProvider(RemoteProvider):
     """Pods on RunPod, through its GraphQL API."""
 
     name: ClassVar[ProviderName] = ProviderName.RUNPOD
@@ -66,7 +61,6 @@ class RunPodProvider(Provider):
         self.client = RunPodClient(
             context.credential("RUNPOD_API_KEY"), context.urls.get("runpod", DEFAULT_API)
         )
-        self.tokens = NodeTokens(context.home)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
@@ -165,21 +159,13 @@ class RunPodProvider(Provider):
             spec["terminateAfter"] = deadline.isoformat(timespec="seconds")
         return spec
 
-    def _pods(self, name: str | None = None) -> list[dict[str, Any]]:
+    def _records(self, name: str | None = None) -> list[Record]:
         try:
             pods = self.client.pods()
         except RunPodAPIError as exc:
             raise translate(exc) from None
         live = [p for p in pods if p.get("desiredStatus") != "TERMINATED"]
         return [p for p in live if name is None or p.get("name") == name]
-
-    def get(self, name: str) -> NodeInstance | None:
-        pods = self._pods(name)
-        if not pods:
-            return None
-        for extra in pods[1:]:  # a retried create made a second one: keep exactly one
-            self._terminate_pod(str(extra["id"]))
-        return self._instance(pods[0], probe=True)
 
     def _instance(self, pod: dict[str, Any], probe: bool) -> NodeInstance:
         runtime = pod.get("runtime") or {}
@@ -203,8 +189,10 @@ class RunPodProvider(Provider):
             message,
         )
 
-    @staticmethod
-    def _jobs_url(pod: dict[str, Any]) -> str | None:
+    def _name(self, record: Record) -> str:
+        return str(record.get("name") or "")
+
+    def _jobs_url(self, pod: Record) -> str | None:
         for port in (pod.get("runtime") or {}).get("ports") or []:
             if port.get("privatePort") == JOBS_PORT:
                 if port.get("isIpPublic") and port.get("ip") and port.get("publicPort"):
@@ -212,34 +200,9 @@ class RunPodProvider(Provider):
                 return f"https://{pod['id']}-{JOBS_PORT}.proxy.runpod.net"  # RunPod's HTTP proxy
         return None
 
-    def _ready(self, pod: dict[str, Any]) -> bool:
-        url, token = self._jobs_url(pod), self.tokens.get(str(pod.get("name")))
-        return bool(url and token and jobs_api_answers(url, {"Authorization": f"Bearer {token}"}))
-
-    def endpoint(self, name: str) -> NodeEndpoint:
-        pods = self._pods(name)
-        url = self._jobs_url(pods[0]) if pods else None
-        token = self.tokens.get(name)
-        if url is None or token is None:
-            raise NodeError(f"pod {name} has no reachable Ray head (yet)")
-        return NodeEndpoint(url, url, {"Authorization": f"Bearer {token}"})
-
-    def _terminate_pod(self, pod_id: str) -> None:
+    def _destroy(self, record: Record) -> None:
         try:
-            self.client.terminate(pod_id)
+            self.client.terminate(str(record["id"]))
         except RunPodAPIError as exc:
             if "not found" not in exc.message.lower():
                 raise translate(exc) from None
-
-    def terminate(self, name: str) -> None:
-        for pod in self._pods(name):
-            self._terminate_pod(str(pod["id"]))
-        if not self._pods(name):
-            self.tokens.forget(name)
-
-    def list_instances(self) -> list[NodeInstance]:
-        return [
-            self._instance(p, probe=False)
-            for p in self._pods()
-            if str(p.get("name", "")).startswith(INSTANCE_PREFIX)
-        ]

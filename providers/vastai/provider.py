@@ -21,27 +21,22 @@ from pydantic import BaseModel
 from fleet.errors import (
     AuthFailed,
     NoCapacity,
-    NodeError,
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
 )
 from providers.base import (
-    INSTANCE_PREFIX,
     LaunchRequest,
-    NodeEndpoint,
     NodeInstance,
     NodeState,
     Offer,
-    Provider,
     ProviderContext,
     ProviderName,
-    jobs_api_answers,
     require_ours,
 )
 from providers.bootstrap import JOBS_PORT, TOKEN_ENV, start_script
 from providers.offers import Candidate, Choice, Rule, choose
-from providers.tokens import NodeTokens
+from providers.remote import Record, RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastAISection
 
@@ -131,7 +126,7 @@ def vendor_rules(section: VastAISection, offers: dict[str, dict[str, Any]]) -> l
     return [check(reliability), check(verified), check(gpu_ram), check(cuda)]
 
 
-class VastAIProvider(Provider):
+class VastAIProvider(RemoteProvider):
     """Instances on vast.ai, through the official `vastai` library."""
 
     name: ClassVar[ProviderName] = ProviderName.VASTAI
@@ -139,7 +134,6 @@ class VastAIProvider(Provider):
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.client = VastAIClient(context.credential(CREDENTIAL), context.urls.get("vastai", DEFAULT_API))
-        self.tokens = NodeTokens(context.home)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: VastAISection) -> Choice:
@@ -243,21 +237,13 @@ class VastAIProvider(Provider):
             "created",
         )
 
-    def _rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def _records(self, name: str | None = None) -> list[Record]:
         try:
             rows = self.client.show_instances()
         except requests.RequestException as exc:
             raise translate(exc) from None
         rows.sort(key=lambda r: int(r.get("id") or 0))
         return [r for r in rows if name is None or r.get("label") == name]
-
-    def get(self, name: str) -> NodeInstance | None:
-        rows = self._rows(name)
-        if not rows:
-            return None
-        for extra in rows[1:]:  # a retried create made a second one: keep exactly one (the oldest)
-            self._destroy(int(extra["id"]))
-        return self._instance(rows[0], probe=True)
 
     def _instance(self, row: dict[str, Any], probe: bool) -> NodeInstance:
         status = row.get("actual_status")
@@ -292,8 +278,10 @@ class VastAIProvider(Provider):
             message,
         )
 
-    @staticmethod
-    def _jobs_url(row: dict[str, Any]) -> str | None:
+    def _name(self, record: Record) -> str:
+        return str(record.get("label") or "")
+
+    def _jobs_url(self, row: Record) -> str | None:
         ip = row.get("public_ipaddr")
         mapped = (row.get("ports") or {}).get(PORT_KEY) or []
         port = mapped[0].get("HostPort") if mapped and isinstance(mapped[0], dict) else None
@@ -301,36 +289,14 @@ class VastAIProvider(Provider):
             return None
         return f"http://{str(ip).strip()}:{port}"
 
-    def _ready(self, row: dict[str, Any]) -> bool:
-        url, token = self._jobs_url(row), self.tokens.get(str(row.get("label")))
-        return bool(url and token and jobs_api_answers(url, {"Authorization": f"Bearer {token}"}))
+    def _endpoint_url(self, record: Record) -> str | None:
+        return self._jobs_url(record) if record.get("actual_status") == "running" else None
 
-    def endpoint(self, name: str) -> NodeEndpoint:
-        rows = self._rows(name)
-        url = self._jobs_url(rows[0]) if rows and rows[0].get("actual_status") == "running" else None
-        token = self.tokens.get(name)
-        if url is None or token is None:
-            raise NodeError(f"instance {name} has no reachable Ray head (yet)")
-        return NodeEndpoint(url, url, {"Authorization": f"Bearer {token}"})
-
-    def _destroy(self, instance_id: int) -> None:
+    def _destroy(self, record: Record) -> None:
         try:
-            self.client.destroy_instance(instance_id)
+            self.client.destroy_instance(int(record["id"]))
         except requests.HTTPError as exc:
             if exc.response is None or exc.response.status_code != 404:  # 404: already gone
                 raise translate(exc) from None
         except requests.RequestException as exc:
             raise translate(exc) from None
-
-    def terminate(self, name: str) -> None:
-        for row in self._rows(name):
-            self._destroy(int(row["id"]))
-        if not self._rows(name):
-            self.tokens.forget(name)
-
-    def list_instances(self) -> list[NodeInstance]:
-        return [
-            self._instance(r, probe=False)
-            for r in self._rows()
-            if str(r.get("label") or "").startswith(INSTANCE_PREFIX)
-        ]
