@@ -169,6 +169,7 @@ class EventType(StrEnum):
     TRAIN_EVAL = "train.eval"
     TRAIN_CHECKPOINT = "train.checkpoint"
     TRAIN_FINISHED = "train.finished"
+    FINALIZE_PULLED = "finalize.pulled"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"

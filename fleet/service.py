@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ from fleet.embedded import ensure_redis
 from fleet.errors import ConfigError, CredentialsMissing, Problem
 from fleet.secrets import provider_context
 from fleet.settings import Settings
+from fleet.shipping import ship_datasets, ship_dir
 from fleet.spec import LoadedJob
-from providers.registry import get_provider
+from providers.registry import PROVIDERS, get_provider
 
 
 @dataclass
@@ -71,20 +73,25 @@ def submit(fleet: Fleet, job: LoadedJob) -> Run:
     output_dir = (run_dir / spec.train.output_dir).resolve()
     if run_dir not in output_dir.parents and output_dir != run_dir:
         raise ValueError("output_dir escapes the run directory")  # validated earlier; belt and braces
-    run = Run(
-        run_id=run_id,
-        provider=spec.provider.value,
-        source=job.source,
-        spec=spec.model_dump(mode="json"),
-        run_dir=str(run_dir),
-        output_dir=str(output_dir),
-    )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
-    drafts: list[Draft] = [
-        (EventType.RUN_QUEUED, {"source": job.source, "provider": run.provider, "warnings": job.warnings}),
-    ]
-    fleet.ledger.create_run(run, drafts)
+    try:
+        if not PROVIDERS[spec.provider].shares_files:
+            spec = spec.model_copy(update={"train": ship_datasets(spec.train, job.source, ship_dir(run_dir))})
+        run = Run(
+            run_id=run_id,
+            provider=spec.provider.value,
+            source=job.source,
+            spec=spec.model_dump(mode="json"),
+            run_dir=str(run_dir),
+            output_dir=str(output_dir),
+        )
+        (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
+        queued = {"source": job.source, "provider": run.provider, "warnings": job.warnings}
+        drafts: list[Draft] = [(EventType.RUN_QUEUED, queued)]
+        fleet.ledger.create_run(run, drafts)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     fleet.dispatcher.send(Stage.PROVISION, run_id, after=None)
     return run
 

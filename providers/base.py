@@ -128,6 +128,9 @@ class Provider(ABC):
     """One GPU cloud. Subclasses set `name` and implement the six calls."""
 
     name: ClassVar[ProviderName]
+    # Whether the node sees this machine's files (a local head does; a rented node gets the job's files
+    # through the Ray job's runtime_env, and its results come back through fleet.shipping / trainer.pack).
+    shares_files: ClassVar[bool] = False
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context

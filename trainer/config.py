@@ -8,6 +8,7 @@ real axolotl config loads unchanged; fleet.spec warns about them once.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +22,8 @@ Scheduler = Literal[
 ]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"]
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
+# On a rented node, the directory under which a run's relative paths lie (set by its start script).
+NODE_ROOT_ENV = "FLEET_NODE_ROOT"
 
 
 class DatasetConfig(BaseModel):
@@ -130,11 +133,32 @@ class TrainJob(BaseModel):
     run_id: str = Field(min_length=1, description="The fleet's run id.")
     config: TrainConfig
     work_dir: str = Field(
-        description="Absolute scratch directory of this run on the node (Ray storage, checkpoints)."
+        description="Scratch directory of this run on the node (Ray storage, checkpoints); a relative path "
+        f"is under the node's ${NODE_ROOT_ENV}."
     )
-    output_dir: str = Field(description="Absolute directory on the node that receives the results.")
-    cache_dir: str | None = Field(None, description="Where base models are found or built on the node.")
+    output_dir: str = Field(
+        description=f"Directory on the node that receives the results; relative: under ${NODE_ROOT_ENV}."
+    )
+    cache_dir: str | None = Field(
+        None, description=f"Where base models are kept on the node (relative: under ${NODE_ROOT_ENV})."
+    )
     use_gpu: bool = Field(False, description="Whether the node's workers use GPUs.")
+
+    def on_node(self, environ: Mapping[str, str]) -> TrainJob:
+        """This job with its directories made absolute on this node. The fleet sends paths relative to the
+        node's root to a rented node (it cannot know where that lies); ValueError when one is relative and
+        the node has no root."""
+        paths = {"work_dir": self.work_dir, "output_dir": self.output_dir, "cache_dir": self.cache_dir}
+        relative = {k: v for k, v in paths.items() if v is not None and not posixpath.isabs(v)}
+        if not relative:
+            return self
+        root = environ.get(NODE_ROOT_ENV, "")
+        if not posixpath.isabs(root):
+            raise ValueError(
+                f"{', '.join(relative)} relative but ${NODE_ROOT_ENV} is "
+                + (f"not absolute ({root!r})" if root else "not set")
+            )
+        return self.model_copy(update={k: posixpath.join(root, v) for k, v in relative.items()})
 
     def to_env(self) -> str:
         return self.model_dump_json(exclude_none=True)

@@ -25,3 +25,7 @@ class DatasetError(TrainerError):
 
 class TrainingFailed(TrainerError):
     """Training itself failed (a worker raised, or the loss became NaN)."""
+
+
+class PackError(TrainerError):
+    """A run's results cannot be brought back: too large for the job log, or damaged on the way."""

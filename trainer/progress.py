@@ -26,6 +26,8 @@ class Kind(StrEnum):
     EVAL = "eval"  # {step, eval_loss}
     CHECKPOINT = "checkpoint"  # {step, path}
     FINISHED = "finished"  # {metrics: {...}, output_dir}
+    CHUNK = "chunk"  # {seq, data}: one base64 piece of a packed output directory (trainer.pack)
+    PACKED = "packed"  # {bytes, sha256, files, chunks}: the packed output is complete
 
 
 def emit(kind: Kind, **data: Any) -> None:

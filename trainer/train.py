@@ -1,4 +1,4 @@
-"""The node's entrypoint: `python -m trainer train|fetch [--job FILE]`.
+"""The node's entrypoint: `python -m trainer train|fetch|pack [--job FILE]`.
 
 The TrainJob comes from FILE, or else from the environment variable FLEET_TRAIN_JOB (how the fleet sends
 it with a Ray job). `train` resolves the base model once, here on the driver, then trains:
@@ -9,7 +9,8 @@ it with a Ray job). `train` resolves the base model once, here on the driver, th
 - `use_ray: false`: the same recipe in this process.
 
 `fetch` resolves the base model (building the tiny one) and reads the datasets, then prints a FETCHED
-progress line; the fleet runs it as the prepare step. Both exit 0 on success and 1 with a one-line
+progress line; the fleet runs it as the prepare step. `pack` prints the output directory for the fleet to
+bring back from a rented node (trainer.pack). All exit 0 on success and 1 with a one-line
 ``trainer: error: ...`` on stderr otherwise. Heavy imports wait until a command needs them.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainer import pack
 from trainer.config import TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
@@ -42,13 +44,11 @@ def load_job(job_file: Path | None, environ: Mapping[str, str]) -> TrainJob:
     else:
         raise JobError(f"no job: pass --job FILE or set {ENV_VAR}")
     try:
-        job = TrainJob.from_env(text)
+        return TrainJob.from_env(text).on_node(environ)
     except ValidationError as exc:
         raise JobError(f"{source}: not a valid TrainJob:\n{exc}") from exc
-    for name in ("work_dir", "output_dir"):
-        if not Path(getattr(job, name)).is_absolute():
-            raise JobError(f"{source}: {name} must be an absolute path")
-    return job
+    except ValueError as exc:
+        raise JobError(f"{source}: {exc}") from exc
 
 
 def cache_dir(job: TrainJob) -> Path | None:
@@ -57,13 +57,14 @@ def cache_dir(job: TrainJob) -> Path | None:
 
 def fetch(job: TrainJob, base_dir: Path) -> dict[str, Any]:
     """Resolve the base model and read every dataset; emit FETCHED {model_path, examples}."""
-    from trainer.data import load_records
+    from trainer.data import dataset_files, load_records
     from trainer.tiny import resolve_model
 
     model_path = resolve_model(job.config.base_model, cache_dir(job))
     examples = len(load_records(job.config.datasets, base_dir))
-    emit(Kind.FETCHED, model_path=str(model_path), examples=examples)
-    return {"model_path": str(model_path), "examples": examples}
+    files = [str(f) for ds in job.config.datasets for f in dataset_files(ds, base_dir)]
+    emit(Kind.FETCHED, model_path=str(model_path), examples=examples, dataset_files=files)
+    return {"model_path": str(model_path), "examples": examples, "dataset_files": files}
 
 
 def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
@@ -155,15 +156,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m trainer", description="trainfleet's node-side trainer")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("train", "train the job's LoRA adapter"), ("fetch", "resolve the model and data")):
+    for name, text in (
+        ("train", "train the job's LoRA adapter"),
+        ("fetch", "resolve the model and data"),
+        ("pack", "print the output directory as progress lines, for the fleet to bring back"),
+    ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--job", type=Path, default=None, help=f"TrainJob JSON file (default: ${ENV_VAR})")
+        if name == "pack":
+            sub.add_argument("--limit-bytes", type=int, default=pack.DEFAULT_LIMIT_BYTES)
     args = parser.parse_args(argv)
     try:
         job = load_job(args.job, os.environ)
         base_dir = Path.cwd()
         if args.command == "fetch":
             fetch(job, base_dir)
+        elif args.command == "pack":
+            pack.pack(Path(job.output_dir), args.limit_bytes)
         else:
             train(job, base_dir)
     except TrainerError as exc:

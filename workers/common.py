@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import STATE_OF_STAGE, EventType, FailureReason, InstanceState, Run, RunState
+from fleet import shipping
 from fleet.errors import RETRYABLE, FleetError
 from fleet.spec import JobSpec
 from trainer.config import TrainJob
@@ -134,16 +136,29 @@ def job_spec(run: Run) -> JobSpec:
 
 
 def train_job(ctx: context.Context, run: Run) -> TrainJob:
-    """What the node gets: the training config and where to put things (no secrets)."""
+    """What the node gets: the training config and where to put things (no secrets). A node that shares
+    this machine's files uses the run's own directories; a rented one gets paths under its own root."""
     spec = job_spec(run)
-    return TrainJob(
-        run_id=run.run_id,
-        config=spec.train,
-        work_dir=run.run_dir,
-        output_dir=run.output_dir,
-        cache_dir=str(ctx.settings.cache_dir),
-        use_gpu=spec.gpu_count > 0,
-    )
+    if ctx.provider(run.provider).shares_files:
+        dirs = {
+            "work_dir": run.run_dir,
+            "output_dir": run.output_dir,
+            "cache_dir": str(ctx.settings.cache_dir),
+        }
+    else:
+        work = f"runs/{run.run_id}"
+        output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
+        dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
+    return TrainJob(run_id=run.run_id, config=spec.train, use_gpu=spec.gpu_count > 0, **dirs)
+
+
+def files_for_node(ctx: context.Context, run: Run) -> Path | None:
+    """The directory that travels with the run's Ray jobs as their working_dir (None: the node shares
+    this machine's files)."""
+    if ctx.provider(run.provider).shares_files:
+        return None
+    files = shipping.ship_dir(run.run_dir)
+    return files if files.is_dir() else None
 
 
 def node(ctx: context.Context, run: Run) -> NodeClient:

@@ -53,14 +53,19 @@ class NodeClient:
             raise NodeError(f"cannot read job {submission_id}: {exc}") from None
         return JobInfo(JobStatus(str(info.status)), info.message or "")
 
-    def submit(self, submission_id: str, entrypoint: str, env: dict[str, str]) -> None:
-        """Start the job unless the node already has one with this id."""
+    def submit(
+        self, submission_id: str, entrypoint: str, env: dict[str, str], files: Path | None = None
+    ) -> None:
+        """Start the job unless the node already has one with this id. `files` (a directory) travels with
+        it and is the job's current directory on the node (Ray uploads it once per content hash)."""
         if self.info(submission_id) is not None:
             return
         runtime_env: dict[str, Any] = {
             "py_modules": [str(TRAINER_DIR)],
             "env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", **env},
         }
+        if files is not None:
+            runtime_env["working_dir"] = str(files)
         try:
             self._client.submit_job(
                 entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env

@@ -10,7 +10,16 @@ from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Run
 from trainer import progress
 from workers import context
-from workers.common import RETRY_POLICY, Next, StageFailed, enter, node, run_stage, train_job
+from workers.common import (
+    RETRY_POLICY,
+    Next,
+    StageFailed,
+    enter,
+    files_for_node,
+    node,
+    run_stage,
+    train_job,
+)
 from workers.node import JobStatus
 
 ENTRYPOINT = "python -m trainer fetch"
@@ -19,8 +28,14 @@ ENTRYPOINT = "python -m trainer fetch"
 def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
     sid = f"{run.run_id}-{run.attempt}-fetch"
+
+    def submit() -> None:
+        client.submit(
+            sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()}, files_for_node(ctx, run)
+        )
+
     if run.ray_jobs.get(Stage.PREPARE.value) != sid:
-        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+        submit()
 
         def submitted(r: Run) -> list[Draft]:
             r.ray_jobs[Stage.PREPARE.value] = sid
@@ -29,7 +44,7 @@ def step(ctx: context.Context, run: Run) -> Next:
         run = ctx.ledger.update_run(run.run_id, submitted)
     info = client.info(sid)
     if info is None:
-        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+        submit()
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
     if info.status == JobStatus.SUCCEEDED:
         fetched = [r for r in progress.parse(client.logs(sid)) if r["kind"] == progress.Kind.FETCHED]

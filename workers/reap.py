@@ -55,9 +55,14 @@ def _reconcile(ctx: context.Context, provider: Provider, did: dict[str, list[str
     """Terminate the provider's orphans past the grace window; confirm what is TERMINATING."""
     live = {inst.name: inst for inst in provider.list_instances()}
     for inst_name, inst in live.items():
-        if not inst_name.startswith(INSTANCE_PREFIX) or inst.age_s < ctx.settings.orphan_grace_s:
+        if not inst_name.startswith(INSTANCE_PREFIX):
             continue
         record = ctx.ledger.get_instance(inst_name)
+        # A provider may date an instance from when it started running (RunPod's uptime), so one stuck
+        # before that looks new for ever; the ledger's record of our create call is the older witness.
+        age = max(inst.age_s, time.time() - record.created_at) if record is not None else inst.age_s
+        if age < ctx.settings.orphan_grace_s:
+            continue
         if record is not None and record.keep_until is not None and record.keep_until > time.time():
             continue  # kept for debugging until its deadline
         active = False

@@ -16,7 +16,16 @@ from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Run
 from trainer import progress
 from workers import context
-from workers.common import RETRY_POLICY, Next, StageFailed, enter, node, run_stage, train_job
+from workers.common import (
+    RETRY_POLICY,
+    Next,
+    StageFailed,
+    enter,
+    files_for_node,
+    node,
+    run_stage,
+    train_job,
+)
 from workers.node import JobStatus, NodeClient
 
 ENTRYPOINT = "python -m trainer train"
@@ -34,7 +43,9 @@ def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
     sid = f"{run.run_id}-{run.attempt}-train"
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        client.submit(sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+        client.submit(
+            sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()}, files_for_node(ctx, run)
+        )
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:

@@ -34,6 +34,7 @@ class LocalProvider(Provider):
     """Ray heads on this machine, one per run attempt."""
 
     name: ClassVar[ProviderName] = ProviderName.LOCAL
+    shares_files: ClassVar[bool] = True
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)

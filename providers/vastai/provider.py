@@ -6,7 +6,10 @@ publishes the Jobs API port; the fleet reaches it at the host's public address a
 Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machine. An offer's `min_bid`
 (and `dph_total` in a bid search) is for the whole machine, so the minimum bid per GPU is
 `min_bid / num_gpus`, and a rental bids `price = bid_per_gpu * num_gpus`.
-vast.ai has no server-side deadline like RunPod's `terminateAfter`: `terminate_after` is the fleet's job.
+vast.ai has no server-side deadline like RunPod's `terminateAfter`, but it gives every instance its own id
+and an API key that may manage it (CONTAINER_ID, CONTAINER_API_KEY in the container). So the start script
+keeps a watchdog that destroys the instance `terminate_after` seconds after it booted, should the fleet be
+gone; the fleet's own terminate and the reaper come first.
 """
 
 from __future__ import annotations
@@ -34,13 +37,30 @@ from providers.base import (
     ProviderName,
     require_ours,
 )
-from providers.bootstrap import JOBS_PORT, TOKEN_ENV, start_script
+from providers.bootstrap import DEADLINE_ENV, JOBS_PORT, TOKEN_ENV, start_script
 from providers.offers import Candidate, Choice, Rule, choose
 from providers.remote import Record, RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastAISection
 
 DEFAULT_API = "https://console.vast.ai"
+API_URL_ENV = "FLEET_VAST_URL"  # the API the node's watchdog calls (the fleet's, so fakes work too)
+# The node's watchdog: the instance destroys itself with its own key (stdlib only; retried, since the
+# node may be cut off for a while).
+SELF_DESTROY = [
+    "python3",
+    "-c",
+    "import os, time, urllib.request\n"
+    f"url = os.environ['{API_URL_ENV}'].rstrip('/')\n"
+    "url += '/api/v0/instances/' + os.environ['CONTAINER_ID'] + '/'\n"
+    "auth = {'Authorization': 'Bearer ' + os.environ['CONTAINER_API_KEY']}\n"
+    "for attempt in range(10):\n"
+    "    try:\n"
+    "        urllib.request.urlopen(urllib.request.Request(url, headers=auth, method='DELETE'), timeout=30)\n"
+    "        break\n"
+    "    except Exception:\n"
+    "        time.sleep(30)\n",
+]
 CREDENTIAL = "VAST_API_KEY"
 NO_CAPACITY_ERRORS = ("no_such_ask",)
 NO_CAPACITY_MARK = "no longer available"
@@ -133,7 +153,8 @@ class VastAIProvider(RemoteProvider):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.client = VastAIClient(context.credential(CREDENTIAL), context.urls.get("vastai", DEFAULT_API))
+        self.api_url = context.urls.get("vastai", DEFAULT_API)
+        self.client = VastAIClient(context.credential(CREDENTIAL), self.api_url)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: VastAISection) -> Choice:
@@ -209,6 +230,8 @@ class VastAIProvider(RemoteProvider):
             )
         token = self.tokens.ensure(request.name)
         env = {**section.env, TOKEN_ENV: token, f"-p {JOBS_PORT}:{JOBS_PORT}": "1"}
+        if section.terminate_after != -1:  # the node's own deadline, should the fleet be gone
+            env.update({DEADLINE_ENV: str(section.terminate_after), API_URL_ENV: self.api_url})
         # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.
         price = best.price_per_hour if best.bid_per_gpu is not None else None
         try:
@@ -218,7 +241,7 @@ class VastAIProvider(RemoteProvider):
                 image=section.image,
                 disk_gb=section.container_disk_in_gb,
                 env=env,
-                onstart=start_script(section.entry),
+                onstart=start_script(section.entry, SELF_DESTROY),
                 price=price,
             )
         except requests.RequestException as exc:

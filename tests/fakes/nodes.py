@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from providers.local.client import LocalHeads
+from trainer.config import NODE_ROOT_ENV
 
 RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
 
@@ -76,10 +77,12 @@ class NoNodes:
 
 
 class RayNodes:
-    """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`)."""
+    """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`); each
+    node keeps its runs under its own root, `home/node-roots/<name>`, as a rented node would."""
 
     def __init__(self, home: Path, cpus: int = RAY_CPUS_PER_NODE) -> None:
         self.heads = LocalHeads(home / "nodes")
+        self.roots = home / "node-roots"
         self.cpus = cpus
         self._names: set[str] = set()
         self._lock = threading.Lock()
@@ -88,7 +91,9 @@ class RayNodes:
         """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent)."""
         with self._lock:
             self._names.add(name)
-        self.heads.start(name, self.cpus, num_gpus=0, env={}, token=token or secrets.token_hex(16))
+        # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
+        env = {NODE_ROOT_ENV: str(self.roots / name)}
+        self.heads.start(name, self.cpus, num_gpus=0, env=env, token=token or secrets.token_hex(16))
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The head's dashboard port once `GET /api/version` answers 200 with the node's token."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import secrets
 import shlex
 import time
 from typing import Any
@@ -115,8 +116,21 @@ class FakeVastAI(FakeCloud):
 
     # -- HTTP --------------------------------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
-        """Bearer header (what vastai 1.9.1 sends) or `api_key` query parameter."""
-        return self.api_key in (self.bearer(request), request.query.get("api_key"))
+        """Bearer header (what vastai 1.9.1 sends) or `api_key` query parameter; or, for calls on one
+        instance, that instance's own key (CONTAINER_API_KEY inside it)."""
+        if self.api_key in (self.bearer(request), request.query.get("api_key")):
+            return True
+        match = re.fullmatch(r"/api/v0/instances/(?P<id>\d+)/?", request.path)
+        with self.lock:
+            inst = self.instances.get(match.group("id")) if match else None
+            own = inst.extra.get("container_api_key") if inst is not None else None
+        return own is not None and self.bearer(request) == own
+
+    def container_env(self, instance_id: str) -> dict[str, str]:
+        """What vast.ai puts in an instance's environment about itself: its id and its own API key."""
+        with self.lock:
+            inst = self.instances[instance_id]
+            return {"CONTAINER_ID": inst.id, "CONTAINER_API_KEY": str(inst.extra["container_api_key"])}
 
     def unauthorized(self) -> Response:
         """vast.ai's answer to a bad key."""
@@ -225,6 +239,7 @@ class FakeVastAI(FakeCloud):
                 "disk": body.get("disk"),
                 "onstart": body.get("onstart"),
                 "ports": ports,
+                "container_api_key": secrets.token_hex(16),
             },
         )
         offer.update(rentable=False, rented=True)

@@ -1,5 +1,9 @@
 """The tiny job on a rented node: `fleet run` against a local fake of the cloud's API, whose "pod" is a
-real local Ray head, so the job provisions, trains and gives the node back for real."""
+real local Ray head, so the job provisions, trains and gives the node back for real.
+
+The fake's node keeps its files under a root of its own (as a rented node would), so these runs also show
+that the job's datasets travel to the node with its Ray jobs and that the results come back to the fleet.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,18 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.factories import EXAMPLE_YAML
-from tests.integration.fleetproc import REPO, cleanup, events_of, fleet, fleet_env
+from tests.integration.fleetproc import REPO, cleanup, events_of, fleet, fleet_env, secret_hits
 
 pytestmark = pytest.mark.integration
 API_KEY = "fake-runpod-key-0123456789"
+VAST_KEY = "fake-vast-key-9876543210"
 
 
 @pytest.fixture
@@ -28,20 +35,34 @@ def home(tmp_path: Path) -> Iterator[Path]:
     cleanup(home)
 
 
-@pytest.fixture
-def fake_runpod(tmp_path: Path) -> Iterator[str]:
-    """`python -m tests.fakes serve runpod` as its own process, as a user would run it."""
+@contextmanager
+def serving(vendor: str, fake_home: Path, api_key: str) -> Iterator[str]:
+    """`python -m tests.fakes serve VENDOR` as its own process, as a user would run it; yields its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes", "serve", "runpod", "--nodes", "ray", "--node-cpus", "2",
-         "--home", str(tmp_path / "fake"), "--api-key", API_KEY],
+        [sys.executable, "-m", "tests.fakes", "serve", vendor, "--nodes", "ray", "--node-cpus", "2",
+         "--home", str(fake_home), "--api-key", api_key],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    assert url.startswith("http://127.0.0.1:"), url
-    yield url
-    proc.terminate()
-    proc.wait(60)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.fixture
+def fake_runpod(tmp_path: Path) -> Iterator[str]:
+    with serving("runpod", tmp_path / "fake", API_KEY) as url:
+        yield url
+
+
+@pytest.fixture
+def fake_vastai(tmp_path: Path) -> Iterator[str]:
+    with serving("vastai", tmp_path / "fake", VAST_KEY) as url:
+        yield url
 
 
 def fake_state(url: str) -> dict[str, list[dict[str, object]]]:
@@ -68,14 +89,56 @@ class MostLive:
         return self.most
 
 
+def job_for(tmp_path: Path, section: str) -> Path:
+    """The example job with its `local:` section swapped for `section`, its data in a folder of its own."""
+    job = tmp_path / "job" / "tiny.yml"
+    job.parent.mkdir()
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    return job
+
+
+def check_ran_on_the_node_and_gave_it_back(
+    home: Path, url: str, done: subprocess.CompletedProcess[str], provider: str, api_key: str
+) -> list[dict[str, Any]]:
+    """What every cloud run must show; returns the run's events for the caller's own checks."""
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED" and view["provider"] == provider
+    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
+
+    state = fake_state(url)
+    assert state["instances"] == []  # no live instance of ours is left
+    assert state["requests"]["create"] == 1  # and exactly one was ever made
+    evs = events_of(home, view["run_id"])
+    assert "instance.terminated" in [e["type"] for e in evs]
+
+    # The datasets travelled with the Ray jobs: the node read its own copies, not this machine's files.
+    (fetched,) = [e["data"] for e in evs if e["type"] == "prepare.fetched"]
+    data_dir = str((home.parent / "job" / "data").resolve())
+    assert fetched["dataset_files"] and all(
+        "/datasets/0/" in f and not f.startswith((data_dir, str(EXAMPLE_YAML.parent)))
+        for f in fetched["dataset_files"]
+    )
+    # The node trained into its own root; the results came back into the run's output directory.
+    (pulled,) = [e["data"] for e in evs if e["type"] == "finalize.pulled"]
+    local = Path(view["output_dir"])
+    assert pulled["output_dir"] == str(local) and pulled["files"] >= 4
+    (on_node,) = (home.parent / "fake" / "node-roots").glob(f"*/runs/{view['run_id']}/outputs")
+    for name in ("adapter_model.safetensors", "adapter_config.json", "metrics.json", "README.md"):
+        assert (local / name).read_bytes() == (on_node / name).read_bytes(), name
+
+    assert secret_hits(home, api_key) == []  # the API key reached no ledger, event or file
+    assert api_key not in done.stdout + done.stderr
+    return evs
+
+
 @pytest.mark.parametrize("fault", [None, "error_after_create"])
 def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
     home: Path, fake_runpod: str, tmp_path: Path, fault: str | None
 ) -> None:
-    job = tmp_path / "runpod-tiny.yml"
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
-    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    job = job_for(tmp_path, section)
     env = fleet_env(home, RUNPOD_API_BASE_URL=fake_runpod, RUNPOD_API_KEY=API_KEY)
     if fault is not None:  # the create answers an error although RunPod made the pod
         body = json.dumps([{"op": "create", "kind": fault}]).encode()
@@ -86,71 +149,24 @@ def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
 
     done = fleet(env, "run", str(job), "--json", timeout=420)
     assert watch.stop() == 1  # never more than one pod for the run, at any moment
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    view = json.loads(done.stdout)
-    assert view["state"] == "SUCCEEDED" and view["provider"] == "runpod"
-    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
-
-    state = fake_state(fake_runpod)
-    assert state["instances"] == []  # no live pod of ours is left
-    assert state["requests"]["create"] == 1  # and exactly one was ever made
-    evs = events_of(home, view["run_id"])
+    evs = check_ran_on_the_node_and_gave_it_back(home, fake_runpod, done, "runpod", API_KEY)
     (requested,) = [e for e in evs if e["type"] == "instance.requested"]
     # An interruptible pod at the minimum bid (the fake's A5000 spot floor), never above the cap.
     assert 0 < requested["data"]["price_per_hour"] <= 0.5
-    assert "instance.terminated" in [e["type"] for e in evs]
-    # The API key never reached the ledger, the events or the run's files.
-    from tests.integration.fleetproc import secret_hits
-
-    assert secret_hits(home, API_KEY) == []
-
-
-VAST_KEY = "fake-vast-key-9876543210"
-
-
-@pytest.fixture
-def fake_vastai(tmp_path: Path) -> Iterator[str]:
-    """`python -m tests.fakes serve vastai` as its own process, as a user would run it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes", "serve", "vastai", "--nodes", "ray", "--node-cpus", "2",
-         "--home", str(tmp_path / "fake-vast"), "--api-key", VAST_KEY],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    assert url.startswith("http://127.0.0.1:"), url
-    yield url
-    proc.terminate()
-    proc.wait(60)
 
 
 def test_a_vastai_job_runs_on_the_fakes_node_and_gives_it_back(
     home: Path, fake_vastai: str, tmp_path: Path
 ) -> None:
-    from tests.integration.fleetproc import secret_hits
-
-    job = tmp_path / "vastai-tiny.yml"
     # The fake's RTX A5000 (offer 1001): a community host, 8 vCPUs, 32 GB, a minimum bid of $0.09/h.
     section = (
         "vastai:\n  gpu: RTX_A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n"
         "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n  one_shot: true\n"
     )
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
-    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    job = job_for(tmp_path, section)
     env = fleet_env(home, VAST_URL=fake_vastai, VAST_API_KEY=VAST_KEY)
 
     done = fleet(env, "run", str(job), "--json", timeout=420)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    view = json.loads(done.stdout)
-    assert view["state"] == "SUCCEEDED" and view["provider"] == "vastai"
-    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
-
-    state = fake_state(fake_vastai)
-    assert state["instances"] == []  # no live instance of ours is left
-    assert state["requests"]["create"] == 1  # and exactly one was ever made
-    evs = events_of(home, view["run_id"])
+    evs = check_ran_on_the_node_and_gave_it_back(home, fake_vastai, done, "vastai", VAST_KEY)
     (requested,) = [e for e in evs if e["type"] == "instance.requested"]
     assert requested["data"]["price_per_hour"] == 0.09  # the offer's minimum bid, under the cap
-    assert "instance.terminated" in [e["type"] for e in evs]
-    assert secret_hits(home, VAST_KEY) == []  # the API key reached no ledger, event or file
-    assert VAST_KEY not in done.stdout + done.stderr

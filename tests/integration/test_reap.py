@@ -14,6 +14,8 @@ from broker.models import Instance, InstanceState, Run, RunState
 from fleet.settings import Settings
 from providers.base import LaunchRequest, NodeState
 from providers.local.models import LocalSection
+from providers.runpod.models import RunPodSection
+from tests.fakes.runpod import FakeRunPod
 from workers import context
 from workers.reap import reap_once
 
@@ -102,3 +104,31 @@ def test_a_node_kept_for_debugging_lives_until_its_deadline(ctx: context.Context
     ctx.ledger.update_instance("tf-kept-1", keep_until=time.time() - 1)
     assert reap_once(ctx)["terminated"] == ["tf-kept-1"]
     assert ctx.provider("local").get("tf-kept-1") is None
+
+
+def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(
+    redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RunPod dates a pod from its uptime: stuck before running, it looks brand new on every pass. The
+    ledger's record of the create call says how old it really is."""
+    from broker.app import configure
+
+    with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none", ready_delay_s=3600) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
+        settings = Settings(home=fleet_home, orphan_grace_s=60, runpod_api_base_url=fake.url)
+        configure(settings, redis_url)
+        ctx = context.init(settings, redis_url)
+        section = RunPodSection(gpu="NVIDIA RTX A5000")
+        ctx.provider("runpod").launch(LaunchRequest("tf-stuck-1", "stuck", section))
+        ctx.provider("runpod").launch(LaunchRequest("tf-fresh-1", "fresh", section))
+        ctx.ledger.create_run(make_run("stuck", RunState.FAILED), [])
+        ctx.ledger.put_instance(
+            Instance(name="tf-stuck-1", provider="runpod", run_id="stuck", created_at=time.time() - 600)
+        )
+        ctx.ledger.create_run(make_run("fresh", RunState.FAILED), [])
+        ctx.ledger.put_instance(Instance(name="tf-fresh-1", provider="runpod", run_id="fresh"))
+
+        did = reap_once(ctx)
+
+        assert did["terminated"] == ["tf-stuck-1"]  # within the grace window: tf-fresh-1 is left alone
+        assert [r["name"] for r in fake.state()["instances"]] == ["tf-fresh-1"]

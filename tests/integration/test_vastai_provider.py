@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from pydantic import SecretStr
 
 from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable
@@ -70,7 +76,8 @@ def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
     inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r1-1", "r1", SECTION))
     (row,) = fake.state()["instances"]
     assert row["name"] == "tf-r1-1" and row["bid"] == 0.09 and inst.price_per_hour == 0.09
-    assert row["env_keys"] == ["FLEET_RAY_TOKEN"]  # the node's token travels in its env, by name only here
+    # The node's token travels in its env (by name only here), with its own deadline (terminate_after).
+    assert row["env_keys"] == ["FLEET_DEADLINE_S", "FLEET_RAY_TOKEN", "FLEET_VAST_URL"]
     extra: dict[str, Any] = fake.instances[str(row["id"])].extra
     assert extra["ports"] == ["8265:8265"] and "ray start --head" in extra["onstart"]
     assert extra["disk"] == SECTION.container_disk_in_gb
@@ -141,3 +148,51 @@ def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
     assert fake.state()["instances"] == [] and provider.tokens.get("tf-r6-1") is None
     provider.terminate("tf-never-1")
     assert provider.get("tf-never-1") is None and provider.list_instances() == []
+
+
+def test_the_node_destroys_itself_at_its_deadline(fake: FakeVastAI, tmp_path: Path) -> None:
+    """The instance's real start script, run as vast.ai would run it (a stand-in `ray` that just blocks):
+    its watchdog destroys the instance with the instance's own key once terminate_after has passed."""
+    section = SECTION.model_copy(update={"terminate_after": 1})
+    inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r9-1", "r9", section))
+    row = fake.instances[inst.provider_id]
+    assert row.env["FLEET_DEADLINE_S"] == "1" and row.env["FLEET_VAST_URL"] == fake.url
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "ray").chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FLEET_NODE_ROOT": str(tmp_path / "root"),
+        **row.env,
+        **fake.container_env(inst.provider_id),
+    }
+    node = subprocess.Popen(["sh", "-c", str(row.extra["onstart"])], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 15
+        while fake.state()["instances"]:
+            assert node.poll() is None, "the start script ended early"
+            assert time.monotonic() < deadline, "the node did not destroy itself"
+            time.sleep(0.2)
+        assert fake.state()["requests"].get("terminate") == 1
+        assert (tmp_path / "root").is_dir()  # the start script made the node's root for runs
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+
+
+def test_an_instance_key_manages_only_its_own_instance(fake: FakeVastAI, tmp_path: Path) -> None:
+    provider = provider_for(fake, tmp_path)
+    one = provider.launch(LaunchRequest("tf-ra-1", "ra", SECTION))
+    two = provider.launch(LaunchRequest("tf-rb-1", "rb", SECTION.model_copy(update={"gpu": "RTX_4090"})))
+    own_key = fake.container_env(one.provider_id)["CONTAINER_API_KEY"]
+    other = requests.delete(
+        f"{fake.url}/api/v0/instances/{two.provider_id}/", headers={"Authorization": f"Bearer {own_key}"}
+    )
+    assert other.status_code == 401
+    mine = requests.delete(
+        f"{fake.url}/api/v0/instances/{one.provider_id}/", headers={"Authorization": f"Bearer {own_key}"}
+    )
+    assert mine.status_code == 200
+    assert [r["name"] for r in fake.state()["instances"]] == ["tf-rb-1"]

@@ -40,10 +40,22 @@ def test_bad_jobs(text: str | None, message: str) -> None:
         load_job(None, environ)
 
 
-def test_job_dirs_must_be_absolute(tmp_path: Path) -> None:
-    job = train_job(tmp_path, work_dir="relative/work")
-    with pytest.raises(JobError, match="work_dir must be an absolute path"):
+def test_relative_dirs_lie_under_the_node_root(tmp_path: Path) -> None:
+    job = train_job(tmp_path, work_dir="runs/r1", output_dir="runs/r1/out", cache_dir=Path("cache"))
+    with pytest.raises(
+        JobError, match=r"work_dir, output_dir, cache_dir relative but \$FLEET_NODE_ROOT is not set"
+    ):
         load_job(None, {progress.ENV_VAR: job.to_env()})
+    with pytest.raises(JobError, match="not absolute"):
+        load_job(None, {progress.ENV_VAR: job.to_env(), "FLEET_NODE_ROOT": "node"})
+    on_node = load_job(None, {progress.ENV_VAR: job.to_env(), "FLEET_NODE_ROOT": "/workspace/tf"})
+    assert (on_node.work_dir, on_node.output_dir, on_node.cache_dir) == (
+        "/workspace/tf/runs/r1",
+        "/workspace/tf/runs/r1/out",
+        "/workspace/tf/cache",
+    )
+    absolute = train_job(tmp_path)
+    assert load_job(None, {progress.ENV_VAR: absolute.to_env()}) == absolute  # no root needed
 
 
 def test_fetch_builds_the_model_and_counts_examples(

@@ -1,0 +1,53 @@
+"""fleet.shipping: a rented node gets a snapshot of the job's local datasets, at paths relative to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet import shipping
+from fleet.errors import ConfigError
+from tests.factories import TINY_DATA, train_config
+from trainer.data import load_records
+
+
+def test_files_and_directories_travel_and_read_the_same(tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(TINY_DATA.read_bytes())
+    (folder / "notes.txt").write_text("not data")
+    config = train_config(
+        datasets=[
+            {"path": str(TINY_DATA), "type": "alpaca"},
+            {"path": str(folder), "type": "alpaca"},
+            {"path": "tatsu-lab/alpaca", "type": "alpaca"},  # a hub id travels as it is
+        ]
+    )
+    ship = tmp_path / "ship"
+    shipped = shipping.ship_datasets(config, "job.yml", ship)
+
+    paths = [ds.path for ds in shipped.datasets]
+    assert paths == [f"datasets/0/{TINY_DATA.name}", "datasets/1", "tatsu-lab/alpaca"]
+    assert sorted(p.relative_to(ship).as_posix() for p in ship.rglob("*") if p.is_file()) == [
+        "datasets/0/" + TINY_DATA.name,
+        "datasets/1/a.jsonl",
+    ]
+    local = load_records(config.datasets[:2])
+    assert load_records(shipped.datasets[:2], base_dir=ship) == local  # the node reads the same examples
+    assert config.datasets[0].path == str(TINY_DATA)  # the caller's config is left alone
+
+
+def test_a_local_model_or_too_much_data_is_refused_with_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = train_config(base_model=str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        shipping.ship_datasets(config, "job.yml", tmp_path / "ship")
+    assert "base_model" in str(err.value) and "hub model id" in str(err.value)
+
+    monkeypatch.setattr(shipping, "SHIP_LIMIT_BYTES", TINY_DATA.stat().st_size - 1)
+    with pytest.raises(ConfigError) as err:
+        shipping.ship_datasets(train_config(), "job.yml", tmp_path / "ship")
+    assert "datasets" in str(err.value) and "HF Hub" in str(err.value)
+    assert not (tmp_path / "ship").exists()  # nothing copied when refused
