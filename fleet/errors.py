@@ -48,9 +48,14 @@ class ProviderError(FleetError):
 
 
 class ProviderUnavailable(ProviderError):
-    """The provider's API is down, rate limited or timed out; try again later."""
+    """The provider's API is down, rate limited or timed out; try again later (after `retry_after`
+    seconds when the provider said how long)."""
 
     retryable = True
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class NoCapacity(ProviderError):

@@ -32,6 +32,7 @@ log = logging.getLogger("trainfleet.workers")
 KEEP_MAX_S = 24 * 3600  # the longest a failed run's node is kept for debugging
 
 # Every stage task: retry only what can get better by itself, with jittered exponential back-off.
+MAX_RETRY_AFTER_S = 600.0  # a provider's Retry-After is honoured up to this
 RETRY_POLICY: dict[str, Any] = {
     "autoretry_for": RETRYABLE,
     "retry_backoff": 1,
@@ -94,6 +95,9 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
     except FleetError as exc:
         retries, limit = task.request.retries or 0, task.max_retries
         if exc.retryable and (limit is None or retries < limit):
+            wait = getattr(exc, "retry_after", None)
+            if wait is not None:  # the provider said when: wait that long, not the usual back-off
+                raise task.retry(exc=exc, countdown=min(float(wait), MAX_RETRY_AFTER_S)) from None
             raise  # Celery's autoretry sends this task again (same id, so it still owns the run)
         why = f"gave up after {retries} retries: {exc}" if exc.retryable else str(exc)
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), why)

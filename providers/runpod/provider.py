@@ -45,7 +45,7 @@ def translate(exc: RunPodAPIError) -> ProviderError:
     if exc.status in (401, 403):
         return AuthFailed(f"RunPod refused the API key (HTTP {exc.status})")
     if exc.status == 0 or exc.status == 429 or exc.status >= 500:
-        return ProviderUnavailable(str(exc))
+        return ProviderUnavailable(str(exc), retry_after=exc.retry_after)
     if NO_CAPACITY_MARK in exc.message.lower():
         return NoCapacity(f"RunPod: {exc.message}")
     return ProviderError(str(exc))

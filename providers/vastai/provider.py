@@ -63,6 +63,7 @@ SELF_DESTROY = [
 ]
 CREDENTIAL = "VAST_API_KEY"
 NO_CAPACITY_ERRORS = ("no_such_ask",)
+QUOTA_ERROR = "search_quota_exceeded"
 NO_CAPACITY_MARK = "no longer available"
 PORT_KEY = f"{JOBS_PORT}/tcp"
 PENDING_STATUSES = (None, "", "created", "loading", "scheduling")
@@ -94,11 +95,22 @@ def translate(exc: requests.RequestException) -> ProviderError:
     code, message = _vendor_message(response)
     if status in (401, 403):
         return AuthFailed(f"vast.ai refused the API key (HTTP {status})")
+    if status == 429 and code == QUOTA_ERROR:  # the library does not retry these: say when to
+        wait = _retry_after(response)
+        return ProviderUnavailable(f"vast.ai search quota exceeded: {message}", retry_after=wait)
     if status == 429 or status >= 500:
-        return ProviderUnavailable(f"vast.ai API {status}: {message}")
+        return ProviderUnavailable(f"vast.ai API {status}: {message}", retry_after=_retry_after(response))
     if code in NO_CAPACITY_ERRORS or NO_CAPACITY_MARK in message.lower():
         return NoCapacity(f"vast.ai: {message}")
     return ProviderError(f"vast.ai API {status}: {code or 'error'}: {message}")
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """The Retry-After header in seconds (vast.ai sends a number), or None."""
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
 
 
 def _number(row: dict[str, Any], *keys: str) -> float | None:

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 from tests.fakes.nodes import NodeBackend, make_nodes
 
 FAULT_KINDS = frozenset(
-    {"500", "429", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
+    {"500", "429", "quota", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
 )
 TOKEN_ENV = "FLEET_RAY_TOKEN"
 DASHBOARD_PORT = 8265
@@ -336,6 +336,8 @@ class FakeCloud:
         if fault.kind == "429":
             body = self.error_body(429, "Too many requests")
             return Response(429, body, {"Retry-After": f"{fault.retry_after:g}"})
+        if fault.kind == "quota":
+            return Response(429, self.quota_body(), {"Retry-After": f"{fault.retry_after:g}"})
         if fault.kind == "500":
             return Response(500, self.error_body(500, "Internal server error"))
         if fault.kind == "error_after_create":
@@ -380,6 +382,10 @@ class FakeCloud:
     def error_body(self, status: int, message: str) -> Any:
         """The vendor's error body for a failed request."""
         return {"error": message}
+
+    def quota_body(self) -> Any:
+        """The vendor's body for a spent quota (a 429 its client should not simply retry)."""
+        return self.error_body(429, "Quota exceeded")
 
     def not_found(self, op: str) -> Response:
         """The vendor's not-found answer."""

@@ -141,6 +141,10 @@ class FakeVastAI(FakeCloud):
         error = "rate_limited" if status == 429 else "server_error"
         return {"success": False, "error": error, "msg": message}
 
+    def quota_body(self) -> Any:
+        """What vast.ai says when the account's offer searches are spent (the library does not retry)."""
+        return {"success": False, "error": "search_quota_exceeded", "msg": "Search quota exceeded, slow down"}
+
     def not_found(self, op: str) -> Response:
         """Unknown instance: `show_instance` gets `{"instances": null}`, the rest a 404."""
         if op == "get":

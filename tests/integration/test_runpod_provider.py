@@ -75,19 +75,16 @@ def test_a_duplicate_under_one_name_is_terminated(fake: FakeRunPod, tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("fault", "error"),
-    [
-        ({"op": "create", "kind": "500"}, ProviderUnavailable),
-        ({"op": "create", "kind": "429", "retry_after": 1}, ProviderUnavailable),
-    ],
+    ("fault", "retry_after"),
+    [({"op": "create", "kind": "500"}, None), ({"op": "create", "kind": "429", "retry_after": 7}, 7)],
 )
 def test_vendor_failures_become_retryable_errors_and_create_nothing(
-    fake: FakeRunPod, tmp_path: Path, fault: dict[str, object], error: type[Exception]
+    fake: FakeRunPod, tmp_path: Path, fault: dict[str, object], retry_after: float | None
 ) -> None:
     fake.add_faults([fault])
-    with pytest.raises(error) as caught:
+    with pytest.raises(ProviderUnavailable) as caught:
         provider_for(fake, tmp_path).launch(LaunchRequest("tf-r4-1", "r4", SECTION))
-    assert getattr(caught.value, "retryable", False)
+    assert caught.value.retryable and caught.value.retry_after == retry_after  # a stated wait is kept
     assert fake.state()["instances"] == []
 
 

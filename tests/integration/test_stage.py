@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import redis
+from celery.exceptions import Retry
 
 from broker.constants import Stage
 from broker.models import FailureReason, Run, RunState
-from fleet.errors import NodeError
+from fleet.errors import NodeError, ProviderUnavailable
 from fleet.settings import Settings
 from workers import context
 from workers.common import Next, StageFailed, run_stage
@@ -66,6 +67,26 @@ def test_a_retryable_error_is_retried_until_the_limit_then_fails_the_run(ctx: co
     run = ctx.ledger.get_run("r1")
     assert run.state == RunState.FAILED and run.failure_reason == FailureReason.TRAINING_FAILED
     assert run.failure_message == "gave up after 3 retries: head not answering"
+
+
+def test_a_provider_that_says_when_is_retried_then(ctx: context.Context) -> None:
+    queued_run(ctx, RunState.PROVISIONING)
+    asked: list[float] = []
+
+    def retry(exc: Exception, countdown: float) -> Retry:
+        asked.append(countdown)
+        return Retry(exc=exc, when=countdown)
+
+    busy = task()
+    busy.retry = retry
+    with pytest.raises(Retry):
+        run_stage(busy, "r1", Stage.PROVISION, failing(ProviderUnavailable("quota", retry_after=42)))
+    with pytest.raises(Retry):
+        run_stage(busy, "r1", Stage.PROVISION, failing(ProviderUnavailable("quota", retry_after=86400)))
+    with pytest.raises(ProviderUnavailable):  # no word on when: Celery's own back-off
+        run_stage(busy, "r1", Stage.PROVISION, failing(ProviderUnavailable("down")))
+    assert asked == [42, 600]  # honoured, up to ten minutes
+    assert ctx.ledger.get_run("r1").state == RunState.PROVISIONING
 
 
 def test_stage_failed_carries_its_reason(ctx: context.Context) -> None:

@@ -119,6 +119,15 @@ def test_vendor_failures_become_retryable_errors_and_create_nothing(
     assert fake.state()["instances"] == []
 
 
+def test_a_spent_search_quota_says_when_to_try_again(fake: FakeVastAI, tmp_path: Path) -> None:
+    fake.add_faults([{"op": "search", "kind": "quota", "retry_after": 42}])
+    with pytest.raises(ProviderUnavailable, match="search quota exceeded") as caught:
+        provider_for(fake, tmp_path).list_offers(SECTION)
+    assert caught.value.retryable and caught.value.retry_after == 42
+    assert fake.state()["requests"]["search"] == 1  # the library gave up at once, as vast.ai asks
+    assert [o.offer_id for o in provider_for(fake, tmp_path).list_offers(SECTION)] == ["1001"]
+
+
 def test_no_capacity_and_bad_key(fake: FakeVastAI, tmp_path: Path) -> None:
     provider = provider_for(fake, tmp_path)
     stale = provider.client.search_offers  # an offer that is gone between the search and the create
