@@ -1,15 +1,17 @@
-"""Local HTTP fakes of the clouds' APIs (RunPod GraphQL, vast.ai REST) for wire-level and fault tests.
+"""Local HTTP fakes of the clouds' APIs (RunPod GraphQL, vast.ai REST) and of the Hugging Face Hub.
 
-In a test: `with FakeRunPod(api_key=KEY, home=tmp_path, nodes="none") as fake: ... fake.url ...`.
-From a shell: `python -m tests.fakes serve runpod|vastai --port N [--home DIR] [--nodes ray|none]`.
+In a test: `with FakeRunPod(api_key=KEY, home=tmp_path, nodes="none") as fake: ... fake.url ...`, or
+`with FakeHub(home=tmp_path, token=TOKEN) as hub: ... hub.url ...` (the Hub is not a cloud: no instances).
+From a shell: `python -m tests.fakes serve runpod|vastai|hub --port N [...]`.
 """
 
 from __future__ import annotations
 
 from tests.fakes.base import FakeCloud, Fault, Instance
+from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
 
 FAKES: dict[str, type[FakeCloud]] = {"runpod": FakeRunPod, "vastai": FakeVastAI}
 
-__all__ = ["FAKES", "FakeCloud", "FakeRunPod", "FakeVastAI", "Fault", "Instance"]
+__all__ = ["FAKES", "FakeCloud", "FakeHub", "FakeRunPod", "FakeVastAI", "Fault", "Instance"]

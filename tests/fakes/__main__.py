@@ -1,6 +1,8 @@
-"""`python -m tests.fakes serve runpod|vastai --port N [--home DIR] [--nodes ray|none]`.
+"""`python -m tests.fakes serve runpod|vastai|hub --port N [--home DIR] [options]`.
 
-Prints the base URL as its first line, serves until SIGTERM or SIGINT, then stops any nodes it started.
+Clouds take `--nodes ray|none`, `--api-key`, `--ready-delay`, `--node-cpus`; the Hub takes `--token` and
+`--throttle BYTES_PER_S`. Prints the base URL as its first line, serves until SIGTERM or SIGINT, then
+stops any nodes it started.
 """
 
 from __future__ import annotations
@@ -14,32 +16,40 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from tests.fakes import FAKES
+from tests.fakes import FAKES, FakeCloud, FakeHub
+from tests.fakes.hub import DEFAULT_TOKEN
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and serve one fake until a signal arrives."""
     parser = argparse.ArgumentParser(prog="python -m tests.fakes")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve one fake cloud API")
-    serve.add_argument("vendor", choices=sorted(FAKES))
+    serve = sub.add_parser("serve", help="serve one fake cloud API, or the fake Hugging Face Hub")
+    serve.add_argument("vendor", choices=[*sorted(FAKES), "hub"])
     serve.add_argument("--port", type=int, default=0)
-    serve.add_argument("--home", type=Path, default=None, help="where nodes keep their files")
-    serve.add_argument("--nodes", choices=("ray", "none"), default="none")
-    serve.add_argument("--api-key", default=os.environ.get("FAKE_API_KEY", "test-key"))
-    serve.add_argument("--ready-delay", type=float, default=0.2, help="seconds to RUNNING with --nodes none")
-    serve.add_argument("--node-cpus", type=int, default=1, help="CPUs of each node's Ray head (--nodes ray)")
+    serve.add_argument("--home", type=Path, default=None, help="where nodes (or the Hub's files) are kept")
+    clouds = serve.add_argument_group("clouds (runpod, vastai)")
+    clouds.add_argument("--nodes", choices=("ray", "none"), default="none")
+    clouds.add_argument("--api-key", default=os.environ.get("FAKE_API_KEY", "test-key"))
+    clouds.add_argument("--ready-delay", type=float, default=0.2, help="seconds to RUNNING with --nodes none")
+    clouds.add_argument("--node-cpus", type=int, default=1, help="CPUs of each node's Ray head (--nodes ray)")
+    hub = serve.add_argument_group("hub")
+    hub.add_argument("--token", default=os.environ.get("FAKE_HUB_TOKEN", DEFAULT_TOKEN))
+    hub.add_argument("--throttle", type=float, default=None, help="bytes/s per download connection")
     args = parser.parse_args(argv)
 
-    home = args.home or Path(tempfile.mkdtemp(prefix=f"fake-{args.vendor}-"))
-    fake = FAKES[args.vendor](
-        api_key=args.api_key,
-        home=home,
-        nodes=args.nodes,
-        ready_delay_s=args.ready_delay,
-        port=args.port,
-        node_cpus=args.node_cpus,
-    )
+    fake: FakeCloud | FakeHub
+    if args.vendor == "hub":  # without --home, the Hub keeps its files in a temporary directory it removes
+        fake = FakeHub(home=args.home, token=args.token, throttle_bps=args.throttle, port=args.port)
+    else:
+        fake = FAKES[args.vendor](
+            api_key=args.api_key,
+            home=args.home or Path(tempfile.mkdtemp(prefix=f"fake-{args.vendor}-")),
+            nodes=args.nodes,
+            ready_delay_s=args.ready_delay,
+            port=args.port,
+            node_cpus=args.node_cpus,
+        )
     fake.start()
     stopping = threading.Event()
 

@@ -1,0 +1,310 @@
+"""A fake of the Hugging Face Hub's HTTP API, good enough for huggingface_hub 2.4 unmodified.
+
+Point the client at it with `HF_ENDPOINT=<hub.url>` (read when huggingface_hub is imported) or with
+`endpoint=hub.url`, and set `HF_HUB_DISABLE_XET=1`: the fake speaks only the plain HTTP and git LFS
+protocols and never advertises Xet. It serves repo creation, `upload_folder` (preupload, the LFS batch
+API with its own upload and verify URLs, the NDJSON commit), repo info and trees, and
+`/{repo}/resolve/{revision}/{path}` downloads with Range. Mutations need `Authorization: Bearer <token>`;
+private repos look missing without it, as on the Hub. File downloads can be capped per connection
+(`throttle_bps`), and faults can be scripted per operation.
+
+Operations (request counts, fault rules): whoami, create_repo, delete_repo, repo_info, list_tree, preupload,
+lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve), download (GET resolve), other.
+Control endpoints: GET /_fake/state, POST /_fake/faults (a list of rules), POST /_fake/throttle {"bps"}.
+Repos live in memory; file contents live on disk under `home`.
+
+In a test: `with FakeHub(home=tmp_path, token=TOKEN) as hub: ... hub.url ...`; seed a repo without HTTP
+with `hub.put_files(repo_id, {path: bytes_or_Path})`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tests.fakes.hub_routes import HubRoutes, Refused, Target
+from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
+from tests.fakes.hub_wire import HubRequest, HubServer, Reply
+
+DEFAULT_TOKEN = "hf-test-token"
+FAULT_KINDS = frozenset({"500", "429", "timeout", "disconnect"})
+_PLURALS = {f"{t}s": t for t in REPO_TYPES}
+_DOWNLOAD_LOG = 1000
+
+
+@dataclass
+class HubFault:
+    """A scripted misbehaviour for one operation (or "*"), consumed `times` times.
+
+    Kinds: "500" and "429" answer at once (429 with Retry-After); "timeout" waits `delay` seconds, then
+    answers normally; "disconnect" drops the connection: a download after `after_bytes` body bytes
+    (default: half the body), anything else before answering.
+    """
+
+    op: str
+    kind: str
+    times: int = 1
+    retry_after: float = 1.0
+    delay: float = 0.0
+    after_bytes: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HubFault:
+        """Validate one rule as posted to /_fake/faults."""
+        kind = str(data["kind"])
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
+        after = data.get("after_bytes")
+        return cls(
+            op=str(data.get("op", "*")),
+            kind=kind,
+            times=int(data.get("times", 1)),
+            retry_after=float(data.get("retry_after", 1.0)),
+            delay=float(data.get("delay", 0.0)),
+            after_bytes=None if after is None else int(after),
+        )
+
+
+@dataclass
+class _Download:
+    """One resolve GET, as /_fake/state lists it."""
+
+    path: str
+    range: str | None
+    status: int
+    bytes: int = 0
+
+
+class FakeHub(HubRoutes):
+    """The fake Hub. Use as a context manager, or `start()` / `stop()`.
+
+    `home` keeps the blobs (a temporary directory, removed on stop, when None); `token` is the one valid
+    access token; `throttle_bps` caps each file download's bytes per second (None: no cap).
+    """
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        token: str = DEFAULT_TOKEN,
+        throttle_bps: float | None = None,
+        port: int = 0,
+        user: str = "fake-user",
+    ) -> None:
+        self._own_home = home is None
+        self.home = Path(tempfile.mkdtemp(prefix="fake-hub-")) if home is None else home
+        super().__init__(RepoStore(self.home), token, user)
+        self.throttle_bps = throttle_bps
+        self.port = port
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.faults: list[HubFault] = []
+        self.downloads: list[_Download] = []
+        self.bytes_served = 0
+        self._server: HubServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The base URL clients are pointed at (HF_ENDPOINT)."""
+        if self._server is None:
+            raise RuntimeError("fake not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeHub:
+        """Serve in a daemon thread (returns at once; the socket is already listening)."""
+        self._server = HubServer(self, self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end open connections, and remove a temporary home; idempotent."""
+        if self._server is not None:
+            self._server.shutdown()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server.close_connections()
+            self._server.server_close()
+            self._server = None
+        if self._own_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> FakeHub:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- knobs for in-process tests (also behind /_fake/...) ---------------------------------------
+    def put_files(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes | Path],
+        private: bool = False,
+        repo_type: str = "model",
+        message: str = "Upload files",
+    ) -> str:
+        """Commit files straight into a repo, creating it (with `private`) if missing; returns the sha.
+
+        A `Path` is copied into the blob store in chunks, so seeding a large model costs one disk copy.
+        """
+        if repo_type not in REPO_TYPES:
+            raise ValueError(f"unknown repo type {repo_type!r}; valid: {list(REPO_TYPES)}")
+        if repo_id.count("/") != 1:
+            raise ValueError(f"repo id {repo_id!r} must be 'namespace/name'")
+        blobs = self.store.blobs
+        repo, _ = self.store.create(repo_type, repo_id, private)
+        changes: dict[str, Blob] = {}
+        for path, content in files.items():
+            sha256, size = blobs.put_file(content) if isinstance(content, Path) else blobs.put_bytes(content)
+            changes[path] = blobs.describe(sha256, size, wants_lfs(path, size, blobs.sample(sha256)))
+        return self.store.commit(repo, message, "", changes.items()).oid
+
+    def add_faults(self, rules: list[dict[str, Any]]) -> None:
+        """Queue fault rules; they are consumed in order."""
+        parsed = [HubFault.from_json(rule) for rule in rules]
+        with self.lock:
+            self.faults.extend(parsed)
+
+    def state(self) -> dict[str, Any]:
+        """Repos (head, commits, files with sizes and sha256), request counts, and recent downloads."""
+        with self.store.lock:
+            repos = [repo.public() for repo in self.store.repos.values()]
+        with self.lock:
+            return {
+                "repos": repos,
+                "requests": dict(self.requests),
+                "downloads": [
+                    {"path": d.path, "range": d.range, "status": d.status, "bytes": d.bytes}
+                    for d in self.downloads
+                ],
+                "bytes_served": self.bytes_served,
+                "throttle_bps": self.throttle_bps,
+            }
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def take_fault(self, op: str) -> HubFault | None:
+        """The first queued rule for `op` (or "*"), consumed once."""
+        with self.lock:
+            for fault in self.faults:
+                if fault.op in (op, "*") and fault.times > 0:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                    return fault
+        return None
+
+    def dispatch(self, request: HubRequest) -> Reply:
+        """Control endpoints first, then the token check, fault injection and the route's handler."""
+        if request.segments[:1] == ["_fake"]:
+            return self._control(request)
+        op, handler, target = self.route(request)
+        with self.lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
+        if op != "lfs_upload" and self.bearer(request) not in ("", self.token):
+            message = "Invalid credentials in Authorization header"
+            return Reply(401, {"error": message}, {"X-Error-Message": message})
+        fault = self.take_fault(op)
+        if fault is not None and fault.kind == "429":
+            return Reply(429, {"error": "Too many requests"}, {"Retry-After": f"{fault.retry_after:g}"})
+        if fault is not None and fault.kind == "500":
+            return Reply(500, {"error": "Internal server error"})
+        if fault is not None and fault.kind == "timeout":
+            time.sleep(fault.delay)
+        try:
+            reply = handler(request, target)
+        except Refused as refused:
+            reply = refused.reply
+        except (ValueError, KeyError, TypeError) as exc:  # a malformed body: what the Hub calls a bad request
+            reply = Reply(400, {"error": f"Bad request: {exc!r}"})
+        if fault is not None and fault.kind == "disconnect":
+            if reply.file is None:
+                return Reply.hang_up()
+            length = reply.file.end - reply.file.start
+            reply.disconnect_after = length // 2 if fault.after_bytes is None else fault.after_bytes
+        if op == "download":
+            self._log_download(reply, target, request.headers.get("range"))
+        return reply
+
+    def route(self, request: HubRequest) -> tuple[str, Callable[[HubRequest, Target], Reply], Target]:
+        """(operation name, handler, parsed target) for a request."""
+        s, method = request.segments, request.method
+        if s[:1] == ["api"]:
+            if s == ["api", "whoami-v2"] and method == "GET":
+                return "whoami", self.whoami, Target()
+            if s == ["api", "repos", "create"] and method == "POST":
+                return "create_repo", self.create_repo, Target()
+            if s == ["api", "repos", "delete"] and method == "DELETE":
+                return "delete_repo", self.delete_repo, Target()
+            if len(s) >= 4 and s[1] in _PLURALS:
+                return self._route_api(method, Target(_PLURALS[s[1]], f"{s[2]}/{s[3]}"), s[4:])
+        elif s[:2] == ["_lfs", "upload"] and len(s) == 3 and method == "PUT":
+            return "lfs_upload", self.lfs_upload, Target(path=s[2])
+        else:
+            repo_type = "model"
+            if s[:1] in (["datasets"], ["spaces"]):
+                repo_type, s = s[0][:-1], s[1:]
+            if len(s) == 6 and s[1].endswith(".git") and s[2:5] == ["info", "lfs", "objects"]:
+                target = Target(repo_type, f"{s[0]}/{s[1][: -len('.git')]}")
+                if s[5] == "batch" and method == "POST":
+                    return "lfs_batch", self.lfs_batch, target
+                if s[5] == "verify" and method == "POST":
+                    return "lfs_verify", self.lfs_verify, target
+            if len(s) >= 5 and s[2] == "resolve" and method in ("GET", "HEAD"):
+                target = Target(repo_type, f"{s[0]}/{s[1]}", s[3], "/".join(s[4:]))
+                return ("download" if method == "GET" else "file_head"), self.resolve, target
+        return "other", self.not_routed, Target()
+
+    def _route_api(
+        self, method: str, target: Target, rest: list[str]
+    ) -> tuple[str, Callable[[HubRequest, Target], Reply], Target]:
+        """Routes under /api/{type}s/{namespace}/{name}/..."""
+        if method == "GET" and (not rest or (len(rest) == 2 and rest[0] == "revision")):
+            target.revision = rest[1] if rest else "main"
+            return "repo_info", self.repo_info, target
+        if method == "GET" and len(rest) >= 2 and rest[0] == "tree":
+            target.revision, target.path = rest[1], "/".join(rest[2:]).strip("/")
+            return "list_tree", self.list_tree, target
+        if method == "POST" and len(rest) == 2 and rest[0] in ("preupload", "commit"):
+            target.revision = rest[1]
+            return rest[0], (self.preupload if rest[0] == "preupload" else self.commit), target
+        return "other", self.not_routed, target
+
+    def _log_download(self, reply: Reply, target: Target, range_header: str | None) -> None:
+        entry = _Download(target.path, range_header, reply.status)
+        with self.lock:
+            self.downloads = [*self.downloads[-(_DOWNLOAD_LOG - 1) :], entry]
+
+        def on_sent(sent: int) -> None:
+            with self.lock:
+                entry.bytes = sent
+                self.bytes_served += sent
+
+        reply.on_sent = on_sent
+        reply.rate_bps = self.throttle_bps
+
+    def _control(self, request: HubRequest) -> Reply:
+        path, method = "/".join(request.segments), request.method
+        if path == "_fake/state" and method == "GET":
+            return Reply(200, self.state())
+        try:
+            if path == "_fake/faults" and method == "POST":
+                self.add_faults(list(request.json() or []))
+                return Reply(200, {"queued": len(self.faults)})
+            if path == "_fake/throttle" and method == "POST":
+                bps = (request.json() or {}).get("bps")
+                self.throttle_bps = None if bps is None else float(bps)
+                return Reply(200, {"throttle_bps": self.throttle_bps})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return Reply(400, {"error": str(exc)})
+        return Reply(404, {"error": "no such control endpoint"})
