@@ -18,7 +18,7 @@ from broker.ledger import Draft, Ledger
 from broker.models import EventType, Run
 from fleet.embedded import ensure_redis
 from fleet.errors import ConfigError, CredentialsMissing, Problem
-from fleet.secrets import provider_context
+from fleet.secrets import load_secrets, provider_context
 from fleet.settings import Settings
 from fleet.shipping import ship_datasets, ship_dir
 from fleet.spec import LoadedJob
@@ -58,10 +58,17 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
     """Refuse (ConfigError) a valid job this fleet cannot run: its provider is not available, or has no
     credential (named, never shown)."""
     provider = job.spec.provider.value
+    secrets = load_secrets()
     try:
-        get_provider(provider, provider_context(settings.home, settings.api_urls()))
+        get_provider(provider, provider_context(settings.home, settings.api_urls(), secrets))
     except CredentialsMissing as exc:
         raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
+    if job.spec.train.hub_model_id and secrets.get("HF_TOKEN") is None:
+        message = (
+            "cannot submit: pushing to the hub needs HF_TOKEN (a write token) in the environment or in the "
+            "fleet's secrets file (mode 600), never in a job file"
+        )
+        raise ConfigError(job.source, [Problem("hub_model_id", message)])
 
 
 def submit(fleet: Fleet, job: LoadedJob) -> Run:

@@ -38,6 +38,15 @@ class Settings(BaseModel):
     vast_url: str = Field(
         "https://console.vast.ai", description="vast.ai's API (VAST_URL; a fake's in tests)."
     )
+    hf_endpoint: str = Field(
+        "https://huggingface.co", description="The Hugging Face Hub (HF_ENDPOINT; a fake's URL in tests)."
+    )
+    hf_hub_disable_xet: bool = Field(
+        False, description="Plain HTTP/LFS transfers instead of Xet (HF_HUB_DISABLE_XET; the fake needs it)."
+    )
+    train_restarts: int = Field(
+        2, ge=0, le=20, description="Times a killed or crashed train job is run again (from its checkpoint)."
+    )
     poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
@@ -71,7 +80,13 @@ class Settings(BaseModel):
 
 
 # Settings also read from the environment under the name their own tools use.
-AS_IS = {"redis_url": "REDIS_URL", "runpod_api_base_url": "RUNPOD_API_BASE_URL", "vast_url": "VAST_URL"}
+AS_IS = {
+    "redis_url": "REDIS_URL",
+    "runpod_api_base_url": "RUNPOD_API_BASE_URL",
+    "vast_url": "VAST_URL",
+    "hf_endpoint": "HF_ENDPOINT",
+    "hf_hub_disable_xet": "HF_HUB_DISABLE_XET",
+}
 
 
 def _file_values(path: Path) -> dict[str, Any]:

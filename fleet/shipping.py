@@ -57,11 +57,11 @@ def ship_datasets(config: TrainConfig, source: str, dest: Path) -> TrainConfig:
         raise ConfigError(source, problems)
     datasets = list(config.datasets)
     for i, root, files in plan:
-        target = dest / "datasets" / str(i)
+        # datasets/<i>/<its own name>: never taken for a hub id, and the card can name it
+        relative = Path("datasets", str(i), root.name)
         for f in files:
-            inside = target / (f.relative_to(root) if root.is_dir() else f.name)
+            inside = dest / relative / f.relative_to(root) if root.is_dir() else dest / relative
             inside.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, inside)
-        relative = Path("datasets", str(i)) if root.is_dir() else Path("datasets", str(i), root.name)
         datasets[i] = datasets[i].model_copy(update={"path": relative.as_posix()})
     return config.model_copy(update={"datasets": datasets})

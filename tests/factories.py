@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,10 @@ def train_job(
     }
     values.update(fields)
     return TrainJob.model_validate(values)
+
+
+def write_completion_data(path: Path, count: int) -> Path:
+    """A small `completion` JSONL dataset of `count` distinct texts at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": f"A cow says moo {i}."}) + "\n" for i in range(count)))
+    return path

@@ -32,11 +32,13 @@ def hub_id(base_model: str) -> str | None:
 
 
 def dataset_names(config: TrainConfig) -> list[str]:
-    """The datasets as the job gives them; absolute paths reduced to their last component."""
+    """The datasets as the job gives them: hub ids as they are, local paths (absolute, or relative to
+    what travelled to a rented node) reduced to their last component."""
     names = []
     for ds in config.datasets:
         path = ds.path.replace("\\", "/")
-        names.append(PurePosixPath(path).name if path.startswith(("/", "~")) else path)
+        local = path.startswith(("/", "~")) or not re.fullmatch(HUB_ID_PATTERN, path)
+        names.append(PurePosixPath(path).name if local else path)
     return names
 
 
@@ -59,8 +61,11 @@ def render(
     *,
     run_id: str,
     target_modules: Sequence[str],
+    job_yaml: str | None = None,
+    wandb_url: str | None = None,
 ) -> str:
-    """The whole README.md: YAML header, a short description, hyperparameters, final metrics, usage."""
+    """The whole README.md: YAML header, a short description, hyperparameters, final metrics, usage, and
+    the job file (its secrets already taken out by the fleet) when given."""
     base = hub_id(config.base_model)
     title = config.hub_model_id or f"trainfleet run {run_id}"
     header = yaml.safe_dump(metadata(config), sort_keys=False, allow_unicode=True)
@@ -99,13 +104,17 @@ def render(
     load_base = base or "<path to the base model>"
     if base in BUILTIN_MODELS:
         about += " (not on the hub: trainfleet builds it locally, see `trainer.tiny.resolve_model`)"
+    tracked = f" The W&B run: [{wandb_url}]({wandb_url})." if wandb_url else ""
+    job = f"\n## Job\n\n```yaml\n{job_yaml.rstrip()}\n```\n" if job_yaml else ""
     return (
         f"---\n{header}---\n\n# {title}\n\n"
-        f"{about}, trained with trainfleet on {', '.join(f'`{d}`' for d in dataset_names(config))}.\n\n"
+        f"{about}, trained with trainfleet on {', '.join(f'`{d}`' for d in dataset_names(config))}."
+        f"{tracked}\n\n"
         f"## Training hyperparameters\n\n{_table(hyper)}\n## Results\n\n{_table(results)}\n"
         "## Usage\n\n```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n\n"
         f'base = AutoModelForCausalLM.from_pretrained("{load_base}")\n'
         'model = PeftModel.from_pretrained(base, "<this directory or repository>")\n```\n'
+        f"{job}"
     )
 
 

@@ -74,10 +74,34 @@ class TrainConfig(BaseModel):
     logging_steps: int = Field(1, ge=1, description="Report the training loss every N steps.")
     seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed.")
     train_on_inputs: bool = Field(False, description="Also train on the prompt tokens (alpaca).")
+    auto_find_batch_size: bool = Field(
+        False,
+        description="Before training, raise (or lower) micro_batch_size to the largest that fits, keeping "
+        "the effective batch through gradient_accumulation_steps where it can (trainer.batch_size).",
+    )
+    loss_watchdog_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="Roll back when the logged loss stays above this for loss_watchdog_patience lines.",
+    )
+    loss_watchdog_patience: int = Field(
+        3, ge=1, le=10_000, description="Logged steps in a row above the threshold before a rollback."
+    )
+    loss_watchdog_max_rollbacks: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Rollbacks (on a NaN/inf loss, or a loss above the threshold; each halves the learning "
+        "rate) before the run fails; 0 fails at once.",
+    )
     output_dir: str = Field(
         "./outputs", validate_default=True, description="Where results go, relative to the run's directory."
     )
     hub_model_id: str | None = Field(None, pattern=HUB_ID_PATTERN, description="Push the result here.")
+    hub_private_repo: bool = Field(True, description="Create the hub repository private (if it is new).")
+    hub_strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
+        "end", description="What goes to the hub: the result at the end, or checkpoints too (transformers')."
+    )
     wandb_project: str | None = Field(None, description="W&B project.")
     wandb_entity: str | None = Field(None, description="W&B entity.")
     wandb_name: str | None = Field(None, description="W&B run name.")
@@ -91,6 +115,13 @@ class TrainConfig(BaseModel):
         None, description="Ray resources per worker, e.g. {GPU: 1}; default 1 GPU, or 1 CPU without GPUs."
     )
     ray_run_name: str | None = Field(None, description="Ray Train run name.")
+    ray_max_failures: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Worker failures Ray Train recovers from, resuming from the last checkpoint "
+        "(FailureConfig.max_failures); 0 fails the run at the first.",
+    )
 
     @field_validator("output_dir")
     @classmethod
@@ -143,6 +174,8 @@ class TrainJob(BaseModel):
         None, description=f"Where base models are kept on the node (relative: under ${NODE_ROOT_ENV})."
     )
     use_gpu: bool = Field(False, description="Whether the node's workers use GPUs.")
+    job_yaml: str | None = Field(None, description="The job file with its secrets taken out, for the card.")
+    wandb_url: str | None = Field(None, description="The run's W&B page, for the card.")
 
     def on_node(self, environ: Mapping[str, str]) -> TrainJob:
         """This job with its directories made absolute on this node. The fleet sends paths relative to the

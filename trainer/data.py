@@ -11,25 +11,43 @@ Three stages, each usable on its own:
 
 Relative dataset paths are resolved against `base_dir` (the process's working directory by default: the
 Ray job's working_dir on the node).
+
+A path that is not on this disk but reads as a hub id ('org/name', as fleet/spec.py keeps them) is a hub
+dataset: `localize_datasets` downloads its JSONL files (trainer.download, into ``<cache_dir>/hub/``) and
+returns the entries with an extra `local_copy` key naming that directory (`path` keeps the id, for the
+model card); the stages above then read it like any local directory. Like the base model's directory,
+the copy is on the node that ran `localize_datasets` (the Ray driver's). The files are `data_files` when
+given, else the .jsonl files of the entry's `split`: those whose path names the split as a word
+(``train.jsonl``, ``data/train-00000.jsonl``), or all of them for "train" when none names a split, as in
+the `datasets` library. Only JSONL is read: a repo of parquet, CSV or JSON files is refused before
+anything is downloaded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import DatasetConfig, TrainConfig
-from trainer.errors import DatasetError
+from trainer.config import HUB_ID_PATTERN, DatasetConfig, TrainConfig
+from trainer.errors import DatasetError, DownloadError
 
 if TYPE_CHECKING:
     import torch
 
+    from trainer.download import DownloadStats, HubAccess, Listing, RemoteFile
+
 IGNORE_INDEX = -100  # label value the loss skips
+LOCAL_COPY = "local_copy"  # the extra key localize_datasets sets on a hub entry: its directory on this node
+_SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")  # split names hub files carry
+_OTHER_FORMATS = frozenset({".parquet", ".csv", ".tsv", ".json", ".arrow", ".txt", ".gz", ".zst", ".zip"})
 
 PROMPT_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -75,11 +93,19 @@ def alpaca_prompt(instruction: str, input_: str = "") -> str:
     return PROMPT_NO_INPUT.format(instruction=instruction)
 
 
+def local_root(ds: DatasetConfig, base_dir: Path | None = None) -> Path:
+    """Where the entry's files are on this disk: its `local_copy` once localized, else its path (relative
+    paths under `base_dir`, default the working directory)."""
+    copy = (ds.model_extra or {}).get(LOCAL_COPY)
+    if copy:
+        return Path(copy)
+    root = Path(ds.path).expanduser()
+    return root if root.is_absolute() else (base_dir or Path.cwd()) / root
+
+
 def dataset_files(ds: DatasetConfig, base_dir: Path | None = None) -> list[Path]:
     """The JSONL files one `datasets:` entry names, in a stable order. Raises DatasetError if none."""
-    root = Path(ds.path).expanduser()
-    if not root.is_absolute():
-        root = (base_dir or Path.cwd()) / root
+    root = local_root(ds, base_dir)
     if ds.data_files is not None:
         names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
         if not root.is_dir():
@@ -97,9 +123,88 @@ def dataset_files(ds: DatasetConfig, base_dir: Path | None = None) -> list[Path]
             raise DatasetError(f"{ds.path}: directory {root} holds no .jsonl files")
         return files
     raise DatasetError(
-        f"dataset {ds.path!r} not found at {root}; only local JSONL files and directories are "
-        "supported in this build (hub datasets are not)"
+        f"dataset {ds.path!r} not found at {root}; local JSONL files and directories are read here "
+        "(hub datasets are not: localize_datasets downloads them first)"
     )
+
+
+def is_hub_dataset(ds: DatasetConfig, base_dir: Path | None = None) -> bool:
+    """Whether `ds` names a hub dataset: not a local path (a shipped dataset may look like 'org/name' too)
+    and shaped like a hub id."""
+    return not local_root(ds, base_dir).exists() and re.fullmatch(HUB_ID_PATTERN, ds.path) is not None
+
+
+def localize_datasets(
+    datasets: Sequence[DatasetConfig],
+    base_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    access: HubAccess | None = None,
+) -> tuple[list[DatasetConfig], list[DownloadStats]]:
+    """The entries with every hub dataset downloaded under `cache_dir` (default: the model cache), its
+    `local_copy` and `data_files` set; plus the download figures, one per hub dataset. `path` keeps the
+    hub id, which is what the model card names.
+
+    Local entries come back unchanged. `access` defaults to HF_ENDPOINT / HF_TOKEN from the environment.
+    Raises DatasetError for a missing or refused repo, a failed download, or a repo without JSONL files.
+    """
+    if not any(is_hub_dataset(ds, base_dir) for ds in datasets):
+        return list(datasets), []
+    from trainer.download import HubAccess, snapshot
+    from trainer.tiny import default_cache_dir
+
+    local, stats = [], []
+    for ds in datasets:
+        if not is_hub_dataset(ds, base_dir):
+            local.append(ds)
+            continue
+        try:
+            access = access or HubAccess.from_env(os.environ)
+            got = snapshot(
+                ds.path, cache_dir or default_cache_dir(), access, "dataset", partial(hub_jsonl_files, ds)
+            )
+        except DownloadError as exc:
+            raise DatasetError(f"dataset {ds.path!r} is not a local path; from the hub: {exc}") from exc
+        local.append(
+            ds.model_copy(update={LOCAL_COPY: str(got.path), "data_files": [f.path for f in got.files]})
+        )
+        stats.append(got.stats)
+    return local, stats
+
+
+def hub_jsonl_files(ds: DatasetConfig, listing: Listing) -> list[RemoteFile]:
+    """The files of a hub dataset that `ds` reads (see the module docstring). Raises DatasetError."""
+    by_path = {f.path: f for f in listing.files}
+    where = f"hub dataset {ds.path!r}"
+    if ds.data_files is not None:
+        names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
+        missing = [n for n in names if n not in by_path]
+        if missing:
+            raise DatasetError(f"{where}: data_files not in the repo: {', '.join(missing)}")
+        other = [n for n in names if not n.endswith(".jsonl")]
+        if other:
+            raise DatasetError(f"{where}: only JSONL (.jsonl) is read; data_files names {', '.join(other)}")
+        return [by_path[n] for n in names]
+    jsonl = [f for f in listing.files if f.path.endswith(".jsonl")]
+    if not jsonl:
+        kinds = sorted({Path(f.path).suffix for f in listing.files if Path(f.path).suffix in _OTHER_FORMATS})
+        found = f" (it has {', '.join(kinds)} files)" if kinds else ""
+        raise DatasetError(
+            f"{where} has no .jsonl files{found}; only JSONL is read: convert the data to JSON Lines"
+        )
+    named = [f for f in jsonl if _names_split(f.path, ds.split)]
+    if named:
+        return named
+    if ds.split == "train" and not any(_names_split(f.path, s) for f in jsonl for s in _SPLIT_WORDS):
+        return jsonl
+    paths = ", ".join(f.path for f in jsonl[:10])
+    raise DatasetError(
+        f"{where}: no .jsonl file for split {ds.split!r} among {paths}; name them with data_files"
+    )
+
+
+def _names_split(path: str, split: str) -> bool:
+    """Whether `split` is a word of `path` ('data/train-00000.jsonl' names 'train', 'training.jsonl' not)."""
+    return re.search(rf"(^|[/_.\- ]){re.escape(split)}([/_.\- 0-9]|$)", path) is not None
 
 
 def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:

@@ -1,12 +1,15 @@
 """Where a recipe runs: one plain process, or one Ray Train worker of several (gloo on CPU, NCCL on GPU).
 
 The recipe talks to this module instead of to Ray or torch.distributed directly, so that the same loop
-runs in both places. Under Ray every collective here (`all_reduce_sum`, `report`) is a barrier: every
-worker must call it the same number of times, in the same order.
+runs in both places. Under Ray every collective here (`all_reduce_sum`, `all_reduce_max`, `all_true`,
+`same_everywhere`, `report`) is a barrier: every worker must call it the same number of times, in the same
+order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +64,29 @@ def all_reduce_sum(values: list[float], worker: Worker) -> list[float]:
     return [float(v) for v in tensor.tolist()]
 
 
+def all_reduce_max(values: list[float], worker: Worker) -> list[float]:
+    """Element-wise maximum of `values` over all workers (the values themselves with one worker)."""
+    if worker.world_size == 1:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=worker.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [float(v) for v in tensor.tolist()]
+
+
+def all_true(flag: bool, worker: Worker) -> bool:
+    """Whether `flag` holds on every worker; every worker gets the same answer (one collective)."""
+    return all_reduce_max([0.0 if flag else 1.0], worker)[0] == 0.0
+
+
+def same_everywhere(value: float, worker: Worker) -> bool:
+    """Whether every worker passed the same `value`; every worker gets the same answer (one collective)."""
+    highest, minus_lowest = all_reduce_max([value, -value], worker)
+    return highest == -minus_lowest
+
+
 def prepare_model(model: Any, worker: Worker) -> Any:
     """Move `model` to the worker's device; under Ray with several workers, wrap it in DDP."""
     if not worker.under_ray:
@@ -96,3 +122,21 @@ def report(worker: Worker, metrics: dict[str, Any], checkpoint_dir: Path | None 
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
     name = checkpoint_dir.name if checkpoint is not None and checkpoint_dir is not None else None
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+
+@contextmanager
+def restored_checkpoint(worker: Worker) -> Iterator[Path | None]:
+    """Under Ray, the directory of the checkpoint Ray Train restores this run from: the last one reported,
+    after a worker failure (FailureConfig.max_failures) or for a run created again under the same name and
+    storage. None without one, or without Ray. The directory may be temporary: read it inside the block."""
+    if not worker.under_ray:
+        yield None
+        return
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        yield None
+        return
+    with checkpoint.as_directory() as directory:
+        yield Path(directory)

@@ -16,7 +16,11 @@ class JobError(TrainerError):
 
 
 class ModelUnavailable(TrainerError):
-    """The base model is neither built in nor a local directory (hub downloads are not in this build)."""
+    """The base model is not built in, not a local directory, and cannot be downloaded from the hub."""
+
+
+class DownloadError(TrainerError):
+    """A hub repo cannot be listed or fetched: missing, refused, or a transfer failed past its retries."""
 
 
 class DatasetError(TrainerError):

@@ -1,7 +1,10 @@
 """What a run leaves on disk: checkpoints during training, and the results in output_dir at the end.
 
-Rank 0 alone calls these. A checkpoint directory (``<work_dir>/checkpoints/step-N``) holds the adapter
-(`save_pretrained`), `optimizer.pt`, `scheduler.pt` and `trainer_state.json`. The output directory holds
+Rank 0 alone writes these. A checkpoint directory (``<work_dir>/checkpoints/step-N``) holds the adapter
+(`save_pretrained`), `optimizer.pt`, `scheduler.pt`, `rng_state.pt` and `trainer_state.json` (the loop's
+position, trainer.snapshot.Position, plus the run's shape: total steps, micro batch, accumulation, workers).
+It is written into a hidden sibling directory and renamed into place, so a crash never leaves a half-written
+`step-N`; `latest_checkpoint` only considers directories that hold every file. The output directory holds
 the adapter (adapter_config.json + adapter_model.safetensors), the tokenizer, `metrics.json` and the
 model card README.md. The adapter's `base_model_name_or_path` is the job's `base_model` as given (the hub
 id), never the node's local cache path.
@@ -10,6 +13,8 @@ id), never the node's local cache path.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,9 +22,16 @@ from typing import Any
 
 from trainer import card
 from trainer.config import TrainConfig
+from trainer.snapshot import Position, Snapshot
 
 METRICS_FILE = "metrics.json"
 STATE_FILE = "trainer_state.json"
+CHECKPOINTS_DIR = "checkpoints"  # under work_dir
+OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE = "optimizer.pt", "scheduler.pt", "rng_state.pt"
+ADAPTER_FILE = "adapter_model.safetensors"
+# Without these a checkpoint directory is incomplete (rng_state.pt is optional).
+CHECKPOINT_FILES = ("adapter_config.json", ADAPTER_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE)
+CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 
 
 def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:
@@ -32,18 +44,76 @@ def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:
 
 
 def save_checkpoint(
-    path: Path, peft_model: Any, optimizer: Any, scheduler: Any, state: Mapping[str, Any], base_model: str
+    path: Path, peft_model: Any, snapshot: Snapshot, state: Mapping[str, Any], base_model: str
 ) -> Path:
-    """Write one checkpoint into `path` (replacing an older one of the same name); return `path`."""
+    """Write a checkpoint of `snapshot` (the live `peft_model`'s adapter, saved as a loadable PEFT adapter)
+    into `path` atomically, replacing an older one of the same name; return `path`. `state` goes into
+    trainer_state.json, written last."""
     import torch
 
-    if path.exists():
-        shutil.rmtree(path)
-    save_adapter(peft_model, path, base_model)
-    torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    torch.save(scheduler.state_dict(), path / "scheduler.pt")
-    (path / STATE_FILE).write_text(json.dumps(dict(state), indent=2) + "\n", encoding="utf-8")
+    partial = path.parent / f".{path.name}.partial-{os.getpid()}"  # never matches CHECKPOINT_NAME
+    shutil.rmtree(partial, ignore_errors=True)
+    save_adapter(peft_model, partial, base_model)
+    torch.save(snapshot.optimizer, partial / OPTIMIZER_FILE)
+    torch.save(snapshot.scheduler, partial / SCHEDULER_FILE)
+    if snapshot.rng is not None:
+        torch.save(snapshot.rng, partial / RNG_FILE)
+    (partial / STATE_FILE).write_text(json.dumps(dict(state), indent=2) + "\n", encoding="utf-8")
+    if path.exists():  # rename() does not replace a directory: move the old one aside first
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        partial.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        partial.rename(path)
     return path
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's trainer_state.json (ValueError when it is not a JSON object with a global_step)."""
+    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise ValueError(f"{path / STATE_FILE}: no global_step")
+    return state
+
+
+def is_complete(path: Path) -> bool:
+    """Whether `path` is a whole checkpoint: every file there and a readable state."""
+    if not all((path / name).is_file() for name in CHECKPOINT_FILES):
+        return False
+    try:
+        read_state(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete `step-N` directory under `root` with the highest N (None when there is none)."""
+    if not root.is_dir():
+        return None
+    found = [
+        (int(match.group(1)), entry)
+        for entry in root.iterdir()
+        if (match := CHECKPOINT_NAME.fullmatch(entry.name)) and entry.is_dir() and is_complete(entry)
+    ]
+    return max(found)[1] if found else None
+
+
+def load_checkpoint(path: Path) -> Snapshot:
+    """A complete checkpoint directory read back (onto the CPU) as a Snapshot."""
+    import torch
+    from safetensors.torch import load_file
+
+    rng_path = path / RNG_FILE
+    return Snapshot(
+        position=Position.from_state(read_state(path)),
+        adapter=load_file(str(path / ADAPTER_FILE)),
+        optimizer=torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
+        scheduler=torch.load(path / SCHEDULER_FILE, weights_only=True),
+        rng=torch.load(rng_path, weights_only=True) if rng_path.is_file() else None,
+    )
 
 
 def write_results(
@@ -55,6 +125,8 @@ def write_results(
     metrics: Mapping[str, Any],
     run_id: str,
     target_modules: Sequence[str],
+    job_yaml: str | None = None,
+    wandb_url: str | None = None,
 ) -> None:
     """Write the adapter, tokenizer, metrics.json and README.md into `out` (created if missing).
 
@@ -64,5 +136,7 @@ def write_results(
     save_adapter(peft_model, out, config.base_model)
     tokenizer.save_pretrained(str(out))
     (out / METRICS_FILE).write_text(json.dumps(dict(metrics), indent=2) + "\n", encoding="utf-8")
-    text = card.render(config, metrics, run_id=run_id, target_modules=target_modules)
+    text = card.render(
+        config, metrics, run_id=run_id, target_modules=target_modules, job_yaml=job_yaml, wandb_url=wandb_url
+    )
     card.write(out / "README.md", text)

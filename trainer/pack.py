@@ -28,25 +28,32 @@ DEFAULT_LIMIT_BYTES = 256 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Packed:
-    """What came back: the archive's size and digest, and how many files it held."""
+    """What came back: the archive's size and digest, and how many files it held; or why nothing came
+    (`skipped`: too large, and the results are on the hub)."""
 
     bytes: int
     sha256: str
     files: int
+    skipped: str | None = None
 
 
-def pack(directory: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> Packed:
+def pack(directory: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES, skip_over_limit: bool = False) -> Packed:
     """Emit `directory` as CHUNK lines and a closing PACKED line. PackError if it is missing or the
-    archive would exceed `limit_bytes`."""
+    archive would exceed `limit_bytes`; with `skip_over_limit` (the results are on the hub already), a
+    PACKED line that says why nothing travels."""
     if not directory.is_dir():
         raise PackError(f"nothing to bring back: {directory} is not a directory")
     files = sorted(p for p in directory.rglob("*") if p.is_file())
     total = sum(p.stat().st_size for p in files)
     if total > limit_bytes:
-        raise PackError(
+        why = (
             f"{directory} holds {total / 2**20:.1f} MiB, more than the {limit_bytes / 2**20:.0f} MiB that "
-            "travel back through the job log; set hub_model_id to push it to the hub instead"
+            "travel back through the job log"
         )
+        if not skip_over_limit:
+            raise PackError(f"{why}; set hub_model_id to push it to the hub instead")
+        emit(Kind.PACKED, skipped=why, files=len(files), bytes=total)
+        return Packed(bytes=0, sha256="", files=len(files), skipped=why)
     with tempfile.TemporaryFile() as archive:
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
             for path in files:
@@ -76,6 +83,8 @@ def unpack(records: Iterable[Mapping[str, Any]], dest: Path) -> Packed:
             summary = record
     if summary is None:
         raise PackError("the pack job's log has no PACKED line: it did not finish")
+    if summary.get("skipped"):
+        return Packed(bytes=0, sha256="", files=int(summary.get("files", 0)), skipped=str(summary["skipped"]))
     expected = int(summary["chunks"])
     missing = sorted(set(range(expected)) - set(chunks))
     if missing:

@@ -20,14 +20,20 @@ ENV_VAR = "FLEET_TRAIN_JOB"  # the TrainJob JSON travels in this environment var
 class Kind(StrEnum):
     """What a progress line reports."""
 
-    FETCHED = "fetched"  # base model and datasets resolved on the node: {model_path, examples}
+    # base model and datasets resolved on the node: {model_path, examples, dataset_files,
+    # download: {bytes, files, seconds, mb_per_s, connections, bytes_skipped, repos}}
+    FETCHED = "fetched"
     STARTED = "started"  # {total_steps, num_workers, train_examples, eval_examples}
     STEP = "step"  # {step, total_steps, loss, learning_rate, epoch}
     EVAL = "eval"  # {step, eval_loss}
     CHECKPOINT = "checkpoint"  # {step, path}
+    RESUMED = "resumed"  # {step, total_steps, path, source}: went on from a checkpoint (source: local|ray)
+    ROLLBACK = "rollback"  # {step, to_step, reason, loss (high_loss only), learning_rate, rollbacks}
+    BATCH_SIZE = "batch_size"  # {micro_batch_size, gradient_accumulation_steps, tried: [{size, fits}]}
     FINISHED = "finished"  # {metrics: {...}, output_dir}
     CHUNK = "chunk"  # {seq, data}: one base64 piece of a packed output directory (trainer.pack)
     PACKED = "packed"  # {bytes, sha256, files, chunks}: the packed output is complete
+    PUSHED = "pushed"  # {repo_id, commit, url}: the results are on the HF Hub (trainer.push)
 
 
 def emit(kind: Kind, **data: Any) -> None:

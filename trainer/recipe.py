@@ -9,41 +9,34 @@ Schedule: eval loss at step 0, every `eval_steps` and at the end; a STEP line ev
 optimizer steps (and at the last); a checkpoint every `save_steps`. `max_steps` wins over `num_epochs`.
 Gradients are clipped to norm 1.0 (the HF Trainer's default). Under Ray each checkpoint and the end are
 reported with `ray.train.report`, which every worker calls at the same steps.
+
+Resuming (trainer.resume): a run whose work_dir (or Ray) holds a checkpoint starts from it: weights,
+optimizer, scheduler, RNG states, counters, and the data position (the same epoch's order, the micro
+batches already consumed skipped); the total number of steps does not change. The first STEP line after a
+resume averages only the steps after it. Rollbacks: trainer.watchdog; auto_find_batch_size:
+trainer.batch_size; test hooks: trainer.faults.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from trainer import dist, outputs
+from trainer import batch_size, dist, faults, outputs, resume, snapshot
 from trainer.config import TrainConfig, TrainJob
 from trainer.data import IGNORE_INDEX, Collator, prepare
-from trainer.errors import TrainingFailed
+from trainer.faults import InjectedCrash
+from trainer.lora import build_optimizer, load_lora_model
 from trainer.progress import Kind, emit
+from trainer.snapshot import Position, Snapshot
+from trainer.watchdog import LR_FACTOR, Reason, Trip, Watchdog, scale_learning_rate
 
 MAX_GRAD_NORM = 1.0
-DEFAULT_TARGETS = ("q_proj", "v_proj")
-
-
-def lora_targets(model: Any, config: TrainConfig) -> list[str]:
-    """The module names LoRA adapts: `lora_target_modules`, plus every linear layer but the output head
-    when `lora_target_linear`; q_proj and v_proj when neither is set."""
-    import torch
-
-    names = set(config.lora_target_modules or [])
-    if config.lora_target_linear:
-        head = model.get_output_embeddings()
-        names |= {
-            name.rsplit(".", 1)[-1]
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and module is not head
-        }
-    return sorted(names) or list(DEFAULT_TARGETS)
 
 
 def plan_steps(batches_per_epoch: int, config: TrainConfig) -> tuple[int, int]:
@@ -58,35 +51,6 @@ def warmup_steps(config: TrainConfig, total: int) -> int:
     if config.warmup_steps is not None:
         return config.warmup_steps
     return math.ceil((config.warmup_ratio or 0.0) * total)
-
-
-def build_optimizer(params: list[Any], config: TrainConfig, device: Any) -> Any:
-    """torch AdamW for the adamw_* names (fused on GPU for adamw_torch_fused), SGD for sgd."""
-    import torch
-
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    fused = config.optimizer == "adamw_torch_fused" and device.type == "cuda"
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused)
-
-
-def load_lora_model(model_path: Path, config: TrainConfig) -> tuple[Any, list[str]]:
-    """The base model from `model_path` (float32) wrapped in a fresh LoRA adapter, and its target names."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(model_path), dtype="float32")
-    targets = lora_targets(base, config)
-    alpha = config.lora_alpha
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=int(alpha) if float(alpha).is_integer() else alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=targets,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(base, lora), targets
 
 
 def loop_config(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
@@ -107,7 +71,7 @@ def run(
 
     Relative dataset paths are resolved against `base_dir` (default: the working directory). Rank 0
     writes the results into `job.output_dir` and checkpoints under `job.work_dir`/checkpoints. Raises
-    DatasetError for unreadable data and TrainingFailed when the loss stops being finite.
+    DatasetError for unreadable data and TrainingFailed when the loss watchdog gives up.
 
     Metrics: eval_loss_first / eval_loss (token-weighted, None without an eval set), train_loss (mean of
     the step losses), global_step, total_steps, epoch, train_runtime_s (from this worker's start, loading
@@ -131,12 +95,14 @@ class _Run:
         cfg = self.config
         hf_logging.disable_progress_bar()
         self.worker = dist.current_worker(job.use_gpu, under_ray)
+        self.faults = faults.from_env(os.environ)
+        self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # same LoRA init on every rank
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         pad_id = self.tokenizer.pad_token_id
-        collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
+        self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
         self.data = prepare(cfg, self.tokenizer, base_dir)
         peft_model, self.targets = load_lora_model(model_path, cfg)
         self.trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
@@ -145,16 +111,29 @@ class _Run:
         self.peft_model = dist.unwrap(self.model)
 
         w = self.worker
-        self.sampler = DistributedSampler(
+        self.resumed = resume.find(Path(job.work_dir), w)
+        shard = DistributedSampler(
             self.data.train, num_replicas=w.world_size, rank=w.rank, shuffle=True, seed=cfg.seed
         )
+        self.config = cfg = self.choose_batch_size(cfg, len(shard))
+        self.sampler = resume.ShardFrom(shard)
+        # Own generators: creating an iterator draws a seed, which must not move torch's global RNG.
         self.train_loader = DataLoader(
-            self.data.train, batch_size=cfg.micro_batch_size, sampler=self.sampler, collate_fn=collate
+            self.data.train,
+            batch_size=cfg.micro_batch_size,
+            sampler=self.sampler,
+            collate_fn=self.collate,
+            generator=torch.Generator().manual_seed(cfg.seed),
         )
+        self.batches_per_epoch = len(self.train_loader)
         # Eval shards without padding (each example counted once); losses are summed over all ranks.
-        shard = self.data.eval[w.rank :: w.world_size]
-        self.eval_loader = DataLoader(shard, batch_size=cfg.micro_batch_size, collate_fn=collate)
-        _, self.total = plan_steps(len(self.train_loader), cfg)
+        self.eval_loader = DataLoader(
+            self.data.eval[w.rank :: w.world_size],
+            batch_size=cfg.micro_batch_size,
+            collate_fn=self.collate,
+            generator=torch.Generator(),
+        )
+        _, self.total = plan_steps(self.batches_per_epoch, cfg)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, cfg, w.device)
         self.scheduler = get_scheduler(
@@ -163,10 +142,32 @@ class _Run:
             num_warmup_steps=warmup_steps(cfg, self.total),
             num_training_steps=self.total,
         )
-        self.step, self.epoch = 0, 0.0
-        self.eval_loss: float | None = None
+        self.watchdog = Watchdog.from_config(cfg)
+        self.pos = Position()
+        if self.resumed is not None:
+            self.pos = self.restore(self.resumed.snapshot)
+        self.anchor = self.capture()  # what a rollback goes back to: the last checkpoint, else this
         self.window: list[float] = []  # micro-batch-averaged losses of the steps since the last STEP line
-        self.step_losses_sum = 0.0
+
+    def choose_batch_size(self, cfg: TrainConfig, shard_size: int) -> TrainConfig:
+        """`cfg` with auto_find_batch_size's micro batch and accumulation (a resumed run keeps its own)."""
+        if not cfg.auto_find_batch_size:
+            return cfg
+        choice = batch_size.Choice.of_checkpoint(self.resumed.state) if self.resumed is not None else None
+        if choice is None:
+            choice = batch_size.find(
+                self.peft_model,
+                self.data.train,
+                self.collate,
+                micro_batch_size=cfg.micro_batch_size,
+                gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                shard_size=shard_size,
+                device=self.worker.device,
+                cap_bytes=self.faults.memory_cap_bytes(self.worker.rank),
+                agree=lambda fits: dist.all_true(fits, self.worker),
+            )
+        self.say(Kind.BATCH_SIZE, **choice.to_json())
+        return cfg.model_copy(update=choice.config_update())
 
     def say(self, kind: Kind, **data: Any) -> None:
         if self.worker.is_main:
@@ -181,24 +182,22 @@ class _Run:
             train_examples=len(self.data.train),
             eval_examples=len(self.data.eval),
         )
-        first_eval = self.evaluate()
+        if (where := self.resumed) is not None:
+            self.say(Kind.RESUMED, step=where.step, total_steps=self.total, **where.to_json())
+        else:
+            self.pos.eval_loss_first = self.evaluate()
         self.model.train()
-        epoch = 0
-        while self.step < self.total:
-            self.sampler.set_epoch(epoch)
-            self.train_epoch(epoch)
-            epoch += 1
-        if self.window:
-            self.log_step()
+        while self.pos.step < self.total:
+            self.train_epoch()
         final_eval = self.evaluate()
-        loss_sum, steps = dist.all_reduce_sum([self.step_losses_sum, float(self.step)], w)
+        loss_sum, steps = dist.all_reduce_sum([self.pos.train_loss_sum, float(self.pos.step)], w)
         metrics: dict[str, Any] = {
-            "eval_loss_first": first_eval,
+            "eval_loss_first": self.pos.eval_loss_first,
             "eval_loss": final_eval,
             "train_loss": loss_sum / max(steps, 1.0),
-            "global_step": self.step,
+            "global_step": self.pos.step,
             "total_steps": self.total,
-            "epoch": round(self.epoch, 4),
+            "epoch": round(self.pos.epoch, 4),
             "train_runtime_s": round(time.monotonic() - self.started, 3),
             "train_examples": len(self.data.train),
             "eval_examples": len(self.data.eval),
@@ -217,73 +216,132 @@ class _Run:
                 metrics=metrics,
                 run_id=self.job.run_id,
                 target_modules=self.targets,
+                job_yaml=self.job.job_yaml,
+                wandb_url=self.job.wandb_url,
             )
         dist.report(w, metrics)
         self.say(Kind.FINISHED, metrics=metrics, output_dir=str(output_dir))
         return metrics
 
-    def train_epoch(self, epoch: int) -> None:
-        """One pass over this worker's shard, stopping early at the last step."""
-        cfg = self.config
-        gas, n_batches = cfg.gradient_accumulation_steps, len(self.train_loader)
+    def train_epoch(self) -> None:
+        """Train from the current position to the end of its epoch, the last step, or a rollback."""
+        cfg, pos, rank = self.config, self.pos, self.worker.rank
+        gas, n_batches, epoch = cfg.gradient_accumulation_steps, self.batches_per_epoch, pos.epoch_index
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip = pos.batches_done * cfg.micro_batch_size  # resumed: the batches already done
         accumulated = 0.0
-        for i, batch in enumerate(self.train_loader):
+        for i, batch in enumerate(self.train_loader, start=pos.batches_done):
             window_start = (i // gas) * gas
             window = min(gas, n_batches - window_start)  # the last window of an epoch may be short
             last = i - window_start == window - 1
             wrapped = self.model is not self.peft_model  # DDP: all-reduce only on a window's last batch
             sync = self.model.no_sync() if wrapped and not last else nullcontext()
+            inject = self.faults.nan_at(pos.step + 1, rank) and pos.step + 1 not in self.nan_done
             with sync:
                 loss = self.model(**self.to_device(batch)).loss
-                (loss / window).backward()
-            accumulated += float(loss.detach()) / window
+                if inject:
+                    loss = loss * math.nan
+                value = float(loss.detach())
+                scaled = loss / window
+                if not math.isfinite(value):  # NaN gradients here make the average NaN on every rank
+                    scaled = scaled * math.nan
+                scaled.backward()
+            accumulated += value / window
             if not last:
                 continue
-            self.optimizer_step()
-            self.epoch = epoch + (i + 1) / n_batches
-            self.window.append(accumulated)
-            self.step_losses_sum += accumulated
-            accumulated = 0.0
-            self.after_step()
-            if self.step >= self.total:
+            if inject and not self.faults.nan_every_step():
+                self.nan_done.add(pos.step + 1)
+            grad_norm = self.optimizer_step()
+            if not math.isfinite(grad_norm):
+                self.roll_back(self.watchdog.non_finite(pos.step + 1, accumulated, grad_norm))
                 return
+            pos.batches_done = i + 1
+            pos.epoch = epoch + (i + 1) / n_batches
+            self.window.append(accumulated)
+            pos.train_loss_sum += accumulated
+            accumulated = 0.0
+            if self.after_step():
+                return  # rolled back: the loop starts again from the restored position
+            if self.faults.crash_after(pos.step, rank):
+                raise InjectedCrash(f"{faults.ENV_VAR} asked for a crash after step {pos.step}")
+            if pos.step >= self.total:
+                return
+        pos.epoch_index, pos.batches_done = epoch + 1, 0
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self) -> float:
+        """Clip and apply the gradients and return their total norm; a non-finite norm applies nothing."""
         import torch
 
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.pos.step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        return grad_norm
 
-    def after_step(self) -> None:
-        cfg = self.config
-        if self.step % cfg.logging_steps == 0:
-            self.log_step()
-        if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < self.total:
+    def after_step(self) -> bool:
+        """Log, evaluate and checkpoint as scheduled; True when the watchdog rolled back instead."""
+        cfg, step = self.config, self.pos.step
+        if step % cfg.logging_steps == 0 or step == self.total:
+            trip = self.log_step()
+            if trip is not None:
+                self.roll_back(trip)
+                return True
+        if cfg.eval_steps and step % cfg.eval_steps == 0 and step < self.total:
             self.evaluate()
             self.model.train()
-        if cfg.save_steps and self.step % cfg.save_steps == 0:
+        if cfg.save_steps and step % cfg.save_steps == 0:
             self.checkpoint()
+        return False
 
-    def log_step(self) -> None:
-        """Emit the mean loss over all workers of the steps since the last STEP line (a collective)."""
+    def log_step(self) -> Trip | None:
+        """Emit the mean loss over all workers of the steps since the last STEP line (a collective), and
+        show it to the watchdog."""
         total, count = dist.all_reduce_sum([sum(self.window), float(len(self.window))], self.worker)
         self.window = []
         loss = total / count
-        if not math.isfinite(loss):
-            raise TrainingFailed(f"the training loss is {loss} at step {self.step}")
         lr = float(self.scheduler.get_last_lr()[0])
         self.say(
             Kind.STEP,
-            step=self.step,
+            step=self.pos.step,
             total_steps=self.total,
             loss=round(loss, 6),
             learning_rate=lr,
-            epoch=round(self.epoch, 4),
+            epoch=round(self.pos.epoch, 4),
         )
+        return self.watchdog.logged(self.pos.step, loss)
+
+    def roll_back(self, trip: Trip) -> None:
+        """Go back to the anchor with the learning rate halved once more (every rank, at the same step);
+        TrainingFailed once loss_watchdog_max_rollbacks are spent."""
+        self.watchdog.allow(trip, self.pos.rollbacks)
+        before = self.pos
+        self.pos = self.restore(self.anchor)
+        self.pos.rollbacks = before.rollbacks + 1
+        self.pos.eval_loss_first, self.pos.eval_loss = before.eval_loss_first, before.eval_loss
+        self.pos.lr_scale = before.lr_scale * LR_FACTOR
+        scale_learning_rate(self.optimizer, self.scheduler, self.pos.lr_scale / self.anchor.position.lr_scale)
+        self.window = []
+        self.model.train()
+        self.say(
+            Kind.ROLLBACK,
+            step=trip.step,
+            to_step=self.pos.step,
+            reason=trip.reason.value,
+            loss=round(trip.loss, 6) if trip.reason == Reason.HIGH_LOSS else None,
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
+            rollbacks=self.pos.rollbacks,
+        )
+
+    def capture(self) -> Snapshot:
+        position = self.pos.normalized(self.batches_per_epoch)
+        return snapshot.capture(self.peft_model, self.optimizer, self.scheduler, position, self.worker.device)
+
+    def restore(self, snap: Snapshot) -> Position:
+        restored = snapshot.restore(snap, self.peft_model, self.optimizer, self.scheduler, self.worker.device)
+        return restored.normalized(self.batches_per_epoch)
 
     def evaluate(self) -> float | None:
         """Token-weighted mean loss over the whole eval set (all ranks' shards); None without one."""
@@ -309,20 +367,29 @@ class _Run:
                 )
                 tokens += float((labels != IGNORE_INDEX).sum())
         loss_sum, tokens = dist.all_reduce_sum([loss_sum, tokens], self.worker)
-        self.eval_loss = loss_sum / max(tokens, 1.0)
-        self.say(Kind.EVAL, step=self.step, eval_loss=round(self.eval_loss, 6))
-        return self.eval_loss
+        eval_loss = self.pos.eval_loss = loss_sum / max(tokens, 1.0)
+        self.say(Kind.EVAL, step=self.pos.step, eval_loss=round(eval_loss, 6))
+        return eval_loss
 
     def checkpoint(self) -> None:
-        """Save step-N under work_dir/checkpoints on rank 0; report it to Ray (every rank)."""
-        path = Path(self.job.work_dir) / "checkpoints" / f"step-{self.step}"
-        state = {"global_step": self.step, "epoch": self.epoch, "total_steps": self.total}
-        if self.worker.is_main:
-            outputs.save_checkpoint(
-                path, self.peft_model, self.optimizer, self.scheduler, state, self.config.base_model
-            )
-        dist.report(self.worker, {"step": self.step, "eval_loss": self.eval_loss}, checkpoint_dir=path)
-        self.say(Kind.CHECKPOINT, step=self.step, path=str(path))
+        """Make the current state the anchor of rollbacks (every rank); rank 0 saves it as step-N under
+        work_dir/checkpoints; report it to Ray (every rank)."""
+        cfg, w = self.config, self.worker
+        path = Path(self.job.work_dir) / outputs.CHECKPOINTS_DIR / f"step-{self.pos.step}"
+        self.anchor = self.capture()
+        (loss_sum,) = dist.all_reduce_sum([self.pos.train_loss_sum], w)
+        state = {
+            **self.anchor.position.to_state(),
+            "train_loss_sum": loss_sum / w.world_size,  # each rank's share, as every rank resumes with it
+            "total_steps": self.total,
+            "micro_batch_size": cfg.micro_batch_size,
+            "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+            "world_size": w.world_size,
+        }
+        if w.is_main:
+            outputs.save_checkpoint(path, self.peft_model, self.anchor, state, cfg.base_model)
+        dist.report(w, {"step": self.pos.step, "eval_loss": self.pos.eval_loss}, checkpoint_dir=path)
+        self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path))
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.worker.device) for k, v in batch.items()}

@@ -1,5 +1,9 @@
 """The built-in base model `trainfleet/tiny-llama`, and how the node finds any base model.
 
+`resolve_model` takes a built-in name (built here), a local model directory (used as is), or a hub id
+(downloaded by trainer.download into ``<cache_dir>/hub/models--<org>--<name>/<commit sha>/``, on many
+connections, resumable, without the weight formats transformers will not read).
+
 The tiny model is made here, offline and deterministically: a byte-level BPE tokenizer trained on the
 corpus in `trainer/assets/`, and a small `LlamaForCausalLM` whose weights come from a fixed seed. It is
 saved with `save_pretrained` (safetensors) into ``<cache_dir>/trainfleet--tiny-llama/<recipe hash>/``.
@@ -19,16 +23,20 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainer.config import BUILTIN_MODELS
-from trainer.errors import ModelUnavailable
+from trainer.config import BUILTIN_MODELS, HUB_ID_PATTERN
+from trainer.errors import DownloadError, ModelUnavailable
+
+if TYPE_CHECKING:
+    from trainer.download import DownloadStats, HubAccess
 
 TINY_NAME = "trainfleet/tiny-llama"
 BUILD_VERSION = 1  # bump when the build code changes what it writes
@@ -100,24 +108,44 @@ def build_tiny(cache_dir: Path, spec: TinySpec = TINY_SPEC, corpus: Path = CORPU
 
 
 def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
-    """The local directory of a base model: built-in names are built (or reused) under `cache_dir`
-    (default `default_cache_dir()`), an existing local path is used as is.
+    """The local directory of a base model; `fetch_model` without the download figures."""
+    return fetch_model(name_or_path, cache_dir)[0]
 
-    Raises ModelUnavailable for anything else: this build cannot download from the Hugging Face hub.
+
+def fetch_model(
+    name_or_path: str, cache_dir: Path | None = None, access: HubAccess | None = None
+) -> tuple[Path, DownloadStats | None]:
+    """The local directory of a base model, and the download figures when it came from the hub.
+
+    Built-in names are built (or reused) under `cache_dir` (default `default_cache_dir()`); an existing
+    local path is used as is; a hub id ('org/name') is downloaded under ``<cache_dir>/hub/`` from
+    `access` (default: HF_ENDPOINT, HF_TOKEN and FLEET_HUB_CONNECTIONS from the environment). Raises
+    ModelUnavailable for anything else, naming the repo and saying whether a token was set.
     """
     if name_or_path in BUILTIN_MODELS:
         if name_or_path != TINY_NAME:  # pragma: no cover - BUILTIN_MODELS and this module disagree
             raise ModelUnavailable(f"{name_or_path}: listed as built in, but trainer.tiny cannot build it")
-        return build_tiny(cache_dir or default_cache_dir())
+        return build_tiny(cache_dir or default_cache_dir()), None
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return path.resolve()
+        return path.resolve(), None
     if path.exists():
         raise ModelUnavailable(f"base_model {name_or_path!r} is a file; a model directory is needed")
-    raise ModelUnavailable(
-        f"base_model {name_or_path!r} is not a local directory and not built in "
-        f"({', '.join(BUILTIN_MODELS)}); downloading from the Hugging Face hub is not available in this build"
-    )
+    if not re.fullmatch(HUB_ID_PATTERN, name_or_path):
+        raise ModelUnavailable(
+            f"base_model {name_or_path!r} is not built in ({', '.join(BUILTIN_MODELS)}), not a local "
+            "directory, and not a hub id like 'org/name'"
+        )
+    from trainer.download import HubAccess, model_files, snapshot
+
+    try:
+        access = access or HubAccess.from_env(os.environ)
+        got = snapshot(name_or_path, cache_dir or default_cache_dir(), access, "model", model_files)
+    except DownloadError as exc:
+        raise ModelUnavailable(
+            f"base_model {name_or_path!r} is not a local directory; from the hub: {exc}"
+        ) from exc
+    return got.path, got.stats
 
 
 def write_tiny(out: Path, spec: TinySpec = TINY_SPEC, corpus: Path = CORPUS) -> None:

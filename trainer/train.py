@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer import pack
+from trainer import pack, push
 from trainer.config import TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
@@ -56,22 +56,28 @@ def cache_dir(job: TrainJob) -> Path | None:
 
 
 def fetch(job: TrainJob, base_dir: Path) -> dict[str, Any]:
-    """Resolve the base model and read every dataset; emit FETCHED {model_path, examples}."""
-    from trainer.data import dataset_files, load_records
-    from trainer.tiny import resolve_model
+    """Resolve the base model and read every dataset, downloading hub repos into the cache; emit FETCHED
+    {model_path, examples, dataset_files, download: {bytes, files, seconds, mb_per_s, connections, ...}}."""
+    from trainer.data import dataset_files, load_records, localize_datasets
+    from trainer.download import summary
+    from trainer.tiny import fetch_model
 
-    model_path = resolve_model(job.config.base_model, cache_dir(job))
-    examples = len(load_records(job.config.datasets, base_dir))
-    files = [str(f) for ds in job.config.datasets for f in dataset_files(ds, base_dir)]
-    emit(Kind.FETCHED, model_path=str(model_path), examples=examples, dataset_files=files)
-    return {"model_path": str(model_path), "examples": examples, "dataset_files": files}
+    model_path, model_download = fetch_model(job.config.base_model, cache_dir(job))
+    datasets, downloads = localize_datasets(job.config.datasets, base_dir, cache_dir(job))
+    examples = len(load_records(datasets, base_dir))
+    files = [str(f) for ds in datasets for f in dataset_files(ds, base_dir)]
+    download = summary([*([model_download] if model_download else []), *downloads])
+    emit(Kind.FETCHED, model_path=str(model_path), examples=examples, dataset_files=files, download=download)
+    return {"model_path": str(model_path), "examples": examples, "dataset_files": files, "download": download}
 
 
 def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
     """Train `job` (with Ray or in this process, per `use_ray`); return rank 0's final metrics."""
-    from trainer.data import dataset_files
+    from trainer.data import dataset_files, localize_datasets
     from trainer.tiny import resolve_model
 
+    datasets, _ = localize_datasets(job.config.datasets, base_dir, cache_dir(job))  # hub ids: + local_copy
+    job = job.model_copy(update={"config": job.config.model_copy(update={"datasets": datasets})})
     for ds in job.config.datasets:  # fail fast, before any worker starts, on a missing file
         dataset_files(ds, base_dir)
     model_path = resolve_model(job.config.base_model, cache_dir(job))
@@ -91,7 +97,7 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
     # Read when Ray is first imported: keep every worker's progress line instead of folding repeats.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
-    from ray.train import RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     from trainer.recipe import loop_config, train_loop_per_worker
@@ -115,6 +121,8 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
             run_config=RunConfig(
                 name=cfg.ray_run_name or f"trainfleet-{job.run_id}",
                 storage_path=str(Path(job.work_dir) / "ray"),
+                # A failed worker group starts again from the last reported checkpoint (trainer.resume).
+                failure_config=FailureConfig(max_failures=cfg.ray_max_failures),
             ),
         )
         try:
@@ -160,11 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("train", "train the job's LoRA adapter"),
         ("fetch", "resolve the model and data"),
         ("pack", "print the output directory as progress lines, for the fleet to bring back"),
+        ("push", "upload the output directory to the job's hub_model_id"),
     ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--job", type=Path, default=None, help=f"TrainJob JSON file (default: ${ENV_VAR})")
         if name == "pack":
             sub.add_argument("--limit-bytes", type=int, default=pack.DEFAULT_LIMIT_BYTES)
+            sub.add_argument("--skip-over-limit", action="store_true", help="say so instead of failing")
     args = parser.parse_args(argv)
     try:
         job = load_job(args.job, os.environ)
@@ -172,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fetch":
             fetch(job, base_dir)
         elif args.command == "pack":
-            pack.pack(Path(job.output_dir), args.limit_bytes)
+            pack.pack(Path(job.output_dir), args.limit_bytes, args.skip_over_limit)
+        elif args.command == "push":
+            push.push(job)
         else:
             train(job, base_dir)
     except TrainerError as exc:

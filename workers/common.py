@@ -12,12 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import SecretStr
+
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import STATE_OF_STAGE, EventType, FailureReason, InstanceState, Run, RunState
 from fleet import shipping
 from fleet.errors import RETRYABLE, FleetError
+from fleet.redact import redact_job
 from fleet.spec import JobSpec
+from trainer import progress
 from trainer.config import TrainJob
 from workers import context
 from workers.node import NodeClient
@@ -153,7 +157,36 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         work = f"runs/{run.run_id}"
         output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
         dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
-    return TrainJob(run_id=run.run_id, config=spec.train, use_gpu=spec.gpu_count > 0, **dirs)
+    return TrainJob(
+        run_id=run.run_id, config=spec.train, use_gpu=spec.gpu_count > 0, job_yaml=shown_job(ctx, run), **dirs
+    )
+
+
+def shown_job(ctx: context.Context, run: Run) -> str | None:
+    """The run's job file as a model card may show it (fleet.redact), or None when it is not at hand."""
+    try:
+        text = (Path(run.run_dir) / "job.yml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    known = [v.get_secret_value() for v in ctx.provider_context.credentials.values()]
+    return redact_job(text, known)
+
+
+NODE_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")  # what the node itself uses, when the fleet has them
+
+
+def node_secrets(ctx: context.Context) -> dict[str, SecretStr]:
+    """The credentials a node gets in its environment at start (never in a Ray job's runtime_env)."""
+    found = ctx.provider_context.credentials
+    return {name: found[name] for name in NODE_SECRETS if name in found}
+
+
+def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
+    """The environment of each of the run's Ray jobs: the TrainJob and where the hub is. No secrets."""
+    env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
+    if ctx.settings.hf_hub_disable_xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    return env
 
 
 def files_for_node(ctx: context.Context, run: Run) -> Path | None:

@@ -1,4 +1,10 @@
-"""finalize: bring the results back from a rented node, give the node back (one_shot), end SUCCEEDED."""
+"""finalize: publish the results (HF Hub, from the node), bring them back from a rented node, give the
+node back (one_shot), and end the run SUCCEEDED.
+
+Each of the first two is a short Ray job on the node, submitted once per attempt (its submission id says
+what it is) and polled; its progress lines say what it did. A run that reached the hub keeps going when
+its results are too large to travel back: they are where the user asked for them.
+"""
 
 from __future__ import annotations
 
@@ -20,18 +26,24 @@ from workers.common import (
     StageFailed,
     job_spec,
     node,
+    node_env,
     run_stage,
     terminate_instance,
-    train_job,
 )
 from workers.node import JobStatus
 
+PUSH_ENTRYPOINT = "python -m trainer push"
 PACK_ENTRYPOINT = "python -m trainer pack"
 
 
 def step(ctx: context.Context, run: Run) -> Next:
     if not run.progress.get("finished"):
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the trainer reported no result")
+    if job_spec(run).train.hub_model_id and not run.progress.get("pushed"):
+        waiting = push_results(ctx, run)
+        if waiting is not None:
+            return waiting
+        run = ctx.ledger.get_run(run.run_id)
     if not ctx.provider(run.provider).shares_files and not run.progress.get("pulled"):
         waiting = pull_results(ctx, run)
         if waiting is not None:
@@ -49,30 +61,64 @@ def step(ctx: context.Context, run: Run) -> Next:
         return [
             *drafts,
             (EventType.STAGE_FINISHED, {"stage": Stage.FINALIZE.value, "seconds": timing.seconds}),
-            (EventType.RUN_SUCCEEDED, {"output_dir": r.output_dir, "metrics": r.metrics}),
+            (
+                EventType.RUN_SUCCEEDED,
+                {"output_dir": r.output_dir, "metrics": r.metrics, "hub": r.progress.get("hub")},
+            ),
         ]
 
     ctx.ledger.update_run(run.run_id, succeed)
     return Next.done()
 
 
-def pull_results(ctx: context.Context, run: Run) -> Next | None:
-    """Copy the node's output directory into the run's own (trainer.pack through a Ray job's log);
-    a Next to poll while the pack job runs, None once the results are here."""
+def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str | Next:
+    """Run `entrypoint` on the node once for this attempt: its log once it succeeded, a Next to poll while
+    it runs; StageFailed (with the log's tail) when it failed."""
     client = node(ctx, run)
-    sid = f"{run.run_id}-{run.attempt}-pack"
+    sid = f"{run.run_id}-{run.attempt}-{what}"
     info = client.info(sid)
     if info is None:
-        client.submit(sid, PACK_ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()})
+        client.submit(sid, entrypoint, node_env(ctx, run))
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
+    log = client.logs(sid)
     if info.status != JobStatus.SUCCEEDED:
-        tail = client.logs(sid)[-1500:]
-        raise StageFailed(FailureReason.FINALIZE_FAILED, f"pack job {info.status}: {info.message}\n{tail}")
+        raise StageFailed(
+            FailureReason.FINALIZE_FAILED, f"{what} job {info.status}: {info.message}\n{log[-1500:]}"
+        )
+    return log
+
+
+def push_results(ctx: context.Context, run: Run) -> Next | None:
+    """Publish the results to hub_model_id from the node (trainer.push); None once they are there."""
+    log = node_job(ctx, run, "push", PUSH_ENTRYPOINT)
+    if isinstance(log, Next):
+        return log
+    pushed = [r for r in progress.parse(log) if r["kind"] == progress.Kind.PUSHED]
+    if not pushed:
+        raise StageFailed(FailureReason.FINALIZE_FAILED, "the push job said nothing of where it pushed")
+    hub = {k: v for k, v in pushed[-1].items() if k != "kind"}
+
+    def record(r: Run) -> list[Draft]:
+        r.progress["pushed"] = True
+        r.progress["hub"] = hub
+        return [(EventType.FINALIZE_PUSHED, hub)]
+
+    ctx.ledger.update_run(run.run_id, record)
+    return None
+
+
+def pull_results(ctx: context.Context, run: Run) -> Next | None:
+    """Copy the node's output directory into the run's own (trainer.pack through a Ray job's log); None
+    once the results are here, or (pushed to the hub already) too large to travel."""
+    entrypoint = PACK_ENTRYPOINT + (" --skip-over-limit" if run.progress.get("pushed") else "")
+    log = node_job(ctx, run, "pack", entrypoint)
+    if isinstance(log, Next):
+        return log
     started = time.monotonic()
     try:
-        packed = pack.unpack(progress.parse(client.logs(sid)), Path(run.output_dir))
+        packed = pack.unpack(progress.parse(log), Path(run.output_dir))
     except PackError as exc:
         raise StageFailed(FailureReason.FINALIZE_FAILED, str(exc)) from None
     pulled = {
@@ -82,6 +128,8 @@ def pull_results(ctx: context.Context, run: Run) -> Next | None:
         "sha256": packed.sha256,
         "unpack_seconds": round(time.monotonic() - started, 2),
     }
+    if packed.skipped:
+        pulled = {"skipped": packed.skipped, "files": packed.files}
 
     def record(r: Run) -> list[Draft]:
         r.progress["pulled"] = True

@@ -17,8 +17,8 @@ from workers.common import (
     enter,
     files_for_node,
     node,
+    node_env,
     run_stage,
-    train_job,
 )
 from workers.node import JobStatus
 
@@ -30,9 +30,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     sid = f"{run.run_id}-{run.attempt}-fetch"
 
     def submit() -> None:
-        client.submit(
-            sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()}, files_for_node(ctx, run)
-        )
+        client.submit(sid, ENTRYPOINT, node_env(ctx, run), files_for_node(ctx, run))
 
     if run.ray_jobs.get(Stage.PREPARE.value) != sid:
         submit()

@@ -13,7 +13,7 @@ from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from providers.base import LaunchRequest, NodeState
 from workers import context
-from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, run_stage
+from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, node_secrets, run_stage
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -37,7 +37,8 @@ def step(ctx: context.Context, run: Run) -> Next:
     if found is None:
         if record.state != InstanceState.REQUESTED:
             raise StageFailed(FailureReason.INSTANCE_LOST, f"instance {name} disappeared while starting")
-        found = provider.launch(LaunchRequest(name=name, run_id=run.run_id, section=job_spec(run).section))
+        request = LaunchRequest(name, run.run_id, job_spec(run).section, node_secrets(ctx))
+        found = provider.launch(request)
         ctx.ledger.update_instance(
             name,
             state=InstanceState.STARTING,

@@ -23,12 +23,13 @@ from workers.common import (
     enter,
     files_for_node,
     node,
+    node_env,
     run_stage,
-    train_job,
 )
 from workers.node import JobStatus, NodeClient
 
 ENTRYPOINT = "python -m trainer train"
+TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change
 
 _EVENT_OF = {
     progress.Kind.STARTED: EventType.TRAIN_STARTED,
@@ -36,16 +37,18 @@ _EVENT_OF = {
     progress.Kind.EVAL: EventType.TRAIN_EVAL,
     progress.Kind.CHECKPOINT: EventType.TRAIN_CHECKPOINT,
     progress.Kind.FINISHED: EventType.TRAIN_FINISHED,
+    progress.Kind.RESUMED: EventType.TRAIN_RESUMED,
+    progress.Kind.ROLLBACK: EventType.TRAIN_ROLLBACK,
+    progress.Kind.BATCH_SIZE: EventType.TRAIN_BATCH_SIZE,
 }
 
 
 def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
-    sid = f"{run.run_id}-{run.attempt}-train"
+    restarts = int(run.progress.get("train_restarts", 0))
+    sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        client.submit(
-            sid, ENTRYPOINT, {progress.ENV_VAR: train_job(ctx, run).to_env()}, files_for_node(ctx, run)
-        )
+        client.submit(sid, ENTRYPOINT, node_env(ctx, run), files_for_node(ctx, run))
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
@@ -61,9 +64,25 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info.status == JobStatus.SUCCEEDED and run.progress.get("finished"):
         ctx.ledger.update_run(run.run_id, lambda r: enter(r, Stage.FINALIZE))
         return Next.advance(Stage.FINALIZE)
-    tail = client.logs(sid)[-1500:]
+    log = client.logs(sid)
+    crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
+    if crashed and restarts < ctx.settings.train_restarts:
+        # Killed or crashed, not refused by the trainer: run it again; it resumes from its newest
+        # checkpoint on the node (trainer.resume), not from step 0.
+        after = run.progress.get("step")
+        restarted = {"restart": restarts + 1, "after_step": after, "why": info.message[:300]}
+
+        def again(r: Run) -> list[Draft]:
+            if int(r.progress.get("train_restarts", 0)) != restarts:
+                return []
+            r.progress["train_restarts"] = restarts + 1
+            r.log_offset = 0  # the next job's log starts afresh
+            return [(EventType.TRAIN_RESTARTED, restarted)]
+
+        ctx.ledger.update_run(run.run_id, again)
+        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     why = "the trainer reported no result" if info.status == JobStatus.SUCCEEDED else info.message
-    raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{tail}")
+    raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{log[-1500:]}")
 
 
 def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
@@ -82,8 +101,11 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
         drafts: list[Draft] = []
         for record in records:
             kind = progress.Kind(record.pop("kind"))
+            event = _EVENT_OF.get(kind)
+            if event is None:  # a line meant for another stage (the node's own business)
+                continue
             _track(r, kind, record)
-            drafts.append((_EVENT_OF[kind], record))
+            drafts.append((event, record))
         return drafts
 
     return ctx.ledger.update_run(run.run_id, apply)

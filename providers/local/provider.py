@@ -54,7 +54,10 @@ class LocalProvider(Provider):
         require_ours(request.name)
         try:
             meta = self.heads.start(
-                request.name, section.num_cpus or os.cpu_count() or 1, section.num_gpus, dict(section.env)
+                request.name,
+                section.num_cpus or os.cpu_count() or 1,
+                section.num_gpus,
+                request.node_env(section.env),
             )
         except OSError as exc:
             self.heads.stop(request.name)

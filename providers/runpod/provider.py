@@ -115,7 +115,8 @@ class RunPodProvider(RemoteProvider):
                 f"no RunPod offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
             )
         token = self.tokens.ensure(request.name)
-        spec = self._pod_spec(request.name, section, token, secure=best.candidate.secure)
+        env = request.node_env(section.env)
+        spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
         try:
             if best.bid_per_gpu is not None:
                 pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
@@ -129,8 +130,10 @@ class RunPodProvider(RemoteProvider):
             raise translate(exc) from None
         return self._instance(pod, probe=False)
 
-    def _pod_spec(self, name: str, section: RunPodSection, token: str, secure: bool) -> dict[str, Any]:
-        env = {**section.env, TOKEN_ENV: token}
+    def _pod_spec(
+        self, name: str, section: RunPodSection, env: dict[str, str], token: str, secure: bool
+    ) -> dict[str, Any]:
+        env = {**env, TOKEN_ENV: token}
         spec: dict[str, Any] = {
             "name": name,
             "imageName": section.image,

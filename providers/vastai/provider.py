@@ -241,7 +241,7 @@ class VastAIProvider(RemoteProvider):
                 f"no vast.ai offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
             )
         token = self.tokens.ensure(request.name)
-        env = {**section.env, TOKEN_ENV: token, f"-p {JOBS_PORT}:{JOBS_PORT}": "1"}
+        env = {**request.node_env(section.env), TOKEN_ENV: token, f"-p {JOBS_PORT}:{JOBS_PORT}": "1"}
         if section.terminate_after != -1:  # the node's own deadline, should the fleet be gone
             env.update({DEADLINE_ENV: str(section.terminate_after), API_URL_ENV: self.api_url})
         # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.

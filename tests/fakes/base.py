@@ -261,7 +261,7 @@ class FakeCloud:
         """Record a new instance and start its node."""
         with self.lock:
             self.instances[inst.id] = inst
-        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV))
+        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
         return inst
 
     def refresh(self, inst: Instance) -> None:
@@ -299,7 +299,7 @@ class FakeCloud:
     def resume(self, inst: Instance) -> None:
         """Start a stopped instance again (a fresh node)."""
         inst.state = "starting"
-        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV))
+        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def take_fault(self, op: str) -> Fault | None:

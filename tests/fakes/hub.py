@@ -8,8 +8,9 @@ API with its own upload and verify URLs, the NDJSON commit), repo info and trees
 private repos look missing without it, as on the Hub. File downloads can be capped per connection
 (`throttle_bps`), and faults can be scripted per operation.
 
-Operations (request counts, fault rules): whoami, create_repo, delete_repo, repo_info, list_tree, preupload,
-lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve), download (GET resolve), other.
+Operations (request counts, fault rules): whoami, create_repo, delete_repo, validate_yaml, repo_info,
+list_tree, preupload, lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve), download (GET
+resolve), other.
 Control endpoints: GET /_fake/state, POST /_fake/faults (a list of rules), POST /_fake/throttle {"bps"}.
 Repos live in memory; file contents live on disk under `home`.
 
@@ -246,6 +247,8 @@ class FakeHub(HubRoutes):
                 return "create_repo", self.create_repo, Target()
             if s == ["api", "repos", "delete"] and method == "DELETE":
                 return "delete_repo", self.delete_repo, Target()
+            if s == ["api", "validate-yaml"] and method == "POST":
+                return "validate_yaml", self.validate_yaml, Target()
             if len(s) >= 4 and s[1] in _PLURALS:
                 return self._route_api(method, Target(_PLURALS[s[1]], f"{s[2]}/{s[3]}"), s[4:])
         elif s[:2] == ["_lfs", "upload"] and len(s) == 3 and method == "PUT":

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from tests.fakes.hub_store import (
     REPO_TYPES,
     URL_PREFIXES,
@@ -188,6 +190,21 @@ class HubRoutes:
         auth = {"type": "access_token", "accessToken": {"displayName": "fake-hub", "role": "write"}}
         user = {"type": "user", "id": "fake0001", "name": self.user, "fullname": "Fake Hub User"}
         return Reply(200, {**user, "isPro": False, "orgs": [], "auth": auth})
+
+    def validate_yaml(self, request: HubRequest, target: Target) -> Reply:
+        """POST /api/validate-yaml (upload_folder sends a README.md's metadata here first): 400 with the
+        errors when the front matter is not a YAML mapping, as the Hub refuses such a card."""
+        content = str((request.json() or {}).get("content") or "")
+        match = re.match(r"\A---\n(.*?)\n---\n", content, re.DOTALL)
+        if match is None:
+            return Reply(200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata"}]})
+        try:
+            data = yaml.safe_load(match.group(1))
+        except yaml.YAMLError as exc:
+            return Reply(400, {"errors": [{"message": f"invalid YAML: {exc}"}], "warnings": []})
+        if not isinstance(data, dict):
+            return Reply(400, {"errors": [{"message": "metadata must be a YAML mapping"}], "warnings": []})
+        return Reply(200, {"errors": [], "warnings": []})
 
     def create_repo(self, request: HubRequest, target: Target) -> Reply:
         """POST /api/repos/create: 409 when it exists (the client's exist_ok relies on that)."""

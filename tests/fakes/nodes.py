@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -20,13 +21,14 @@ from providers.local.client import LocalHeads
 from trainer.config import NODE_ROOT_ENV
 
 RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
+TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token (goes to the head as its token, not its env)
 
 
 class NodeBackend(Protocol):
     """What a fake cloud needs from the machines behind its instances."""
 
-    def start(self, name: str, token: str | None) -> None:
-        """Start the node for `name` in the background (returns at once)."""
+    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
+        """Start the node for `name` in the background (returns at once), with the instance's `env`."""
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The local port published as the node's dashboard once it is up, else None."""
@@ -52,7 +54,7 @@ class NoNodes:
         self._started: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str, token: str | None) -> None:
+    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
         """Remember when the node 'booted' and pick the port it will publish."""
         with self._lock:
             self._started[name] = (time.time(), _unused_port())
@@ -87,13 +89,15 @@ class RayNodes:
         self._names: set[str] = set()
         self._lock = threading.Lock()
 
-    def start(self, name: str, token: str | None) -> None:
-        """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent)."""
+    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
+        """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent),
+        with the instance's environment, as a container would have it."""
         with self._lock:
             self._names.add(name)
+        node_env = {k: v for k, v in env.items() if not k.startswith("-") and k != TOKEN_ENV}
         # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
-        env = {NODE_ROOT_ENV: str(self.roots / name)}
-        self.heads.start(name, self.cpus, num_gpus=0, env=env, token=token or secrets.token_hex(16))
+        node_env[NODE_ROOT_ENV] = str(self.roots / name)
+        self.heads.start(name, self.cpus, num_gpus=0, env=node_env, token=token or secrets.token_hex(16))
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The head's dashboard port once `GET /api/version` answers 200 with the node's token."""

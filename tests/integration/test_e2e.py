@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.factories import EXAMPLE_YAML
@@ -166,3 +167,57 @@ def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
     kinds = [e["type"] for e in events_of(home, view["run_id"])]
     assert "instance.terminated" in kinds and kinds[-1] == "run.failed" and "train.submitted" not in kinds
     assert live_heads(home) == []
+
+
+def test_a_killed_trainer_resumes_from_its_checkpoint(home: Path, tmp_path: Path) -> None:
+    """kill -9 of the trainer on the node after its first checkpoint: the train stage runs it again, and it
+    goes on from that checkpoint's step, not from step 0."""
+    job = tmp_path / "job" / "tiny.yml"
+    job.parent.mkdir()
+    job.write_text(EXAMPLE_YAML.read_text().replace("save_steps: 40", "save_steps: 10"))
+    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    env = fleet_env(home)
+    worker = Worker(env, home / "worker.log")
+    try:
+        (queued,) = fleet_json(env, "enqueue", str(job))
+        run_id = queued["run_id"]
+
+        def checkpointed() -> int | None:
+            steps = [e["data"]["step"] for e in events_of(home, run_id) if e["type"] == "train.checkpoint"]
+            return steps[0] if steps else None
+
+        saved = wait_until(checkpointed, 300, "the first checkpoint", every=0.2)
+        (driver,) = wait_until(lambda: trainer_drivers(run_id), 30, "the trainer's process")
+        driver.kill()
+        view = wait_until(
+            lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
+            360,
+            "the run to end",
+            every=2,
+        )
+        assert view["state"] == "SUCCEEDED", view
+        evs = events_of(home, run_id)
+        (restarted,) = [e["data"] for e in evs if e["type"] == "train.restarted"]
+        (resumed,) = [e["data"] for e in evs if e["type"] == "train.resumed"]
+        assert restarted["restart"] == 1 and resumed["step"] >= saved  # from a checkpoint, not from 0
+        assert view["metrics"]["global_step"] == view["metrics"]["total_steps"] == 90
+        submitted = [e["data"]["ray_job"] for e in evs if e["type"] == "train.submitted"]
+        assert submitted == [f"{run_id}-1-train", f"{run_id}-1-train-r1"]
+        assert live_heads(home) == []
+    finally:
+        worker.stop()
+
+
+def trainer_drivers(run_id: str) -> list[psutil.Process]:
+    """The `python -m trainer train` process of this run (the Ray job's driver on the local head)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[-3:] != ["-m", "trainer", "train"] or not cmd[0].endswith(("python", "python3")):
+            continue
+        try:
+            if run_id in proc.environ().get("FLEET_TRAIN_JOB", ""):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+    return found

@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from tests.factories import EXAMPLE_YAML
+from tests.fakes.hub import FakeHub
 from tests.integration.fleetproc import REPO, cleanup, events_of, fleet, fleet_env, secret_hits
 
 pytestmark = pytest.mark.integration
 API_KEY = "fake-runpod-key-0123456789"
 VAST_KEY = "fake-vast-key-9876543210"
+HF_TOKEN = "hf_fakecloudcanary0123456789abcdefghij"
 
 
 @pytest.fixture
@@ -89,11 +91,12 @@ class MostLive:
         return self.most
 
 
-def job_for(tmp_path: Path, section: str) -> Path:
-    """The example job with its `local:` section swapped for `section`, its data in a folder of its own."""
+def job_for(tmp_path: Path, section: str, extra: str = "") -> Path:
+    """The example job with its `local:` section swapped for `section` (and `extra` keys added), its data
+    in a folder of its own."""
     job = tmp_path / "job" / "tiny.yml"
     job.parent.mkdir()
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", extra + section))
     (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
     return job
 
@@ -163,10 +166,20 @@ def test_a_vastai_job_runs_on_the_fakes_node_and_gives_it_back(
         "vastai:\n  gpu: RTX_A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n"
         "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n  one_shot: true\n"
     )
-    job = job_for(tmp_path, section)
-    env = fleet_env(home, VAST_URL=fake_vastai, VAST_API_KEY=VAST_KEY)
-
-    done = fleet(env, "run", str(job), "--json", timeout=420)
-    evs = check_ran_on_the_node_and_gave_it_back(home, fake_vastai, done, "vastai", VAST_KEY)
+    job = job_for(tmp_path, section, extra="hub_model_id: tester/tiny-vast\n")
+    with FakeHub(home=tmp_path / "hub", token=HF_TOKEN) as hub:
+        env = fleet_env(
+            home, VAST_URL=fake_vastai, VAST_API_KEY=VAST_KEY, HF_TOKEN=HF_TOKEN, HF_ENDPOINT=hub.url,
+            HF_HUB_DISABLE_XET="1",
+        )  # fmt: skip
+        done = fleet(env, "run", str(job), "--json", timeout=420)
+        evs = check_ran_on_the_node_and_gave_it_back(home, fake_vastai, done, "vastai", VAST_KEY)
+        (repo,) = hub.state()["repos"]
     (requested,) = [e for e in evs if e["type"] == "instance.requested"]
     assert requested["data"]["price_per_hour"] == 0.09  # the offer's minimum bid, under the cap
+    # The node pushed to the hub with the token it got in its environment; the token stayed out of the
+    # fleet's records, and out of what the fake cloud shows (env names only).
+    (pushed,) = [e["data"] for e in evs if e["type"] == "finalize.pushed"]
+    assert pushed["repo_id"] == repo["id"] == "tester/tiny-vast" and pushed["commit"] == repo["head"]
+    assert "adapter_model.safetensors" in {f["path"] for f in repo["files"]}
+    assert secret_hits(home, HF_TOKEN) == [] and HF_TOKEN not in json.dumps(fake_state(fake_vastai))

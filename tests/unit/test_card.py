@@ -63,3 +63,17 @@ def test_a_relative_local_model_dir_is_not_taken_for_a_hub_id(
     )
     assert card.data.get("base_model") is None
     assert card.data.get("tags") == ["lora", "transformers", "trainfleet"]
+
+
+def test_shipped_datasets_the_job_and_the_wandb_run() -> None:
+    """On a rented node the datasets have paths relative to what travelled there: the card names files."""
+    config = train_config(datasets=[{"path": "datasets/0/tiny-alpaca.jsonl"}, {"path": "datasets/1/mine"}])
+    job = "base_model: trainfleet/tiny-llama\nhub_model_id: me/tiny\n"
+    url = "https://wandb.ai/me/demo/runs/tf-r1"
+    card = ModelCard(
+        render(config, METRICS, run_id="r1", target_modules=TARGETS, job_yaml=job, wandb_url=url)
+    )
+    assert card.data.get("datasets") == ["tiny-alpaca.jsonl", "mine"]
+    assert f"```yaml\n{job}```" in card.text and f"[{url}]({url})" in card.text
+    bare = render(config, METRICS, run_id="r1", target_modules=TARGETS)
+    assert "## Job" not in bare and "W&B" not in bare

@@ -83,9 +83,9 @@ def test_failures_exit_non_zero_with_one_clear_line(
     assert main(["train"]) == 1
     assert capsys.readouterr().err.startswith("trainer: error: no job")
 
-    assert main(["train", "--job", str(write_job(tmp_path, base_model="someorg/unknown"))]) == 1
+    assert main(["train", "--job", str(write_job(tmp_path, base_model="/no/such/model"))]) == 1
     err = capsys.readouterr().err
-    assert "someorg/unknown" in err and "not available in this build" in err
+    assert "/no/such/model" in err and "not a local directory" in err
 
     bad_data = write_job(tmp_path, datasets=[{"path": str(tmp_path / "missing.jsonl")}])
     assert main(["fetch", "--job", str(bad_data)]) == 1

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.factories import train_config, train_job
-from trainer import progress, recipe
+from trainer import lora, progress, recipe
 from trainer.tiny import build_tiny
 
 
@@ -126,9 +126,9 @@ def test_lora_targets(model_path: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
     every = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
-    assert recipe.lora_targets(model, train_config()) == ["q_proj", "v_proj"]
-    assert recipe.lora_targets(model, train_config(lora_target_linear=True)) == every
-    assert recipe.lora_targets(model, train_config(lora_target_modules=["o_proj"])) == ["o_proj"]
+    assert lora.lora_targets(model, train_config()) == ["q_proj", "v_proj"]
+    assert lora.lora_targets(model, train_config(lora_target_linear=True)) == every
+    assert lora.lora_targets(model, train_config(lora_target_modules=["o_proj"])) == ["o_proj"]
 
 
 @pytest.mark.parametrize(

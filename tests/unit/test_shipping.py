@@ -28,10 +28,10 @@ def test_files_and_directories_travel_and_read_the_same(tmp_path: Path) -> None:
     shipped = shipping.ship_datasets(config, "job.yml", ship)
 
     paths = [ds.path for ds in shipped.datasets]
-    assert paths == [f"datasets/0/{TINY_DATA.name}", "datasets/1", "tatsu-lab/alpaca"]
+    assert paths == [f"datasets/0/{TINY_DATA.name}", "datasets/1/folder", "tatsu-lab/alpaca"]
     assert sorted(p.relative_to(ship).as_posix() for p in ship.rglob("*") if p.is_file()) == [
         "datasets/0/" + TINY_DATA.name,
-        "datasets/1/a.jsonl",
+        "datasets/1/folder/a.jsonl",
     ]
     local = load_records(config.datasets[:2])
     assert load_records(shipped.datasets[:2], base_dir=ship) == local  # the node reads the same examples
