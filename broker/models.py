@@ -153,6 +153,7 @@ class EventType(StrEnum):
     """What an event reports. Events carry these values and structured data, never prose alone."""
 
     RUN_QUEUED = "run.queued"
+    WANDB_RUN = "wandb.run"
     STAGE_STARTED = "stage.started"
     STAGE_FINISHED = "stage.finished"
     INSTANCE_REQUESTED = "instance.requested"

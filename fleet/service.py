@@ -69,6 +69,14 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
             "fleet's secrets file (mode 600), never in a job file"
         )
         raise ConfigError(job.source, [Problem("hub_model_id", message)])
+    train = job.spec.train
+    online = (train.wandb_mode or settings.wandb_mode) == "online"
+    if train.wandb_project and online and secrets.get("WANDB_API_KEY") is None:
+        message = (
+            "cannot submit: W&B online needs WANDB_API_KEY in the environment or the fleet's secrets file "
+            "(or set wandb_mode: offline / disabled)"
+        )
+        raise ConfigError(job.source, [Problem("wandb_project", message)])
 
 
 def submit(fleet: Fleet, job: LoadedJob) -> Run:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 import yaml
@@ -44,6 +44,11 @@ class Settings(BaseModel):
     hf_hub_disable_xet: bool = Field(
         False, description="Plain HTTP/LFS transfers instead of Xet (HF_HUB_DISABLE_XET; the fake needs it)."
     )
+    wandb_mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="W&B mode of jobs that name a wandb_project and no wandb_mode (WANDB_MODE)."
+    )
+    wandb_entity: str | None = Field(None, description="W&B entity of jobs that name none (WANDB_ENTITY).")
+    wandb_app_url: str = Field("https://wandb.ai", description="Where W&B run pages live (for their URLs).")
     train_restarts: int = Field(
         2, ge=0, le=20, description="Times a killed or crashed train job is run again (from its checkpoint)."
     )
@@ -86,6 +91,8 @@ AS_IS = {
     "vast_url": "VAST_URL",
     "hf_endpoint": "HF_ENDPOINT",
     "hf_hub_disable_xet": "HF_HUB_DISABLE_XET",
+    "wandb_mode": "WANDB_MODE",
+    "wandb_entity": "WANDB_ENTITY",
 }
 
 

@@ -70,6 +70,10 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0, description="Weight decay.")
     val_set_size: float = Field(0.0, ge=0.0, description="Eval split: a fraction below 1, or a count.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (and at start and end).")
+    eval_table_size: int = Field(
+        4, ge=0, le=64, description="Eval examples decoded at each eval (input, prediction, label); 0: none."
+    )
+    eval_max_new_tokens: int = Field(48, ge=1, le=1024, description="Tokens generated per eval sample.")
     save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps.")
     logging_steps: int = Field(1, ge=1, description="Report the training loss every N steps.")
     seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed.")
@@ -156,6 +160,23 @@ class TrainConfig(BaseModel):
         return keys
 
 
+class WandbPlan(BaseModel):
+    """The run's W&B run, decided by the fleet at provision: one fleet run is one W&B run, written by the
+    trainer's rank 0 only (so it never needs resuming, which offline runs cannot do)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(pattern=r"^[^:;,#?/']+$", description="W&B run id (the fleet derives it).")
+    project: str
+    entity: str | None = None
+    name: str | None = None
+    mode: Literal["online", "offline"] = "online"
+    url: str | None = Field(None, description="The run's page, when it can be known before it starts.")
+    lifecycle: list[dict[str, Any]] = Field(
+        default_factory=list, description="What happened before training: [{t, event, ...data}]."
+    )
+
+
 class TrainJob(BaseModel):
     """Everything the node needs to train one run; travels as JSON in the Ray job's environment."""
 
@@ -175,7 +196,7 @@ class TrainJob(BaseModel):
     )
     use_gpu: bool = Field(False, description="Whether the node's workers use GPUs.")
     job_yaml: str | None = Field(None, description="The job file with its secrets taken out, for the card.")
-    wandb_url: str | None = Field(None, description="The run's W&B page, for the card.")
+    wandb: WandbPlan | None = Field(None, description="The run's W&B run; None: no W&B.")
 
     def on_node(self, environ: Mapping[str, str]) -> TrainJob:
         """This job with its directories made absolute on this node. The fleet sends paths relative to the

@@ -27,13 +27,14 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from trainer import batch_size, dist, faults, outputs, resume, snapshot
+from trainer import batch_size, dist, faults, outputs, resume, samples, snapshot
 from trainer.config import TrainConfig, TrainJob
 from trainer.data import IGNORE_INDEX, Collator, prepare
 from trainer.faults import InjectedCrash
 from trainer.lora import build_optimizer, load_lora_model
 from trainer.progress import Kind, emit
 from trainer.snapshot import Position, Snapshot
+from trainer.tracking import Tracker
 from trainer.watchdog import LR_FACTOR, Reason, Trip, Watchdog, scale_learning_rate
 
 MAX_GRAD_NORM = 1.0
@@ -78,7 +79,15 @@ def run(
     included), train_examples, eval_examples, dropped_examples (no label left after truncation),
     num_workers, trainable_params, total_params.
     """
-    return _Run(job, model_path, base_dir, under_ray).train()
+    state = _Run(job, model_path, base_dir, under_ray)
+    state.tracker.start()
+    try:
+        metrics = state.train()
+    except BaseException as exc:
+        state.tracker.finish(failure=f"{type(exc).__name__}: {exc}")
+        raise
+    state.tracker.finish()
+    return metrics
 
 
 class _Run:
@@ -95,6 +104,7 @@ class _Run:
         cfg = self.config
         hf_logging.disable_progress_bar()
         self.worker = dist.current_worker(job.use_gpu, under_ray)
+        self.tracker = Tracker(job, self.worker.is_main)
         self.faults = faults.from_env(os.environ)
         self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
         random.seed(cfg.seed)
@@ -172,6 +182,7 @@ class _Run:
     def say(self, kind: Kind, **data: Any) -> None:
         if self.worker.is_main:
             emit(kind, **data)
+            self.tracker.record(kind, data)
 
     def train(self) -> dict[str, Any]:
         cfg, w = self.config, self.worker
@@ -217,7 +228,7 @@ class _Run:
                 run_id=self.job.run_id,
                 target_modules=self.targets,
                 job_yaml=self.job.job_yaml,
-                wandb_url=self.job.wandb_url,
+                wandb_url=self.tracker.url,
             )
         dist.report(w, metrics)
         self.say(Kind.FINISHED, metrics=metrics, output_dir=str(output_dir))
@@ -369,6 +380,13 @@ class _Run:
         loss_sum, tokens = dist.all_reduce_sum([loss_sum, tokens], self.worker)
         eval_loss = self.pos.eval_loss = loss_sum / max(tokens, 1.0)
         self.say(Kind.EVAL, step=self.pos.step, eval_loss=round(eval_loss, 6))
+        if self.worker.is_main and self.config.eval_table_size:
+            picked = self.data.eval[: self.config.eval_table_size]
+            rows = samples.generate(
+                module, self.tokenizer, picked, self.config.eval_max_new_tokens, self.worker.device
+            )
+            samples.append(Path(self.job.output_dir), self.pos.step, rows)
+            self.tracker.samples(self.pos.step, rows)
         return eval_loss
 
     def checkpoint(self) -> None:

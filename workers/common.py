@@ -23,7 +23,7 @@ from fleet.redact import redact_job
 from fleet.spec import JobSpec
 from trainer import progress
 from trainer.config import TrainJob
-from workers import context
+from workers import context, wandb_plan
 from workers.node import NodeClient
 
 if TYPE_CHECKING:
@@ -158,7 +158,12 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
         dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
     return TrainJob(
-        run_id=run.run_id, config=spec.train, use_gpu=spec.gpu_count > 0, job_yaml=shown_job(ctx, run), **dirs
+        run_id=run.run_id,
+        config=spec.train,
+        use_gpu=spec.gpu_count > 0,
+        job_yaml=shown_job(ctx, run),
+        wandb=wandb_plan.for_trainer(ctx, run),
+        **dirs,
     )
 
 

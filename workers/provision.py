@@ -12,13 +12,13 @@ from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from providers.base import LaunchRequest, NodeState
-from workers import context
+from workers import context, wandb_plan
 from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, node_secrets, run_stage
 
 
 def step(ctx: context.Context, run: Run) -> Next:
     if run.state == RunState.QUEUED:
-        run = ctx.ledger.update_run(run.run_id, lambda r: enter(r, Stage.PROVISION))
+        run = ctx.ledger.update_run(run.run_id, lambda r: _start(ctx, r))
     provider = ctx.provider(run.provider)
     name = run.instance_name
     if ctx.ledger.get_instance(name) is None:
@@ -76,6 +76,17 @@ def step(ctx: context.Context, run: Run) -> Next:
 
 def _emit(ctx: context.Context, run: Run, kind: EventType, data: dict[str, object]) -> None:
     ctx.ledger.update_run(run.run_id, lambda r: [(kind, dict(data))])
+
+
+def _start(ctx: context.Context, run: Run) -> list[Draft]:
+    """Enter provision; decide the run's W&B run and announce it at once."""
+    drafts = enter(run, Stage.PROVISION)
+    planned = wandb_plan.plan(ctx.settings, job_spec(run), run.run_id)
+    if planned is not None:
+        run.progress["wandb"] = planned
+        announced = {k: planned[k] for k in ("run_id", "project", "entity", "mode", "url")}
+        drafts.append((EventType.WANDB_RUN, announced))
+    return drafts
 
 
 @app.task(name=Stage.PROVISION.task_name, bind=True, **RETRY_POLICY)

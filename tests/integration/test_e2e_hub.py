@@ -1,5 +1,6 @@
-"""The tiny job with `hub_model_id`: trained through `fleet run`, then pushed from the node to a local fake
-of the Hugging Face Hub by huggingface_hub itself; the token reaches the node and nothing else."""
+"""The tiny job with `hub_model_id` and a W&B project: trained through `fleet run` with W&B offline, then
+pushed from the node to a local fake of the Hugging Face Hub by huggingface_hub itself; the token reaches
+the node and nothing else; the W&B run's own files hold the whole story of that one run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from huggingface_hub import ModelCard, hf_hub_download
 from tests.factories import EXAMPLE_YAML
 from tests.fakes.hub import FakeHub
 from tests.integration.fleetproc import cleanup, events_of, fleet, fleet_env, live_heads, secret_hits
+from tests.wandb_log import read_run
 
 pytestmark = pytest.mark.integration
 TOKEN = "hf_fakecanary0123456789abcdefghijklmnop"
@@ -36,7 +38,8 @@ def hub_job(tmp_path: Path, repo_id: str) -> Path:
     job = tmp_path / "job" / "tiny-hub.yml"
     job.parent.mkdir()
     text = EXAMPLE_YAML.read_text().replace(
-        "output_dir: ./outputs\n", f"output_dir: ./outputs\nhub_model_id: {repo_id}\n"
+        "output_dir: ./outputs\n",
+        f"output_dir: ./outputs\nhub_model_id: {repo_id}\nwandb_project: tiny-demo\n",
     )
     job.write_text(
         text.replace(
@@ -51,7 +54,7 @@ def hub_job(tmp_path: Path, repo_id: str) -> Path:
 def test_the_result_is_pushed_with_a_card_that_names_what_it_is(
     home: Path, hub: FakeHub, tmp_path: Path
 ) -> None:
-    env = fleet_env(home, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN)
+    env = fleet_env(home, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, WANDB_MODE="offline")
     done = fleet(env, "run", str(hub_job(tmp_path, "tester/tiny-lora")), "--json", timeout=420)
     assert done.returncode == 0, (hub.state()["requests"], done.stdout[-300:])
     view = json.loads(done.stdout)
@@ -77,6 +80,22 @@ def test_the_result_is_pushed_with_a_card_that_names_what_it_is(
     assert secret_hits(home, TOKEN) == []
     assert TOKEN not in done.stdout + done.stderr
     assert live_heads(home) == []
+
+    # W&B: announced at provision, before the node was asked for; one run, holding the whole story.
+    evs = events_of(home, view["run_id"])
+    kinds = [e["type"] for e in evs]
+    assert kinds.index("wandb.run") < kinds.index("instance.requested")
+    (announced,) = [e["data"] for e in evs if e["type"] == "wandb.run"]
+    assert announced["run_id"] == f"tf-{view['run_id']}" and announced["mode"] == "offline"
+    (log,) = (home / "runs" / view["run_id"]).glob("wandb/offline-run-*/run-*.wandb")
+    run = read_run(log)
+    assert run.run_id == announced["run_id"] and run.project == "tiny-demo" and run.exit_code == 0
+    assert run.summary["lifecycle/stage.finished/seconds"] > 0  # provision and prepare times
+    assert "lifecycle/instance.requested/price_per_hour" in run.summary
+    assert len([r for r in run.history if "train/loss" in r]) == 18  # 90 steps, one row per 5
+    assert run.summary["final/eval_loss"] == view["metrics"]["eval_loss"]
+    tables = [r for r in run.history if r.get("eval/samples._type") == "table-file"]
+    assert len(tables) == 6 and all(t["eval/samples.nrows"] == 4 for t in tables)  # steps 0, 20, ..., 80, 90
 
 
 def test_a_hub_job_without_a_token_is_refused_at_submit(home: Path, hub: FakeHub, tmp_path: Path) -> None:

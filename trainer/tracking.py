@@ -1,0 +1,132 @@
+"""The run's W&B run, written by rank 0 of the trainer: lifecycle, metrics, eval samples, the end.
+
+One fleet run is one W&B run. The fleet decides its id (and, when it can, its URL) at provision and
+announces it at once; the trainer opens it when training starts, first writing what happened before
+(provision, download and the node's price, from the plan's lifecycle), then every progress line it
+emits (loss, learning rate, eval loss, checkpoints, rollbacks), the eval samples as a table per eval,
+and, if training fails, the reason; it finishes the run with the exit code that says which. Reporting
+is explicit: transformers 5 reports nowhere by default. The x-axis is `train/global_step`, so a rollback
+(steps going back) never has its rows dropped as out of order.
+
+A train job that runs again (a restart from a checkpoint) opens the same id: online, W&B continues it
+(`resume="allow"`); offline, it becomes a second segment on disk, since offline runs cannot be resumed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.config import TrainJob, as_jsonable
+from trainer.progress import Kind
+
+SAMPLE_COLUMNS = ("step", "input", "prediction", "label")
+
+
+class Tracker:
+    """A W&B run, or nothing at all when the job has none or this is not rank 0."""
+
+    def __init__(self, job: TrainJob, is_main: bool) -> None:
+        self.job = job
+        self.plan = job.wandb if is_main else None
+        self.run: Any = None
+
+    @property
+    def url(self) -> str | None:
+        """The run's page (known once it started online), else what the fleet planned."""
+        if self.run is not None and getattr(self.run, "url", None):
+            return str(self.run.url)
+        return self.plan.url if self.plan is not None else None
+
+    def start(self) -> None:
+        """Open the run and write what happened before training."""
+        plan = self.plan
+        if plan is None:
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        work = Path(self.job.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            id=plan.run_id,
+            project=plan.project,
+            entity=plan.entity,
+            name=plan.name or f"trainfleet {self.job.run_id}",
+            mode=plan.mode,
+            dir=str(work),
+            resume="allow" if plan.mode == "online" else None,
+            config={**as_jsonable(self.job.config), "fleet_run_id": self.job.run_id},
+        )
+        self.run.define_metric("train/global_step")
+        self.run.define_metric("*", step_metric="train/global_step")
+        rows = [[float(e.get("t", 0.0)), str(e.get("event", "")), _detail(e)] for e in plan.lifecycle]
+        if rows:
+            self.run.log({"lifecycle/events": wandb.Table(columns=["t", "event", "detail"], data=rows)})
+        for event in plan.lifecycle:
+            for key, value in event.items():
+                if key not in ("t", "event") and _number(value):
+                    self.run.summary[f"lifecycle/{event['event']}/{key}"] = value
+
+    def record(self, kind: Kind, data: Mapping[str, Any]) -> None:
+        """Mirror one progress line."""
+        if self.run is None:
+            return
+        step = data.get("step")
+        if kind == Kind.STEP:
+            self.run.log(
+                {
+                    "train/global_step": step,
+                    "train/loss": data.get("loss"),
+                    "train/learning_rate": data.get("learning_rate"),
+                    "train/epoch": data.get("epoch"),
+                }
+            )
+        elif kind == Kind.EVAL:
+            self.run.log({"train/global_step": step, "eval/loss": data.get("eval_loss")})
+        elif kind == Kind.CHECKPOINT:
+            self.run.log({"train/global_step": step, "train/checkpoint": step})
+        elif kind == Kind.ROLLBACK:
+            self.run.log(
+                {
+                    "train/global_step": data.get("to_step"),
+                    "watchdog/rollbacks": data.get("rollbacks"),
+                    "watchdog/learning_rate": data.get("learning_rate"),
+                }
+            )
+        elif kind in (Kind.RESUMED, Kind.BATCH_SIZE, Kind.STARTED):
+            for key, value in data.items():
+                if _number(value) or isinstance(value, str):
+                    self.run.summary[f"{kind.value}/{key}"] = value
+        elif kind == Kind.FINISHED:
+            for key, value in (data.get("metrics") or {}).items():
+                self.run.summary[f"final/{key}"] = value
+
+    def samples(self, step: int, rows: Sequence[Mapping[str, str]]) -> None:
+        """One eval's samples as a new table (a logged table is immutable)."""
+        if self.run is None or not rows:
+            return
+        import wandb
+
+        data = [[step, r["input"], r["prediction"], r["label"]] for r in rows]
+        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=data)
+        self.run.log({"train/global_step": step, "eval/samples": table})
+
+    def finish(self, failure: str | None = None) -> None:
+        """End the run: exit code 0, or 1 with the failure reason in its summary."""
+        if self.run is None:
+            return
+        if failure is not None:
+            self.run.summary["failure_reason"] = failure
+        self.run.finish(exit_code=1 if failure is not None else 0)
+        self.run = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _detail(event: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("t", "event"))
