@@ -43,7 +43,7 @@ def push(job: TrainJob) -> Pushed:
     if not (out / "adapter_config.json").is_file():
         raise PushFailed(f"{out} holds no adapter: train before pushing")
     token = os.environ.get("HF_TOKEN") or None
-    api = HfApi(token=token)
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)
     try:
         repo = api.create_repo(repo_id, private=job.config.hub_private_repo, exist_ok=True)
         info = api.upload_folder(

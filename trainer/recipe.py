@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from trainer import batch_size, dist, faults, outputs, resume, samples, snapshot
+from trainer import batch_size, dist, faults, hub_checkpoints, outputs, resume, samples, snapshot
 from trainer.config import TrainConfig, TrainJob
 from trainer.data import IGNORE_INDEX, Collator, prepare
 from trainer.faults import InjectedCrash
@@ -404,10 +404,12 @@ class _Run:
             "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
             "world_size": w.world_size,
         }
+        hub = None
         if w.is_main:
             outputs.save_checkpoint(path, self.peft_model, self.anchor, state, cfg.base_model)
+            hub = hub_checkpoints.push(path, self.job)
         dist.report(w, {"step": self.pos.step, "eval_loss": self.pos.eval_loss}, checkpoint_dir=path)
-        self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path))
+        self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path), hub=hub)
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.worker.device) for k, v in batch.items()}

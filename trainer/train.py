@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer import pack, push
+from trainer import hub_checkpoints, pack, push
 from trainer.config import TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
@@ -82,6 +82,7 @@ def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
         dataset_files(ds, base_dir)
     model_path = resolve_model(job.config.base_model, cache_dir(job))
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
+    hub_checkpoints.fetch_newest(job)  # a new node goes on from the run's last checkpoint on the hub
     if not job.config.use_ray:
         import torch
 

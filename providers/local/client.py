@@ -132,8 +132,10 @@ class LocalHeads:
         return HeadMeta(**data)
 
     def _write(self, meta: HeadMeta) -> None:
+        """Replace meta.json atomically. Two processes may stop one head at once (finalize, and the
+        reaper confirming it): each writes its own temporary file, so neither moves the other's away."""
         path = self.node_dir(meta.name) / "meta.json"
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".meta.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         tmp.write_text(json.dumps(asdict(meta)))
         tmp.replace(path)
 

@@ -37,6 +37,17 @@ def home(tmp_path: Path) -> Iterator[Path]:
     assert left == [], f"local heads left running: {left}"
 
 
+def light_job(home: Path) -> Path:
+    """The example job trained in one process (`use_ray: false`), for tests about the orchestration (a
+    killed worker, a cancel), which need a job that trains but not Ray Train's start-up each time."""
+    job = home.parent / "light" / "tiny.yml"
+    job.parent.mkdir(exist_ok=True)
+    job.write_text(EXAMPLE_YAML.read_text().replace("use_ray: true", "use_ray: false"))
+    if not (job.parent / "data").exists():
+        (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    return job
+
+
 def wait_for_training(home: Path, run_id: str) -> None:
     """Until the trainer reported a step; fails at once if the run ended before that."""
 
@@ -98,7 +109,7 @@ def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
     env = fleet_env(home)
     worker = Worker(env, home / "worker.log")
     try:
-        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
+        (queued,) = fleet_json(env, "enqueue", str(light_job(home)))
         run_id = queued["run_id"]
         wait_for_training(home, run_id)
         (node,) = live_heads(home)
@@ -121,7 +132,7 @@ def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path, kill_af
     env = fleet_env(home)
     worker = Worker(env, home / "worker-1.log")
     try:
-        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
+        (queued,) = fleet_json(env, "enqueue", str(light_job(home)))
         run_id = queued["run_id"]
         wait_until(
             lambda: kill_after in [e["type"] for e in events_of(home, run_id)], 300, kill_after, every=0.2
@@ -169,12 +180,22 @@ def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
     assert live_heads(home) == []
 
 
-def test_a_killed_trainer_resumes_from_its_checkpoint(home: Path, tmp_path: Path) -> None:
-    """kill -9 of the trainer on the node after its first checkpoint: the train stage runs it again, and it
-    goes on from that checkpoint's step, not from step 0."""
+def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
+    home: Path, tmp_path: Path
+) -> None:
+    """Two faults in one run. kill -9 of the trainer on the node after its first checkpoint: the train stage
+    runs it again, and it goes on from that checkpoint's step, not from step 0. A NaN loss at step 30
+    (FLEET_INJECT in the node's env): the watchdog rolls back to the last checkpoint with half the learning
+    rate and goes on. The run ends SUCCEEDED, and its events say all of it."""
     job = tmp_path / "job" / "tiny.yml"
     job.parent.mkdir()
-    job.write_text(EXAMPLE_YAML.read_text().replace("save_steps: 40", "save_steps: 10"))
+    text = EXAMPLE_YAML.read_text().replace("save_steps: 40", "save_steps: 10")
+    job.write_text(
+        text.replace(
+            "local:\n  one_shot: true\n",
+            "local:\n  one_shot: true\n  env:\n    FLEET_INJECT: nan_at_step:30\n",
+        )
+    )
     (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
     env = fleet_env(home)
     worker = Worker(env, home / "worker.log")
@@ -203,6 +224,10 @@ def test_a_killed_trainer_resumes_from_its_checkpoint(home: Path, tmp_path: Path
         assert view["metrics"]["global_step"] == view["metrics"]["total_steps"] == 90
         submitted = [e["data"]["ray_job"] for e in evs if e["type"] == "train.submitted"]
         assert submitted == [f"{run_id}-1-train", f"{run_id}-1-train-r1"]
+        rollbacks = [e["data"] for e in evs if e["type"] == "train.rollback"]
+        assert rollbacks and all(r["reason"] == "non_finite" and r["step"] == 30 for r in rollbacks)
+        before = [e["data"] for e in evs if e["type"] == "train.step" and e["data"]["step"] == 25]
+        assert rollbacks[-1]["learning_rate"] < 0.75 * before[-1]["learning_rate"]  # halved, not the schedule
         assert live_heads(home) == []
     finally:
         worker.stop()

@@ -136,7 +136,9 @@ def check_ran_on_the_node_and_gave_it_back(
     return evs
 
 
-@pytest.mark.parametrize("fault", [None, "error_after_create"])
+# The plain path is the vast.ai test's; this one runs the same job with a create that errors after the pod
+# was made, which must still end with one pod used and none left.
+@pytest.mark.parametrize("fault", ["error_after_create"])
 def test_a_runpod_job_runs_on_the_fakes_node_and_gives_it_back(
     home: Path, fake_runpod: str, tmp_path: Path, fault: str | None
 ) -> None:
