@@ -39,7 +39,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
 
 def light_job(home: Path) -> Path:
     """The example job trained in one process (`use_ray: false`), for tests about the orchestration (a
-    killed worker, a cancel), which need a job that trains but not Ray Train's start-up each time."""
+    killed worker), which need a job that trains but not Ray Train's start-up each time."""
     job = home.parent / "light" / "tiny.yml"
     job.parent.mkdir(exist_ok=True)
     job.write_text(EXAMPLE_YAML.read_text().replace("use_ray: true", "use_ray: false"))
@@ -109,7 +109,7 @@ def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
     env = fleet_env(home)
     worker = Worker(env, home / "worker.log")
     try:
-        (queued,) = fleet_json(env, "enqueue", str(light_job(home)))
+        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
         run_id = queued["run_id"]
         wait_for_training(home, run_id)
         (node,) = live_heads(home)
@@ -224,10 +224,15 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
         assert view["metrics"]["global_step"] == view["metrics"]["total_steps"] == 90
         submitted = [e["data"]["ray_job"] for e in evs if e["type"] == "train.submitted"]
         assert submitted == [f"{run_id}-1-train", f"{run_id}-1-train-r1"]
-        rollbacks = [e["data"] for e in evs if e["type"] == "train.rollback"]
-        assert rollbacks and all(r["reason"] == "non_finite" and r["step"] == 30 for r in rollbacks)
-        before = [e["data"] for e in evs if e["type"] == "train.step" and e["data"]["step"] == 25]
-        assert rollbacks[-1]["learning_rate"] < 0.75 * before[-1]["learning_rate"]  # halved, not the schedule
+        rollbacks = [i for i, e in enumerate(evs) if e["type"] == "train.rollback"]
+        assert rollbacks and all(evs[i]["data"]["reason"] == "non_finite" for i in rollbacks)
+        assert all(evs[i]["data"]["step"] == 30 and evs[i]["data"]["to_step"] < 30 for i in rollbacks)
+        # The learning rate after it is about half what it was at step 25 (before the NaN), and the steps
+        # replayed after it are logged with that lower rate.
+        rolled = rollbacks[-1]
+        (lr_before,) = [e["data"]["learning_rate"] for e in evs[:rolled] if e["type"] == "train.step"][-1:]
+        (lr_after,) = [e["data"]["learning_rate"] for e in evs[rolled:] if e["type"] == "train.step"][:1]
+        assert evs[rolled]["data"]["learning_rate"] < 0.75 * lr_before and lr_after < 0.75 * lr_before
         assert live_heads(home) == []
     finally:
         worker.stop()
