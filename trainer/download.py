@@ -28,15 +28,14 @@ and is never printed: errors say only whether one was set.
 
 from __future__ import annotations
 
-import fcntl
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import DownloadError
+from trainer.fslock import exclusive
 from trainer.transfer import DEFAULT_RETRIES, Item, transfer
 
 ENDPOINT = "https://huggingface.co"
@@ -317,18 +316,7 @@ def snapshot(
     files = tuple(select(listing) if select is not None else listing.files)
     folder = repo_cache_dir(cache_dir, repo_type, repo_id) / listing.sha
     folder.mkdir(parents=True, exist_ok=True)
-    with _exclusive(folder.parent / f".{listing.sha}.lock"):
+    with exclusive(folder.parent / f".{listing.sha}.lock"):
         stats = download(listing, files, folder, access)
     took = time.monotonic() - started
     return Snapshot(folder, files, replace(stats, seconds=took))
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` (created if missing) for the duration of the block."""
-    with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -19,21 +19,19 @@ with the example job: eval loss ~7.8 at step 0, ~3 after 90 steps).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import BUILTIN_MODELS, HUB_ID_PATTERN
 from trainer.errors import DownloadError, ModelUnavailable
+from trainer.fslock import exclusive
 
 if TYPE_CHECKING:
     from trainer.download import DownloadStats, HubAccess
@@ -93,7 +91,7 @@ def build_tiny(cache_dir: Path, spec: TinySpec = TINY_SPEC, corpus: Path = CORPU
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(final.parent / f".{final.name}.lock"):
+    with exclusive(final.parent / f".{final.name}.lock"):
         if final.is_dir():  # another process built it while we waited
             return final
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
@@ -219,14 +217,3 @@ def _train_tokenizer(spec: TinySpec, corpus: Path) -> Any:
         model_max_length=spec.max_positions,
         padding_side="right",
     )
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` (created if missing) for the duration of the block."""
-    with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -112,6 +112,17 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def wait_for_end(env: dict[str, str], run_id: str, timeout: float = 360) -> dict[str, Any]:
+    """The run's status view once it is SUCCEEDED or FAILED (`fleet status RUN --json`, every 2 s)."""
+    view: dict[str, Any] = wait_until(
+        lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
+        timeout,
+        "the run to end",
+        every=2,
+    )
+    return view
+
+
 def events_of(home: Path, run_id: str) -> list[dict[str, Any]]:
     client = redis_of(home)
     return [json.loads(fields["event"]) for _sid, fields in client.xrange(f"tf:events:{run_id}")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -14,27 +13,18 @@ import pytest
 from tests.factories import EXAMPLE_YAML
 from tests.integration.fleetproc import (
     Worker,
-    cleanup,
     events_of,
     fleet,
     fleet_env,
     fleet_json,
     live_heads,
     secret_hits,
+    wait_for_end,
     wait_until,
 )
 
 pytestmark = pytest.mark.integration
 STAGES = ["provision", "prepare", "train", "finalize"]
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "fleet"
-    home.mkdir()
-    yield home
-    left = cleanup(home)
-    assert left == [], f"local heads left running: {left}"
 
 
 def light_job(home: Path) -> Path:
@@ -139,12 +129,7 @@ def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path, kill_af
         )
         worker.kill(signal.SIGKILL)  # main process and pool children at once, mid-stage
         worker = Worker(env, home / "worker-2.log")
-        view = wait_until(
-            lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
-            360,
-            "the run to end",
-            every=2,
-        )
+        view = wait_for_end(env, run_id)
         assert view["state"] == "SUCCEEDED", view
         evs = events_of(home, run_id)
         ids = [e["id"] for e in evs]
@@ -210,12 +195,7 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
         saved = wait_until(checkpointed, 300, "the first checkpoint", every=0.2)
         (driver,) = wait_until(lambda: trainer_drivers(run_id), 30, "the trainer's process")
         driver.kill()
-        view = wait_until(
-            lambda: (v := fleet_json(env, "status", run_id)) and v["state"] in ("SUCCEEDED", "FAILED") and v,
-            360,
-            "the run to end",
-            every=2,
-        )
+        view = wait_for_end(env, run_id)
         assert view["state"] == "SUCCEEDED", view
         evs = events_of(home, run_id)
         (restarted,) = [e["data"] for e in evs if e["type"] == "train.restarted"]

@@ -21,20 +21,12 @@ import pytest
 
 from tests.factories import EXAMPLE_YAML
 from tests.fakes.hub import FakeHub
-from tests.integration.fleetproc import REPO, cleanup, events_of, fleet, fleet_env, secret_hits
+from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env, secret_hits
 
 pytestmark = pytest.mark.integration
 API_KEY = "fake-runpod-key-0123456789"
 VAST_KEY = "fake-vast-key-9876543210"
 HF_TOKEN = "hf_fakecloudcanary0123456789abcdefghij"
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "fleet"
-    home.mkdir()
-    yield home
-    cleanup(home)
 
 
 @contextmanager

@@ -13,19 +13,11 @@ from huggingface_hub import ModelCard, hf_hub_download
 
 from tests.factories import EXAMPLE_YAML
 from tests.fakes.hub import FakeHub
-from tests.integration.fleetproc import cleanup, events_of, fleet, fleet_env, live_heads, secret_hits
+from tests.integration.fleetproc import events_of, fleet, fleet_env, live_heads, secret_hits
 from tests.wandb_log import read_run
 
 pytestmark = pytest.mark.integration
 TOKEN = "hf_fakecanary0123456789abcdefghijklmnop"
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "fleet"
-    home.mkdir()
-    yield home
-    cleanup(home)
 
 
 @pytest.fixture
