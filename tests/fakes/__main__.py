@@ -1,8 +1,8 @@
-"""`python -m tests.fakes serve runpod|vastai|hub --port N [--home DIR] [options]`.
+"""`python -m tests.fakes serve runpod|vastai|hub|discord --port N [--home DIR] [options]`.
 
 Clouds take `--nodes ray|none`, `--api-key`, `--ready-delay`, `--node-cpus`; the Hub takes `--token` and
-`--throttle BYTES_PER_S`. Prints the base URL as its first line, serves until SIGTERM or SIGINT, then
-stops any nodes it started.
+`--throttle BYTES_PER_S`; Discord takes `--token` (the bot token). Prints the base URL as its first line,
+serves until SIGTERM or SIGINT, then stops any nodes it started.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from tests.fakes import FAKES, FakeCloud, FakeHub
+from tests.fakes import FAKES, FakeCloud, FakeDiscord, FakeHub
+from tests.fakes.discord import DEFAULT_TOKEN as DISCORD_TOKEN
 from tests.fakes.hub import DEFAULT_TOKEN
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fakes")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve one fake cloud API, or the fake Hugging Face Hub")
-    serve.add_argument("vendor", choices=[*sorted(FAKES), "hub"])
+    serve.add_argument("vendor", choices=[*sorted(FAKES), "hub", "discord"])
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--home", type=Path, default=None, help="where nodes (or the Hub's files) are kept")
     clouds = serve.add_argument_group("clouds (runpod, vastai)")
@@ -33,14 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     clouds.add_argument("--api-key", default=os.environ.get("FAKE_API_KEY", "test-key"))
     clouds.add_argument("--ready-delay", type=float, default=0.2, help="seconds to RUNNING with --nodes none")
     clouds.add_argument("--node-cpus", type=int, default=1, help="CPUs of each node's Ray head (--nodes ray)")
-    hub = serve.add_argument_group("hub")
-    hub.add_argument("--token", default=os.environ.get("FAKE_HUB_TOKEN", DEFAULT_TOKEN))
+    hub = serve.add_argument_group("hub, discord")
+    hub.add_argument(
+        "--token", default=None, help="the one valid token (Hub access token, Discord bot token)"
+    )
     hub.add_argument("--throttle", type=float, default=None, help="bytes/s per download connection")
     args = parser.parse_args(argv)
 
-    fake: FakeCloud | FakeHub
-    if args.vendor == "hub":  # without --home, the Hub keeps its files in a temporary directory it removes
-        fake = FakeHub(home=args.home, token=args.token, throttle_bps=args.throttle, port=args.port)
+    fake: FakeCloud | FakeHub | FakeDiscord
+    if args.vendor == "discord":  # keeps everything in memory; --home is not used
+        fake = FakeDiscord(
+            token=args.token or os.environ.get("FAKE_DISCORD_TOKEN", DISCORD_TOKEN), port=args.port
+        )
+    elif args.vendor == "hub":  # without --home, the Hub keeps its files in a temporary directory it removes
+        token = args.token or os.environ.get("FAKE_HUB_TOKEN", DEFAULT_TOKEN)
+        fake = FakeHub(home=args.home, token=token, throttle_bps=args.throttle, port=args.port)
     else:
         fake = FAKES[args.vendor](
             api_key=args.api_key,

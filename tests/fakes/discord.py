@@ -1,0 +1,573 @@
+"""A fake of Discord's REST API (v10), good enough for discord.py 2.7's own HTTP clients, unmodified.
+
+Point discord.py at it with `discord.http.Route.BASE = f"{fake.url}/api/v10"`: the bot's `HTTPClient`
+and both webhook adapters build every URL from that class attribute (it is process-global, so restore it
+after a test). Webhooks cannot come from `SyncWebhook.from_url(fake_url)`: `from_url` only accepts
+`discord(app).com/api/webhooks/<17-20 digits>/<60+ chars>`. Build them with
+`discord.SyncWebhook.partial(id, token)` or `discord.Webhook.partial(id, token, session=...)` instead,
+using the (id, token) that `fake.add_webhook(channel_id)` returns; their requests then go to Route.BASE.
+
+Served (under /api/v10): GET users/@me; POST/GET channels/{c}/messages; GET/PATCH
+channels/{c}/messages/{m}; GET/POST webhooks/{id}/{token} (`?wait=true` returns the message);
+GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback.
+Outside the API: GET /attachments/{id}/{filename} (bytes from `add_attachment`, or files sent with a
+message). Bot routes need `Authorization: Bot <token>`, webhook routes the webhook's (or interaction's)
+token in the path; otherwise 401 in Discord's error shape.
+
+Operations (request counts, fault rules): get_me, create_message, list_messages, get_message,
+edit_message, get_webhook, execute_webhook, get_webhook_message, edit_webhook_message,
+interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus Retry-After,
+X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook adapters
+retry a 429 only when Via is present) and "500". Control: GET /_fake/state, POST /_fake/faults (a list).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+DEFAULT_TOKEN = "fake-bot-token"
+FAULT_KINDS = frozenset({"429", "500"})
+DISCORD_EPOCH_MS = 1420070400000
+BOT_USER_ID = "100000000000000001"
+_API = ("api", "v10")
+
+
+@dataclass
+class DiscordFault:
+    """A scripted misbehaviour for one operation (or "*"), consumed `times` times."""
+
+    op: str
+    kind: str
+    times: int = 1
+    retry_after: float = 1.0
+    via: bool = True
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DiscordFault:
+        """Validate one rule as posted to /_fake/faults."""
+        kind = str(data["kind"])
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
+        return cls(
+            op=str(data.get("op", "*")),
+            kind=kind,
+            times=int(data.get("times", 1)),
+            retry_after=float(data.get("retry_after", 1.0)),
+            via=bool(data.get("via", True)),
+        )
+
+
+@dataclass
+class Reply:
+    """What to answer: a status, a JSON-able body (or raw bytes), extra headers."""
+
+    status: int
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None
+    content_type: str = "application/json"
+
+
+@dataclass
+class DRequest:
+    """One request: unquoted path segments, query, lower-cased headers, the whole body."""
+
+    method: str
+    segments: list[str]
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+    def payload(self) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+        """The JSON payload (plain, or `payload_json` of a multipart body) and any uploaded files."""
+        ctype = self.headers.get("content-type", "")
+        if not ctype.startswith("multipart/"):
+            return (json.loads(self.body) if self.body else {}), []
+        # Why the email parser: cgi is gone in 3.13, and discord.py sends plain form-data parts.
+        head = f"Content-Type: {ctype}\r\n\r\n".encode()
+        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + self.body)
+        data: dict[str, Any] = {}
+        files: list[tuple[str, bytes]] = []
+        for part in msg.iter_parts():
+            raw = part.get_payload(decode=True)
+            content = raw if isinstance(raw, bytes) else b""
+            if part.get_param("name", header="content-disposition") == "payload_json":
+                data = json.loads(content)
+            elif part.get_filename():
+                files.append((str(part.get_filename()), content))
+        return data, files
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass
+class _Message:
+    """One message as the fake keeps it; `wire()` renders Discord's shape."""
+
+    id: str
+    channel_id: str
+    content: str
+    embeds: list[Any]
+    attachments: list[dict[str, Any]]
+    author: dict[str, Any]
+    webhook_id: str | None
+    timestamp: str = field(default_factory=_now_iso)
+    edited: str | None = None
+    edits: list[dict[str, Any]] = field(default_factory=list)
+    created: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.created = {"content": self.content, "embeds": self.embeds, "at": self.timestamp}
+
+    def wire(self) -> dict[str, Any]:
+        """The message object Discord returns (enough for discord.py to build a Message)."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": 0,
+            "channel_id": self.channel_id,
+            "content": self.content,
+            "embeds": self.embeds,
+            "attachments": self.attachments,
+            "author": self.author,
+            "timestamp": self.timestamp,
+            "edited_timestamp": self.edited,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "pinned": False,
+            "flags": 0,
+            "components": [],
+        }
+        if self.webhook_id is not None:
+            out["webhook_id"] = self.webhook_id
+        return out
+
+    def public(self) -> dict[str, Any]:
+        """The row /_fake/state shows: current version plus the creation and every edit."""
+        return {
+            "id": self.id,
+            "content": self.content,
+            "embeds": self.embeds,
+            "attachments": [a["filename"] for a in self.attachments],
+            "webhook_id": self.webhook_id,
+            "created": self.created,
+            "edits": list(self.edits),
+        }
+
+
+@dataclass
+class _Hook:
+    """A webhook, or an interaction's token (which Discord also serves under /webhooks/{app_id}/...)."""
+
+    id: str
+    token: str
+    channel_id: str
+    interaction_id: str | None = None
+    original_id: str | None = None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self) -> None:
+        split = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        request = DRequest(
+            method=self.command,
+            segments=[unquote(s) for s in split.path.split("/")[1:]],
+            query={k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()},
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=self.rfile.read(length) if length else b"",
+        )
+        reply = self.server.fake.dispatch(request)
+        payload = (
+            reply.raw
+            if reply.raw is not None
+            else b""
+            if reply.body is None
+            else json.dumps(reply.body).encode()
+        )
+        self.send_response(reply.status)
+        if reply.status != 204:
+            self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        for key, value in reply.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the per-request stderr line (webhook tokens are in the path)."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeDiscord, port: int) -> None:
+        self.fake = fake
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+def _error(status: int, message: str, code: int = 0) -> Reply:
+    return Reply(status, {"message": message, "code": code})
+
+
+class FakeDiscord:
+    """The fake Discord REST API. Use as a context manager, or `start()` / `stop()`."""
+
+    def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0) -> None:
+        self.token = token
+        self.port = port
+        self.lock = threading.RLock()
+        self.requests: dict[str, int] = {}
+        self.faults: list[DiscordFault] = []
+        self.channels: dict[str, list[_Message]] = {}
+        self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
+        self.interactions: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, tuple[str, bytes]] = {}
+        self._ids = itertools.count(1)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The base URL; discord.py wants `Route.BASE = f"{url}/api/v10"`."""
+        if self._server is None:
+            raise RuntimeError("fake not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeDiscord:
+        """Serve in a daemon thread (returns at once; the socket is already listening)."""
+        self._server = _Server(self, self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; idempotent."""
+        if self._server is not None:
+            self._server.shutdown()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeDiscord:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- knobs for in-process tests (some also behind /_fake/...) ----------------------------------
+    def snowflake(self) -> str:
+        """A fresh, increasing snowflake whose timestamp is now (discord.py derives created_at from it)."""
+        ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
+        return str((ms << 22) | (next(self._ids) & 0x3FFFFF))
+
+    def add_webhook(self, channel_id: int | str, name: str = "fake-hook") -> tuple[int, str]:
+        """Create a webhook posting into `channel_id`; returns (id, token) for `SyncWebhook.partial`."""
+        hook = _Hook(self.snowflake(), secrets.token_urlsafe(48), str(channel_id))
+        with self.lock:
+            self.hooks[hook.token] = hook
+        return int(hook.id), hook.token
+
+    def add_interaction(self, channel_id: int | str, application_id: int | str) -> tuple[int, str]:
+        """Register an interaction (as if a slash command arrived); returns (interaction id, token)."""
+        iid, token = self.snowflake(), secrets.token_urlsafe(48)
+        with self.lock:
+            self.hooks[token] = _Hook(str(application_id), token, str(channel_id), interaction_id=iid)
+            self.interactions[iid] = {"channel_id": str(channel_id), "callbacks": [], "followups": []}
+        return int(iid), token
+
+    def add_attachment(self, filename: str, data: bytes) -> str:
+        """Serve `data` at a CDN-like URL on the fake; returns that URL."""
+        aid = self.snowflake()
+        with self.lock:
+            self.files[aid] = (filename, data)
+        return f"{self.url}/attachments/{aid}/{quote(filename)}"
+
+    def add_faults(self, rules: list[dict[str, Any]]) -> None:
+        """Queue fault rules; they are consumed in order."""
+        parsed = [DiscordFault.from_json(rule) for rule in rules]
+        with self.lock:
+            self.faults.extend(parsed)
+
+    def state(self) -> dict[str, Any]:
+        """Messages per channel in order (with edit history), interactions, request counts per operation."""
+        with self.lock:
+            snapshot: dict[str, Any] = json.loads(
+                json.dumps(
+                    {
+                        "channels": {c: [m.public() for m in ms] for c, ms in self.channels.items()},
+                        "interactions": self.interactions,
+                        "requests": dict(self.requests),
+                    }
+                )
+            )
+        return snapshot  # a deep copy: callers may keep it while requests go on
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def dispatch(self, request: DRequest) -> Reply:
+        """Control endpoints, then routing, counting, faults, auth and the handler."""
+        seg = request.segments
+        if seg[:1] == ["_fake"]:
+            return self._control(request)
+        op, handler, authorized = self._route(request)
+        with self.lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
+        fault = self._take_fault(op)
+        if fault is not None:
+            return self._fault_reply(fault, op)
+        if not authorized:
+            return _error(401, "401: Unauthorized")
+        try:
+            return handler(request)
+        except (ValueError, KeyError, TypeError) as exc:
+            return Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
+
+    def _control(self, request: DRequest) -> Reply:
+        path = "/".join(request.segments)
+        if path == "_fake/state" and request.method == "GET":
+            return Reply(200, self.state())
+        if path == "_fake/faults" and request.method == "POST":
+            try:
+                self.add_faults(list(json.loads(request.body or b"[]")))
+            except (ValueError, KeyError, TypeError) as exc:
+                return Reply(400, {"error": str(exc)})
+            return Reply(200, {"queued": len(self.faults)})
+        return Reply(404, {"error": "no such control endpoint"})
+
+    def _take_fault(self, op: str) -> DiscordFault | None:
+        with self.lock:
+            for fault in self.faults:
+                if fault.op in (op, "*"):
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                    return fault
+        return None
+
+    def _fault_reply(self, fault: DiscordFault, op: str) -> Reply:
+        if fault.kind == "500":
+            return _error(500, "500: Internal Server Error")
+        after = f"{fault.retry_after:g}"
+        headers = {
+            "Retry-After": after,
+            "X-RateLimit-Limit": "5",
+            "X-RateLimit-Remaining": "0",
+            "X-RateLimit-Reset": f"{time.time() + fault.retry_after:.3f}",
+            "X-RateLimit-Reset-After": after,
+            "X-RateLimit-Bucket": op,
+            "X-RateLimit-Scope": "user",
+        }
+        if fault.via:  # real 429s come through Google's front end; discord.py's webhooks check for it
+            headers["Via"] = "1.1 google"
+        body = {"message": "You are being rate limited.", "retry_after": fault.retry_after, "global": False}
+        return Reply(429, body, headers)
+
+    def _route(self, r: DRequest) -> tuple[str, Callable[[DRequest], Reply], bool]:
+        """(operation, handler, whether the credentials are right) for a request."""
+        seg, m = r.segments, r.method
+        if len(seg) == 3 and seg[0] == "attachments" and m == "GET":
+            return "attachment", self._attachment, True
+        if tuple(seg[:2]) != _API:
+            return "other", lambda _: _error(404, "404: Not Found"), True
+        rest = seg[2:]
+        bot = r.headers.get("authorization") == f"Bot {self.token}"
+        if rest == ["users", "@me"] and m == "GET":
+            return "get_me", lambda _: Reply(200, self._bot_user()), bot
+        if len(rest) in (3, 4) and rest[0] == "channels" and rest[2] == "messages":
+            if len(rest) == 3:
+                return (
+                    ("create_message", self._create, bot)
+                    if m == "POST"
+                    else ("list_messages", self._list, bot)
+                )
+            return ("edit_message", self._edit, bot) if m == "PATCH" else ("get_message", self._get, bot)
+        if len(rest) == 4 and rest[0] == "interactions" and rest[3] == "callback" and m == "POST":
+            hook = self.hooks.get(rest[2])
+            ok = hook is not None and hook.interaction_id == rest[1]
+            return "interaction_callback", self._callback, ok
+        if len(rest) in (3, 5) and rest[0] == "webhooks":
+            hook = self.hooks.get(rest[2])
+            ok = hook is not None and hook.id == rest[1]
+            if len(rest) == 3:
+                return (
+                    ("execute_webhook", self._execute, ok) if m == "POST" else ("get_webhook", self._info, ok)
+                )
+            if rest[3] == "messages":
+                return (
+                    ("edit_webhook_message", self._edit, ok)
+                    if m == "PATCH"
+                    else ("get_webhook_message", self._get, ok)
+                )
+        return "other", lambda _: _error(404, "404: Not Found"), True
+
+    # -- handlers ----------------------------------------------------------------------------------
+    def _bot_user(self) -> dict[str, Any]:
+        return {
+            "id": BOT_USER_ID,
+            "username": "fake-bot",
+            "discriminator": "0",
+            "avatar": None,
+            "global_name": None,
+            "bot": True,
+        }
+
+    def _target(self, r: DRequest) -> tuple[str, _Hook | None]:
+        """(channel id, webhook or None) a message request addresses."""
+        rest = r.segments[2:]
+        if rest[0] == "channels":
+            return rest[1], None
+        hook = self.hooks[rest[2]]
+        return hook.channel_id, hook
+
+    def _find(self, r: DRequest) -> _Message | None:
+        channel_id, hook = self._target(r)
+        mid = r.segments[-1]
+        if mid == "@original" and hook is not None:
+            mid = hook.original_id or ""
+        return next((msg for msg in self.channels.get(channel_id, []) if msg.id == mid), None)
+
+    def _store(
+        self, channel_id: str, data: dict[str, Any], files: list[tuple[str, bytes]], hook: _Hook | None
+    ) -> _Message:
+        author = (
+            self._bot_user()
+            if hook is None
+            else {
+                "id": hook.id,
+                "username": str(data.get("username") or "fake-hook"),
+                "discriminator": "0000",
+                "avatar": None,
+                "bot": True,
+            }
+        )
+        msg = _Message(
+            id=self.snowflake(),
+            channel_id=channel_id,
+            content=str(data.get("content") or ""),
+            embeds=list(data.get("embeds") or []),
+            attachments=self._attach(files),
+            author=author,
+            webhook_id=None if hook is None or hook.interaction_id else hook.id,
+        )
+        with self.lock:
+            self.channels.setdefault(channel_id, []).append(msg)
+        return msg
+
+    def _attach(self, files: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+        out = []
+        for name, data in files:
+            url = self.add_attachment(name, data)
+            aid = url.rsplit("/", 2)[-2]
+            out.append({"id": aid, "filename": name, "size": len(data), "url": url, "proxy_url": url})
+        return out
+
+    def _create(self, r: DRequest) -> Reply:
+        data, files = r.payload()
+        return Reply(200, self._store(r.segments[3], data, files, None).wire())
+
+    def _execute(self, r: DRequest) -> Reply:
+        data, files = r.payload()
+        channel_id, hook = self._target(r)
+        msg = self._store(channel_id, data, files, hook)
+        if hook is not None and hook.interaction_id is not None:
+            with self.lock:
+                self.interactions[hook.interaction_id]["followups"].append(
+                    {"message_id": msg.id, "data": data}
+                )
+        return Reply(200, msg.wire()) if r.query.get("wait") in ("true", "1", "True") else Reply(204)
+
+    def _list(self, r: DRequest) -> Reply:
+        msgs = self.channels.get(r.segments[3], [])
+        limit = int(r.query.get("limit", 50))
+        return Reply(200, [m.wire() for m in reversed(msgs)][:limit])  # newest first, as Discord
+
+    def _get(self, r: DRequest) -> Reply:
+        msg = self._find(r)
+        return _error(404, "404: Not Found", 10008) if msg is None else Reply(200, msg.wire())
+
+    def _edit(self, r: DRequest) -> Reply:
+        msg = self._find(r)
+        if msg is None:
+            return _error(404, "Unknown Message", 10008)
+        data, files = r.payload()
+        with self.lock:
+            if "content" in data:
+                msg.content = str(data["content"] or "")
+            if "embeds" in data:
+                msg.embeds = list(data["embeds"] or [])
+            msg.attachments += self._attach(files)
+            msg.edited = _now_iso()
+            msg.edits.append({"content": msg.content, "embeds": msg.embeds, "at": msg.edited})
+        return Reply(200, msg.wire())
+
+    def _info(self, r: DRequest) -> Reply:
+        _, hook = self._target(r)
+        assert hook is not None
+        return Reply(
+            200,
+            {
+                "id": hook.id,
+                "type": 1,
+                "token": hook.token,
+                "channel_id": hook.channel_id,
+                "guild_id": None,
+                "name": "fake-hook",
+                "avatar": None,
+                "application_id": None,
+            },
+        )
+
+    def _callback(self, r: DRequest) -> Reply:
+        data, files = r.payload()
+        hook = self.hooks[r.segments[4]]
+        iid = str(hook.interaction_id)
+        kind = int(data.get("type", 0))
+        inner = dict(data.get("data") or {})
+        msg = None
+        if kind in (4, 5):  # CHANNEL_MESSAGE_WITH_SOURCE, DEFERRED_...: an original response exists
+            msg = self._store(hook.channel_id, inner, files, hook)
+            hook.original_id = msg.id
+        with self.lock:
+            self.interactions[iid]["callbacks"].append({"type": kind, "data": inner})
+        interaction = {
+            "id": iid,
+            "type": 2,
+            "response_message_id": msg.id if msg else None,
+            "response_message_loading": kind == 5,
+            "response_message_ephemeral": bool(int(inner.get("flags") or 0) & 64),
+        }
+        resource = {"type": kind, "message": msg.wire()} if msg else None
+        if r.query.get("with_response") in ("1", "true", "True"):
+            return Reply(200, {"interaction": interaction, "resource": resource})
+        return Reply(204)
+
+    def _attachment(self, r: DRequest) -> Reply:
+        found = self.files.get(r.segments[1])
+        if found is None or found[0] != r.segments[2]:
+            return _error(404, "404: Not Found")
+        return Reply(200, raw=found[1], content_type="application/octet-stream")

@@ -1,0 +1,191 @@
+"""The fake Discord API against the real discord.py 2.7 clients (webhooks, bot REST), with no mocks.
+
+Each test points `discord.http.Route.BASE` at the fake through monkeypatch, because that class attribute
+is process-global and every later test (and discord.py itself) must see the real value again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import discord
+import discord.http
+import pytest
+import requests
+
+from tests.fakes import FakeDiscord
+
+TOKEN = "bot-token-for-tests"
+CHANNEL = 123456789012345678
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
+    """A running fake with discord.py's Route.BASE pointed at it (restored afterwards)."""
+    with FakeDiscord(token=TOKEN) as running:
+        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
+        yield running
+
+
+@pytest.fixture
+def session() -> Iterator[requests.Session]:
+    """A requests session for SyncWebhook, closed so no socket outlives the test."""
+    with requests.Session() as s:
+        yield s
+
+
+def _messages(fake: FakeDiscord, channel: int = CHANNEL) -> list[dict[str, object]]:
+    messages: list[dict[str, object]] = fake.state()["channels"].get(str(channel), [])
+    return messages
+
+
+def test_sync_webhook_send_edit_and_embeds(fake: FakeDiscord, session: requests.Session) -> None:
+    hook_id, token = fake.add_webhook(CHANNEL)
+    hook = discord.SyncWebhook.partial(hook_id, token, session=session)
+    embed = discord.Embed(title="run 7", description="loss 0.12").add_field(name="gpu", value="H100")
+    msg = hook.send("started", embed=embed, wait=True)
+    assert msg.channel.id == CHANNEL
+    assert msg.embeds[0].title == "run 7" and msg.embeds[0].fields[0].value == "H100"
+    edited = hook.edit_message(msg.id, content="finished")
+    assert edited.content == "finished" and edited.edited_at is not None
+    assert hook.fetch_message(msg.id).content == "finished"
+
+    (row,) = _messages(fake)
+    assert row["id"] == str(msg.id)
+    assert row["created"]["content"] == "started"  # type: ignore[index]
+    assert [e["content"] for e in row["edits"]] == ["finished"]  # type: ignore[attr-defined]
+    assert row["embeds"][0]["fields"][0]["name"] == "gpu"  # type: ignore[index]
+    assert hook.fetch().channel_id == CHANNEL
+
+
+def test_async_webhook_send_and_edit(fake: FakeDiscord) -> None:
+    hook_id, token = fake.add_webhook(CHANNEL)
+
+    async def scenario() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as http:
+            hook = discord.Webhook.partial(hook_id, token, session=http)
+            msg = await hook.send("hello", wait=True)
+            edited = await msg.edit(content="hello again")
+            return msg.id, edited.content
+
+    message_id, content = asyncio.run(scenario())
+    assert content == "hello again"
+    (row,) = _messages(fake)
+    assert row["id"] == str(message_id) and row["content"] == "hello again"
+
+
+def test_bot_rest_posts_and_edits(fake: FakeDiscord) -> None:
+    async def scenario() -> tuple[str, str]:
+        client = discord.Client(intents=discord.Intents.none())
+        try:
+            me = await client.http.static_login(TOKEN)
+            with discord.http.handle_message_parameters(content="queued") as params:
+                sent = await client.http.send_message(CHANNEL, params=params)
+            with discord.http.handle_message_parameters(content="running") as params:
+                await client.http.edit_message(CHANNEL, sent["id"], params=params)
+            got = await client.http.get_message(CHANNEL, sent["id"])
+            return me["username"], got["content"]
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == ("fake-bot", "running")
+    (row,) = _messages(fake)
+    assert row["created"]["content"] == "queued"  # type: ignore[index]
+    assert fake.state()["requests"]["edit_message"] == 1
+
+
+def test_bot_wrong_token_is_refused(fake: FakeDiscord) -> None:
+    async def scenario() -> None:
+        client = discord.Client(intents=discord.Intents.none())
+        try:
+            await client.http.static_login("not-the-token")
+        finally:
+            await client.close()
+
+    with pytest.raises(discord.LoginFailure):
+        asyncio.run(scenario())
+    reply = requests.post(f"{fake.url}/api/v10/channels/{CHANNEL}/messages", json={"content": "x"}, timeout=5)
+    assert reply.status_code == 401 and reply.json() == {"message": "401: Unauthorized", "code": 0}
+
+
+def test_webhook_wrong_token_is_refused(fake: FakeDiscord, session: requests.Session) -> None:
+    hook_id, _ = fake.add_webhook(CHANNEL)
+    hook = discord.SyncWebhook.partial(hook_id, "x" * 68, session=session)
+    with pytest.raises(discord.HTTPException) as caught:
+        hook.send("nope", wait=True)
+    assert caught.value.status == 401
+    assert _messages(fake) == []
+
+
+def test_429_with_via_is_retried_by_discord_py(fake: FakeDiscord, session: requests.Session) -> None:
+    hook_id, token = fake.add_webhook(CHANNEL)
+    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.3}])
+    msg = discord.SyncWebhook.partial(hook_id, token, session=session).send("after backoff", wait=True)
+    assert fake.state()["requests"]["execute_webhook"] == 2
+    assert [m["id"] for m in _messages(fake)] == [str(msg.id)]
+
+
+def test_429_without_via_raises_at_once(fake: FakeDiscord, session: requests.Session) -> None:
+    """The pitfall: discord.py's webhook adapter treats a 429 without `Via` as not Discord's, and raises."""
+    hook_id, token = fake.add_webhook(CHANNEL)
+    rules: list[dict[str, Any]] = [{"op": "*", "kind": "429", "times": 1, "retry_after": 0.3, "via": False}]
+    answer = requests.post(f"{fake.url}/_fake/faults", json=rules, timeout=5)
+    assert answer.json() == {"queued": 1}
+    with pytest.raises(discord.HTTPException) as caught:
+        discord.SyncWebhook.partial(hook_id, token, session=session).send("dropped", wait=True)
+    assert caught.value.status == 429
+    assert fake.state()["requests"]["execute_webhook"] == 1 and _messages(fake) == []
+
+
+def test_interaction_callback_and_followup_are_recorded(fake: FakeDiscord, session: requests.Session) -> None:
+    app_id = 555555555555555555
+    interaction_id, token = fake.add_interaction(CHANNEL, app_id)
+    body: dict[str, Any] = {"type": 4, "data": {"content": "on it", "flags": 64}}
+    url = f"{fake.url}/api/v10/interactions/{interaction_id}/{token}/callback"
+    reply = session.post(url, params={"with_response": "1"}, json=body, timeout=5)
+    assert reply.status_code == 200 and reply.json()["interaction"]["response_message_ephemeral"] is True
+    followups = discord.SyncWebhook.partial(app_id, token, session=session)
+    followups.send("done", wait=True)
+    original = followups.edit_message("@original", content="on it (edited)")  # type: ignore[call-overload]
+    assert original.content == "on it (edited)"
+
+    record = fake.state()["interactions"][str(interaction_id)]
+    assert record["callbacks"] == [{"type": 4, "data": {"content": "on it", "flags": 64}}]
+    assert [f["data"]["content"] for f in record["followups"]] == ["done"]
+    assert session.post(url.replace(token, "wrong"), json=body, timeout=5).status_code == 401
+
+
+def test_attachment_download_returns_bytes(fake: FakeDiscord) -> None:
+    data = b"run:\n  gpu: H100\n  steps: 10\n"
+    url = fake.add_attachment("run.yaml", data)
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        assert reply.read() == data
+    assert requests.get(url.replace("run.yaml", "other.yaml"), timeout=5).status_code == 404
+
+
+def test_command_line_serves_until_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "tests.fakes", "serve", "discord", "--token", TOKEN]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        me = requests.get(f"{url}/api/v10/users/@me", headers={"Authorization": f"Bot {TOKEN}"}, timeout=5)
+        assert me.json()["bot"] is True
+        assert json.loads(requests.get(f"{url}/_fake/state", timeout=5).text)["requests"] == {"get_me": 1}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0
