@@ -87,6 +87,10 @@ class EventConsumer:
         )
         return _decode(reply[0][1]) if reply else []
 
+    def redeliver(self) -> None:
+        """Read this consumer's pending entries again first (after a batch that was not acked)."""
+        self._pending_done = False
+
     def ack(self, *stream_ids: str) -> None:
         if stream_ids:
             self.client.xack(self.stream, self.group, *stream_ids)  # type: ignore[no-untyped-call]

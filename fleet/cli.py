@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -313,6 +315,29 @@ def up() -> None:
     fleet = connect_or_exit(settings)
     err.print(f"fleet home {settings.home}; Ctrl-C to stop", highlight=False)
     run_worker(settings, fleet.redis_url, list(QUEUES), settings.worker_concurrency, beat=True)
+
+
+@cli.command()
+def notify() -> None:
+    """Post the fleet's events to Discord through FLEET_DISCORD_WEBHOOK_URL (foreground, until Ctrl-C):
+    one status message per run, edited in place, and a message for each result, failure and link."""
+    import requests
+
+    from bot.notifier import Notifier
+    from fleet.secrets import load_secrets
+
+    settings = settings_or_exit()
+    if not settings.discord_webhook_url:
+        err.print("FLEET_DISCORD_WEBHOOK_URL is not set: the notifier has nowhere to post", style="red")
+        raise typer.Exit(2)
+    fleet = connect_or_exit(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    with requests.Session() as session:
+        notifier = Notifier.from_settings(settings, fleet.redis, load_secrets(), session)
+        err.print("notifier: posting to the webhook; Ctrl-C to stop", highlight=False)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop between batches, unacked ones stay
+            notifier.run_forever(stop)
 
 
 @cli.command()

@@ -58,6 +58,12 @@ class Settings(BaseModel):
     reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
     orphan_grace_s: float = Field(120, ge=0, description="Never reap an instance younger than this.")
     events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
+    discord_webhook_url: str | None = Field(
+        None, description="The notifier's Discord webhook (a secret: its token is in the URL path)."
+    )
+    discord_api_base: str = Field(
+        "https://discord.com/api/v10", description="Discord's REST API; set only to point at a fake."
+    )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
 
     @property
@@ -81,6 +87,8 @@ class Settings(BaseModel):
         data = self.model_dump(mode="json")
         if data.get("redis_url"):
             data["redis_url"] = "<set>"
+        if data.get("discord_webhook_url"):
+            data["discord_webhook_url"] = "<set>"
         return data
 
 

@@ -1,0 +1,192 @@
+"""The Discord notifier (webhook mode): the fleet's event stream, relayed into one channel.
+
+It reads `tf:events` through its own consumer group (`notifier`), so it sees every event whatever else
+reads the stream. Per run it keeps ONE status message, edited in place; a few events (a failure, a
+result, a W&B link, an instance kept, a reaper kill) also get a message of their own.
+
+Delivery is at least once. A batch is handled, then acked; an error from Discord stops the batch without
+an ack, and the entries come again (pending first). Status edits render the run as the ledger holds it
+now, so repeating one is harmless. A separate message is posted, THEN marked sent under
+`tf:notify:sent:<event id>`, then acked; a repeat whose key exists is skipped. A crash between a post and
+its `sent` key repeats that one message: Discord's webhooks have no idempotency key to prevent it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import discord
+import discord.http
+import redis
+import requests
+
+from bot.render import CONTENT_MAX, SEPARATE, Scrubber, fit_embed, separate_message, status_embed, truncate
+from broker.constants import PREFIX
+from broker.events import EventConsumer
+from broker.ledger import Ledger
+from broker.models import Event, EventType
+from fleet.errors import ConfigError, NotFound, Problem
+from fleet.secrets import Secrets
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+GROUP = "notifier"
+SENT_TTL_S = 7 * 24 * 3600
+_WEBHOOK_PATH = re.compile(r"/api(?:/v\d+)?/webhooks/(\d+)/([^/?#]+)")
+
+
+def status_key(run_id: str) -> str:
+    """The id of a run's status message."""
+    return f"{PREFIX}:notify:status:{run_id}"
+
+
+def sent_key(event_id: str) -> str:
+    """Set once the separate message of an event was posted."""
+    return f"{PREFIX}:notify:sent:{event_id}"
+
+
+def webhook_parts(url: str) -> tuple[int, str]:
+    """(id, token) from a webhook URL. Parsed here: discord.py's `from_url` accepts discord.com hosts only."""
+    found = _WEBHOOK_PATH.search(url)
+    if found is None:
+        raise ConfigError(
+            "settings", [Problem("discord_webhook_url", "expected .../api/webhooks/<id>/<token>")]
+        )
+    return int(found.group(1)), found.group(2)
+
+
+class Notifier:
+    """Relays events to a Discord webhook. `process_once` handles one batch; `run_forever` loops."""
+
+    def __init__(
+        self,
+        client: redis.Redis[str],
+        webhook: discord.SyncWebhook,
+        secret_values: Iterable[str] = (),
+        consumer: str | None = None,
+        block_ms: int = 500,
+        batch: int = 100,
+        backoff_s: float = 2.0,
+    ) -> None:
+        self.client = client
+        self.ledger = Ledger(client)
+        self.webhook = webhook
+        self.consumer = EventConsumer(client, GROUP, consumer or f"{socket.gethostname()}-notifier")
+        self.scrub = Scrubber([*secret_values, webhook.token or ""])
+        self.block_ms, self.batch, self.backoff_s = block_ms, batch, backoff_s
+        self.ack_enabled = True  # tests turn it off to act out a crash between posting and acking
+        self.last_error: str | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, client: redis.Redis[str], secrets: Secrets, session: requests.Session
+    ) -> Notifier:
+        """A notifier for the configured webhook. Points discord.py (process-wide) at `discord_api_base`."""
+        if not settings.discord_webhook_url:
+            raise ConfigError(
+                "settings", [Problem("discord_webhook_url", "FLEET_DISCORD_WEBHOOK_URL is not set")]
+            )
+        hook_id, token = webhook_parts(settings.discord_webhook_url)
+        discord.http.Route.BASE = settings.discord_api_base.rstrip("/")
+        webhook = discord.SyncWebhook.partial(hook_id, token, session=session)
+        values = [s.get_secret_value() for s in secrets.values.values()]
+        return cls(client, webhook, values)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event) -> None:
+        """Handle batches until `stop` is set; after a failed batch wait `backoff_s` (the entries stay)."""
+        while not stop.is_set():
+            self.process_once()
+            if self.last_error is not None:
+                stop.wait(self.backoff_s)
+
+    def process_once(self) -> int:
+        """Read one batch (blocking up to `block_ms`), relay it, ack it; returns how many events were
+        handled. When Discord fails, nothing of the batch is acked and 0 is returned: the entries come
+        again on the next call, and `last_error` says why (`run_forever` then backs off)."""
+        self.last_error = None
+        entries = self.consumer.read(count=self.batch, block_ms=self.block_ms)
+        if not entries:
+            return 0
+        try:
+            self._handle([event for _sid, event in entries])
+        except _DiscordDown as exc:
+            log.warning("discord refused a batch of %d events (%s); it will be retried", len(entries), exc)
+            self.last_error = str(exc)
+            self.consumer.redeliver()
+            return 0
+        if self.ack_enabled:
+            self.consumer.ack(*(sid for sid, _event in entries))
+        return len(entries)
+
+    # -- one batch ---------------------------------------------------------------------------------
+    def _handle(self, events: list[Event]) -> None:
+        """Status edits first (one per run, however many of its events came), then separate messages."""
+        wandb_urls: dict[str, str] = {}
+        runs: list[str] = []
+        for event in events:
+            if event.run_id and event.run_id not in runs:
+                runs.append(event.run_id)
+            if event.type == EventType.WANDB_RUN and event.run_id and event.data.get("url"):
+                wandb_urls[event.run_id] = str(event.data["url"])
+        for run_id in runs:
+            self._update_status(run_id, wandb_urls.get(run_id))
+        for event in events:
+            if event.type in SEPARATE:
+                self._post_separate(event)
+
+    def _update_status(self, run_id: str, wandb_url: str | None) -> None:
+        try:
+            run = self.ledger.get_run(run_id)
+        except NotFound:
+            return  # a run removed from the ledger has nothing to show
+        instance = self.ledger.get_instance(run.instance) if run.instance else None
+        embed = discord.Embed.from_dict(fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url))))
+        known = self.client.get(status_key(run_id))
+        with _discord_errors():
+            if known is not None:
+                try:
+                    self.webhook.edit_message(int(known), embed=embed)
+                    return
+                except discord.NotFound:
+                    log.warning("status message of run %s is gone; posting a new one", run_id)
+            message = self.webhook.send(
+                embed=embed, wait=True, allowed_mentions=discord.AllowedMentions.none()
+            )
+        self.client.set(status_key(run_id), str(message.id), ex=SENT_TTL_S * 4)
+
+    def _post_separate(self, event: Event) -> None:
+        text = separate_message(event)
+        if text is None or self.client.exists(sent_key(event.id)):
+            return
+        with _discord_errors():
+            self.webhook.send(
+                truncate(self.scrub(text), CONTENT_MAX),
+                wait=True,
+                allowed_mentions=discord.AllowedMentions.none(),
+            )
+        self.client.set(sent_key(event.id), "1", ex=SENT_TTL_S)
+
+
+class _DiscordDown(Exception):
+    """Discord (or the way to it) failed a request that discord.py did not retry itself."""
+
+
+class _discord_errors:
+    """Turns discord.py's HTTP errors and connection errors into `_DiscordDown`."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> Literal[False]:
+        if isinstance(exc, discord.HTTPException | requests.RequestException):
+            raise _DiscordDown(str(exc)) from exc
+        return False

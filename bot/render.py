@@ -1,0 +1,152 @@
+"""What the notifier says: a run's status embed and the one-off messages, within Discord's limits.
+
+Pure functions of a Run (plus its instance) and events, so rendering twice gives the same message and an
+edit is idempotent. Every text goes through `Scrubber` and `fit_embed` before it leaves the process.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from broker.models import Event, EventType, Instance, Run, RunState
+
+# Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
+TITLE_MAX = 256
+DESCRIPTION_MAX = 4096
+FIELD_NAME_MAX = 256
+FIELD_VALUE_MAX = 1024
+FIELDS_MAX = 25
+EMBED_TOTAL_MAX = 6000
+CONTENT_MAX = 2000
+
+COLOURS = {
+    RunState.SUCCEEDED: 0x2ECC71,  # green
+    RunState.FAILED: 0xE74C3C,  # red
+    RunState.CANCELLED: 0x95A5A6,  # grey
+}
+RUNNING_COLOUR = 0x3498DB  # blue: every state that is not an end
+
+# Events that get a message of their own (besides the status edit): what people must see.
+SEPARATE = frozenset(
+    {
+        EventType.RUN_FAILED,
+        EventType.RUN_SUCCEEDED,
+        EventType.WANDB_RUN,
+        EventType.INSTANCE_KEPT,
+        EventType.REAP_TERMINATED,
+    }
+)
+
+
+def truncate(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, marked with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Scrubber:
+    """Replaces every known credential value in a text. Events carry no secrets; this is belt and braces."""
+
+    def __init__(self, values: list[str]) -> None:
+        # Longest first, so a secret that contains another is replaced whole. Tiny values would mangle text.
+        self.values = sorted({v for v in values if len(v) >= 6}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for value in self.values:
+            text = text.replace(value, "[redacted]")
+        return text
+
+    def deep(self, data: Any) -> Any:
+        """Scrub every string inside nested dicts and lists."""
+        if isinstance(data, str):
+            return self(data)
+        if isinstance(data, dict):
+            return {k: self.deep(v) for k, v in data.items()}
+        if isinstance(data, list):
+            return [self.deep(v) for v in data]
+        return data
+
+
+def _url(value: Any) -> str | None:
+    url = value.get("url") if isinstance(value, dict) else None
+    return str(url) if url else None
+
+
+def status_embed(run: Run, instance: Instance | None, wandb_url: str | None = None) -> dict[str, Any]:
+    """The status message of a run as an embed dict (not yet fitted to the limits)."""
+    fields: list[dict[str, Any]] = [{"name": "State", "value": run.state.value, "inline": True}]
+    if not run.state.is_terminal() and run.state.stage is not None:
+        fields.append({"name": "Stage", "value": run.state.stage.value, "inline": True})
+    progress = run.progress
+    if run.state == RunState.TRAINING and progress.get("step") is not None:
+        fields.append({"name": "Step", "value": f"{progress['step']}/{progress.get('total_steps') or '?'}"})
+        if progress.get("loss") is not None:
+            fields.append({"name": "Loss", "value": f"{progress['loss']:.4g}", "inline": True})
+    if run.metrics.get("eval_loss") is not None:
+        fields.append({"name": "Eval loss", "value": f"{run.metrics['eval_loss']:.4g}", "inline": True})
+    if run.instance:
+        where = run.instance
+        if instance is not None and instance.price_per_hour is not None:
+            where += f" (${instance.price_per_hour:.3f}/h)"
+        fields.append({"name": "Instance", "value": where})
+    if url := _url(progress.get("wandb")) or wandb_url:
+        fields.append({"name": "W&B", "value": url})
+    if progress.get("pushed") and (url := _url(progress.get("hub"))):
+        fields.append({"name": "Hub", "value": url})
+    if run.failure_reason is not None:
+        fields.append(
+            {"name": "Failure", "value": f"{run.failure_reason.value}: {run.failure_message or ''}"}
+        )
+    return {
+        "title": f"{run.run_id} · {run.source}",
+        "color": COLOURS.get(run.state, RUNNING_COLOUR),
+        "fields": fields,
+    }
+
+
+def fit_embed(embed: dict[str, Any]) -> dict[str, Any]:
+    """The embed cut to Discord's limits: per-part lengths, 25 fields, 6000 characters in all."""
+    out = dict(embed)
+    out["title"] = truncate(str(embed.get("title", "")), TITLE_MAX)
+    if "description" in embed:
+        out["description"] = truncate(str(embed["description"]), DESCRIPTION_MAX)
+    budget = EMBED_TOTAL_MAX - len(out["title"]) - len(out.get("description", ""))
+    fields = []
+    for field in embed.get("fields", [])[:FIELDS_MAX]:
+        name = truncate(str(field["name"]), FIELD_NAME_MAX)
+        value = truncate(str(field["value"]) or "-", FIELD_VALUE_MAX)
+        if len(name) + len(value) > budget:
+            break  # dropping the last fields beats a 400 that loses the whole message
+        budget -= len(name) + len(value)
+        fields.append({**field, "name": name, "value": value})
+    out["fields"] = fields
+    return out
+
+
+def _when(epoch: Any) -> str:
+    if not isinstance(epoch, int | float):
+        return "?"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def separate_message(event: Event) -> str | None:
+    """The text of the message of its own that `event` deserves, or None."""
+    data, run = event.data, event.run_id or "-"
+    if event.type == EventType.RUN_FAILED:
+        message = truncate(str(data.get("message") or ""), 1500)
+        return f"❌ Run {run} failed: {data.get('reason') or 'unknown'}\n{message}"
+    if event.type == EventType.RUN_SUCCEEDED:
+        metrics = data.get("metrics") or {}
+        first, last = metrics.get("eval_loss_first"), metrics.get("eval_loss")
+        text = f"✅ Run {run} succeeded: eval_loss {first} → {last}\noutput: {data.get('output_dir')}"
+        if hub := _url(data.get("hub")):
+            text += f"\nhub: {hub}"
+        return text
+    if event.type == EventType.WANDB_RUN:
+        return f"📈 W&B for run {run}: {data['url']}" if data.get("url") else None
+    if event.type == EventType.INSTANCE_KEPT:
+        until = _when(data.get("until"))
+        return f"🔧 Instance {data.get('instance')} of run {run} kept for debugging until {until}"
+    if event.type == EventType.REAP_TERMINATED:
+        return f"🧹 The reaper terminated instance {data.get('instance')} ({data.get('why', '?')})"
+    return None

@@ -1,0 +1,312 @@
+"""The Discord notifier against real Redis, the real discord.py and the fake Discord (no mocks).
+
+Runs move through the real Ledger; the notifier reads `tf:events` through its own consumer group and
+posts through a real `SyncWebhook`. `discord.http.Route.BASE` is process-global: a fixture points it at
+the fake through monkeypatch, so it is restored after each test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import discord
+import discord.http
+import pytest
+import redis
+import requests
+
+from bot.notifier import Notifier, sent_key, status_key, webhook_parts
+from broker.ledger import Draft, Ledger
+from broker.models import EventType, FailureReason, Instance, Run, RunState
+from fleet.secrets import load_secrets
+from fleet.settings import Settings
+from tests.fakes import FakeDiscord
+
+CHANNEL = 223456789012345678
+CANARY = "canary-secret-value-5f1e2d"
+Make = Callable[..., Notifier]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
+    with FakeDiscord() as running:
+        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
+        yield running
+
+
+@pytest.fixture
+def make(
+    fake: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> Iterator[Make]:
+    """Build notifiers the way `fleet notify` would: from Settings and the known credentials."""
+    monkeypatch.setenv("RUNPOD_API_KEY", CANARY)
+    monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
+    hook_id, token = fake.add_webhook(CHANNEL)
+    settings = Settings(
+        discord_webhook_url=f"{fake.url}/api/webhooks/{hook_id}/{token}",
+        discord_api_base=f"{fake.url}/api/v10",
+    )
+    sessions: list[requests.Session] = []
+
+    def build(consumer: str = "n1") -> Notifier:
+        session = requests.Session()
+        sessions.append(session)
+        notifier = Notifier.from_settings(settings, redis_client, load_secrets(), session)
+        notifier.consumer.consumer = consumer
+        notifier.block_ms, notifier.backoff_s = 20, 0.0
+        return notifier
+
+    yield build
+    for session in sessions:
+        session.close()
+
+
+def _messages(fake: FakeDiscord) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = fake.state()["channels"].get(str(CHANNEL), [])
+    return found
+
+
+def _texts(fake: FakeDiscord) -> list[str]:
+    return [m["created"]["content"] for m in _messages(fake) if m["created"]["content"]]
+
+
+def _status(fake: FakeDiscord, run_id: str) -> dict[str, Any]:
+    (found,) = [m for m in _messages(fake) if m["embeds"] and m["embeds"][0]["title"].startswith(run_id)]
+    return found
+
+
+def _state_of(embeds: list[dict[str, Any]]) -> str:
+    state: str = next(f["value"] for f in embeds[0]["fields"] if f["name"] == "State")
+    return state
+
+
+def _drain(notifier: Notifier) -> int:
+    handled = 0
+    while (n := notifier.process_once()) or notifier.last_error:
+        handled += n
+    return handled
+
+
+class Script:
+    """Moves runs through the real ledger, one step (a list of changes) at a time."""
+
+    def __init__(self, client: redis.Redis[str]) -> None:
+        self.ledger = Ledger(client)
+
+    def create(self, run_id: str) -> None:
+        run = Run(
+            run_id=run_id, provider="local", source="job.yaml", spec={}, run_dir="/r", output_dir="/out"
+        )
+        self.ledger.create_run(run, [(EventType.RUN_QUEUED, {})])
+
+    def change(self, run_id: str, fn: Callable[[Run], list[Draft]]) -> None:
+        self.ledger.update_run(run_id, fn)
+
+    def to_training(self, run_id: str) -> None:
+        def provision(r: Run) -> list[Draft]:
+            r.state, r.instance = RunState.PROVISIONING, f"tf-{run_id}-1"
+            return [
+                (EventType.STAGE_STARTED, {"stage": "provision"}),
+                (EventType.INSTANCE_REQUESTED, {"instance": r.instance, "price_per_hour": 2.5}),
+            ]
+
+        self.ledger.put_instance(
+            Instance(name=f"tf-{run_id}-1", provider="local", run_id=run_id, price_per_hour=2.5)
+        )
+        self.change(run_id, provision)
+
+        def wandb(r: Run) -> list[Draft]:
+            r.progress["wandb"] = {"url": f"https://wandb.example/{run_id}"}
+            return [(EventType.WANDB_RUN, {"url": f"https://wandb.example/{run_id}"})]
+
+        self.change(run_id, wandb)
+
+        def train(r: Run) -> list[Draft]:
+            r.state = RunState.TRAINING
+            return [(EventType.STAGE_STARTED, {"stage": "train"})]
+
+        self.change(run_id, train)
+
+    def steps(self, run_id: str, steps: list[int]) -> None:
+        for step in steps:
+
+            def one(r: Run, step: int = step) -> list[Draft]:
+                r.progress.update(step=step, total_steps=10, loss=1.0 / step)
+                return [(EventType.TRAIN_STEP, {"step": step})]
+
+            self.change(run_id, one)
+
+    def succeed(self, run_id: str) -> None:
+        def evaluate(r: Run) -> list[Draft]:
+            r.metrics.update(eval_loss_first=2.0, eval_loss=0.5)
+            return [(EventType.TRAIN_EVAL, {"eval_loss": 0.5})]
+
+        def done(r: Run) -> list[Draft]:
+            r.state = RunState.SUCCEEDED
+            return [(EventType.RUN_SUCCEEDED, {"output_dir": "/out", "metrics": r.metrics, "hub": None})]
+
+        self.change(run_id, evaluate)
+        self.change(run_id, done)
+
+    def fail(self, run_id: str, message: str) -> None:
+        def failed(r: Run) -> list[Draft]:
+            r.state, r.failure_reason, r.failure_message = (
+                RunState.FAILED,
+                FailureReason.TRAINING_FAILED,
+                message,
+            )
+            return [(EventType.RUN_FAILED, {"reason": "TRAINING_FAILED", "message": message})]
+
+        self.change(run_id, failed)
+
+
+def test_one_status_message_per_run_edited_in_place(
+    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    script, notifier = Script(redis_client), make()
+    script.create("r1")
+    script.create("r2")
+    assert notifier.process_once() == 2
+    script.to_training("r1")
+    assert notifier.process_once() == 4
+    script.steps("r1", [1, 2, 3])
+    assert notifier.process_once() == 3
+    script.succeed("r1")
+    script.fail("r2", "CUDA out of memory")
+    assert _drain(notifier) == 3
+
+    first, second = _status(fake, "r1"), _status(fake, "r2")
+    states = [_state_of(first["created"]["embeds"]), *(_state_of(e["embeds"]) for e in first["edits"])]
+    assert states == ["QUEUED", "TRAINING", "TRAINING", "SUCCEEDED"]  # three steps in one batch: one edit
+    assert first["embeds"][0]["color"] == 0x2ECC71 and second["embeds"][0]["color"] == 0xE74C3C
+    fields = {f["name"]: f["value"] for f in first["embeds"][0]["fields"]}
+    assert fields["W&B"] == "https://wandb.example/r1" and fields["Instance"] == "tf-r1-1 ($2.500/h)"
+    assert redis_client.get(status_key("r1")) == first["id"]
+    texts = _texts(fake)
+    assert len(texts) == 3
+    assert texts[0] == "📈 W&B for run r1: https://wandb.example/r1"
+    assert texts[1].startswith("✅ Run r1 succeeded: eval_loss 2.0 → 0.5")
+    assert texts[2] == "❌ Run r2 failed: TRAINING_FAILED\nCUDA out of memory"
+    assert len(_messages(fake)) == 5
+
+
+def test_restart_and_crash_before_ack_post_each_message_once(
+    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    script = Script(redis_client)
+    script.create("r1")
+    script.to_training("r1")
+    first = make()
+    assert _drain(first) == 5
+    # A crash after posting but before acking: the batch is handled, never acked.
+    script.succeed("r1")
+    first.ack_enabled = False
+    assert first.process_once() == 2
+    pending = redis_client.xpending("tf:events", "notifier")["pending"]
+    assert pending == 2
+    # A new process under the same consumer name gets the pending entries again: no repeat is posted.
+    again = make("n1")
+    assert _drain(again) == 2
+    assert redis_client.xpending("tf:events", "notifier")["pending"] == 0
+    script.create("r3")
+    script.fail("r3", "boom")
+    assert _drain(make("n2")) == 2
+    texts = _texts(fake)
+    assert [t.split(":")[0] for t in texts] == [
+        "📈 W&B for run r1",
+        "✅ Run r1 succeeded",
+        "❌ Run r3 failed",
+    ]
+    assert len([m for m in _messages(fake) if m["embeds"]]) == 2
+    assert redis_client.exists(sent_key("r1-7"))
+
+
+def test_429_with_via_is_retried_and_other_errors_redeliver(
+    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    script, notifier = Script(redis_client), make()
+    script.create("r1")
+    script.to_training("r1")
+    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.05}])
+    assert notifier.process_once() == 5 and notifier.last_error is None
+    script.succeed("r1")
+    # discord.py retries a 5xx itself (seconds apart); a 429 without Via it raises at once, as any error.
+    fake.add_faults([{"op": "edit_webhook_message", "kind": "429", "via": False, "retry_after": 0.05}])
+    assert notifier.process_once() == 0 and notifier.last_error is not None
+    script.fail("r1", "late")  # after the refused batch: pending entries still come first
+    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "via": False, "retry_after": 0.05}])
+    assert notifier.process_once() == 0 and notifier.last_error is not None
+    assert redis_client.xpending("tf:events", "notifier")["pending"] == 2
+    assert _drain(notifier) == 3
+    assert redis_client.xpending("tf:events", "notifier")["pending"] == 0
+    texts = _texts(fake)
+    assert [t.split(":")[0] for t in texts] == [
+        "📈 W&B for run r1",
+        "✅ Run r1 succeeded",
+        "❌ Run r1 failed",
+    ]
+
+
+def test_known_credentials_never_reach_discord(
+    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    script, notifier = Script(redis_client), make()
+    script.create("r1")
+    script.fail("r1", f"auth failed with key {CANARY} at step 3")
+    assert _drain(notifier) == 2
+    dumped = json.dumps(fake.state())
+    assert CANARY not in dumped
+    assert "auth failed with key [redacted] at step 3" in _texts(fake)[0]
+    assert "[redacted]" in json.dumps(_status(fake, "r1")["embeds"])
+
+
+def test_settings_hide_the_webhook_and_parse_it() -> None:
+    url = "https://discord.com/api/webhooks/123456789012345678/tok-en_x"
+    assert Settings(discord_webhook_url=url).public()["discord_webhook_url"] == "<set>"
+    assert webhook_parts(url) == (123456789012345678, "tok-en_x")
+
+
+def test_fleet_notify_posts_until_stopped(
+    fake: FakeDiscord, redis_client: redis.Redis[str], redis_url: str, tmp_path: Any
+) -> None:
+    """`fleet notify` as its own process: refused without a webhook; with one, it posts the run's status
+    message, and SIGTERM ends it cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "DISCORD"))}
+    env.update(
+        REDIS_URL=redis_url,
+        FLEET_HOME=str(tmp_path / "home"),
+        FLEET_SETTINGS_FILE=str(tmp_path / "none.yml"),
+        FLEET_SECRETS_FILE=str(tmp_path / "missing.yml"),
+    )
+    (tmp_path / "none.yml").write_text("{}\n")
+    cmd = [sys.executable, "-m", "fleet", "notify"]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "FLEET_DISCORD_WEBHOOK_URL is not set" in refused.stderr
+
+    hook_id, token = fake.add_webhook(CHANNEL)
+    env.update(
+        FLEET_DISCORD_WEBHOOK_URL=f"{fake.url}/api/webhooks/{hook_id}/{token}",
+        FLEET_DISCORD_API_BASE=f"{fake.url}/api/v10",
+    )
+    Script(redis_client).create("cli-run")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(m["embeds"] for m in _messages(fake)):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no status message from `fleet notify`"
+            time.sleep(0.2)
+        assert _status(fake, "cli-run")["embeds"][0]["title"].startswith("cli-run")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        if proc.stderr:
+            proc.stderr.close()
