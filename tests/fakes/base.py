@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.nodes import NodeBackend, make_nodes
+from tests.fakes.serving import Served
 
 FAULT_KINDS = frozenset(
     {"500", "429", "quota", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
@@ -162,7 +162,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _HTTPHandler)
 
 
-class FakeCloud:
+class FakeCloud(Served):
     """Base for a fake vendor API. Use as a context manager, or `start()` / `stop()`."""
 
     vendor = "fake"
@@ -183,47 +183,14 @@ class FakeCloud:
         self.requests: dict[str, int] = {}
         self.faults: list[Fault] = []
         self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s, node_cpus)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """The base URL clients are pointed at."""
-        if self._server is None:
-            raise RuntimeError("fake not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+    # -- lifecycle (start, url, stop, `with`: tests.fakes.serving) ----------------------------------
+    def new_server(self) -> _Server:
+        return _Server(self, self.port)
 
-    def start(self) -> FakeCloud:
-        """Serve in a daemon thread (returns at once; the socket is already listening)."""
-        self._server = _Server(self, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until `shutdown()` is called from another."""
-        if self._server is None:
-            self._server = _Server(self, self.port)
-        self._server.serve_forever(0.05)
-
-    def stop(self) -> None:
-        """Stop serving and stop every node this fake started; idempotent."""
-        if self._server is not None:
-            if self._thread is not None:
-                self._server.shutdown()
-                self._thread.join(timeout=5)
-            self._server.server_close()
-            self._server = None
+    def after_stop(self) -> None:
+        """Stop every node this fake started."""
         self.nodes.stop_all()
-
-    def __enter__(self) -> FakeCloud:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- knobs for in-process tests (also behind /_fake/...) ---------------------------------------
     def add_faults(self, rules: list[dict[str, Any]]) -> None:

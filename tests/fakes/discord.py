@@ -34,9 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "fake-bot-token"
 FAULT_KINDS = frozenset({"429", "500"})
@@ -231,7 +232,7 @@ def _error(status: int, message: str, code: int = 0) -> Reply:
     return Reply(status, {"message": message, "code": code})
 
 
-class FakeDiscord:
+class FakeDiscord(Served):
     """The fake Discord REST API. Use as a context manager, or `start()` / `stop()`."""
 
     def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0) -> None:
@@ -245,40 +246,11 @@ class FakeDiscord:
         self.interactions: dict[str, dict[str, Any]] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
         self._ids = itertools.count(1)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """The base URL; discord.py wants `Route.BASE = f"{url}/api/v10"`."""
-        if self._server is None:
-            raise RuntimeError("fake not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeDiscord:
-        """Serve in a daemon thread (returns at once; the socket is already listening)."""
-        self._server = _Server(self, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving; idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakeDiscord:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    # -- lifecycle (start, url, stop, `with`: tests.fakes.serving); discord.py wants
+    # `Route.BASE = f"{url}/api/v10"` -------------------------------------------------------------
+    def new_server(self) -> _Server:
+        return _Server(self, self.port)
 
     # -- knobs for in-process tests (some also behind /_fake/...) ----------------------------------
     def snowflake(self) -> str:

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tests.fakes.hub_routes import HubRoutes, Refused, Target
 from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
 from tests.fakes.hub_wire import HubRequest, HubServer, Reply
+from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "hf-test-token"
 FAULT_KINDS = frozenset({"500", "429", "timeout", "disconnect"})
@@ -83,7 +83,7 @@ class _Download:
     bytes: int = 0
 
 
-class FakeHub(HubRoutes):
+class FakeHub(Served, HubRoutes):
     """The fake Hub. Use as a context manager, or `start()` / `stop()`.
 
     `home` keeps the blobs (a temporary directory, removed on stop, when None); `token` is the one valid
@@ -108,43 +108,15 @@ class FakeHub(HubRoutes):
         self.faults: list[HubFault] = []
         self.downloads: list[_Download] = []
         self.bytes_served = 0
-        self._server: HubServer | None = None
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """The base URL clients are pointed at (HF_ENDPOINT)."""
-        if self._server is None:
-            raise RuntimeError("fake not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+    # -- lifecycle (start, url (HF_ENDPOINT), stop, `with`: tests.fakes.serving) -------------------
+    def new_server(self) -> HubServer:
+        return HubServer(self, self.port)
 
-    def start(self) -> FakeHub:
-        """Serve in a daemon thread (returns at once; the socket is already listening)."""
-        self._server = HubServer(self, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving, end open connections, and remove a temporary home; idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._server.close_connections()
-            self._server.server_close()
-            self._server = None
+    def after_stop(self) -> None:
+        """Remove a temporary home."""
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
-
-    def __enter__(self) -> FakeHub:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- knobs for in-process tests (also behind /_fake/...) ---------------------------------------
     def put_files(

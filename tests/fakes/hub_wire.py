@@ -250,6 +250,11 @@ class HubServer(ThreadingHTTPServer):
             else:
                 self._live.discard(conn)
 
+    def server_close(self) -> None:
+        """Close the listening socket and end every open connection (idle keep-alive ones too)."""
+        self.close_connections()
+        super().server_close()
+
     def close_connections(self) -> None:
         """Shut down every open connection (idle keep-alive ones too), ending their threads."""
         with self._live_lock:
