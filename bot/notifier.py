@@ -1,4 +1,4 @@
-"""The Discord notifier (webhook mode): the fleet's event stream, relayed into one channel.
+"""The Discord notifier: the fleet's event stream, relayed into one channel (by webhook or as the bot).
 
 It reads `tf:events` through its own consumer group (`notifier`), so it sees every event whatever else
 reads the stream. Per run it keeps ONE status message, edited in place; a few events (a failure, a
@@ -8,7 +8,8 @@ Delivery is at least once. A batch is handled, then acked; an error from Discord
 an ack, and the entries come again (pending first). Status edits render the run as the ledger holds it
 now, so repeating one is harmless. A separate message is posted, THEN marked sent under
 `tf:notify:sent:<event id>`, then acked; a repeat whose key exists is skipped. A crash between a post and
-its `sent` key repeats that one message: Discord's webhooks have no idempotency key to prevent it.
+its `sent` key: as the bot, the post carries a nonce derived from the event id and Discord answers the
+repeat with the first message; through a webhook (no nonce there) that one message is posted again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import re
 import socket
 import threading
 from collections.abc import Iterable
-from typing import Any, Literal
 
 import discord
 import discord.http
@@ -26,6 +26,7 @@ import redis
 import requests
 
 from bot.render import CONTENT_MAX, SEPARATE, Scrubber, fit_embed, separate_message, status_embed, truncate
+from bot.sinks import DiscordDown, Sink, WebhookSink
 from broker.constants import PREFIX
 from broker.events import EventConsumer
 from broker.ledger import Ledger
@@ -61,13 +62,18 @@ def webhook_parts(url: str) -> tuple[int, str]:
     return int(found.group(1)), found.group(2)
 
 
+def secret_values(secrets: Secrets) -> list[str]:
+    """Every known credential's value: what the notifier scrubs from whatever it posts."""
+    return [value.get_secret_value() for value in secrets.values.values()]
+
+
 class Notifier:
-    """Relays events to a Discord webhook. `process_once` handles one batch; `run_forever` loops."""
+    """Relays events to a Discord channel. `process_once` handles one batch; `run_forever` loops."""
 
     def __init__(
         self,
         client: redis.Redis[str],
-        webhook: discord.SyncWebhook,
+        sink: Sink,
         secret_values: Iterable[str] = (),
         consumer: str | None = None,
         block_ms: int = 500,
@@ -76,9 +82,9 @@ class Notifier:
     ) -> None:
         self.client = client
         self.ledger = Ledger(client)
-        self.webhook = webhook
+        self.sink = sink
         self.consumer = EventConsumer(client, GROUP, consumer or f"{socket.gethostname()}-notifier")
-        self.scrub = Scrubber([*secret_values, webhook.token or ""])
+        self.scrub = Scrubber([*secret_values, sink.secret])
         self.block_ms, self.batch, self.backoff_s = block_ms, batch, backoff_s
         self.ack_enabled = True  # tests turn it off to act out a crash between posting and acking
         self.last_error: str | None = None
@@ -87,7 +93,8 @@ class Notifier:
     def from_settings(
         cls, settings: Settings, client: redis.Redis[str], secrets: Secrets, session: requests.Session
     ) -> Notifier:
-        """A notifier for the configured webhook. Points discord.py (process-wide) at `discord_api_base`."""
+        """A notifier for the configured webhook. Points discord.py (process-wide) at `discord_api_base`.
+        (As the bot, build a `BotSink` and the notifier directly.)"""
         if not settings.discord_webhook_url:
             raise ConfigError(
                 "settings", [Problem("discord_webhook_url", "FLEET_DISCORD_WEBHOOK_URL is not set")]
@@ -95,8 +102,7 @@ class Notifier:
         hook_id, token = webhook_parts(settings.discord_webhook_url)
         discord.http.Route.BASE = settings.discord_api_base.rstrip("/")
         webhook = discord.SyncWebhook.partial(hook_id, token, session=session)
-        values = [s.get_secret_value() for s in secrets.values.values()]
-        return cls(client, webhook, values)
+        return cls(client, WebhookSink(webhook), secret_values(secrets))
 
     # -- the loop ----------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event) -> None:
@@ -116,7 +122,7 @@ class Notifier:
             return 0
         try:
             self._handle([event for _sid, event in entries])
-        except _DiscordDown as exc:
+        except DiscordDown as exc:
             log.warning("discord refused a batch of %d events (%s); it will be retried", len(entries), exc)
             self.last_error = str(exc)
             self.consumer.redeliver()
@@ -149,44 +155,24 @@ class Notifier:
         instance = self.ledger.get_instance(run.instance) if run.instance else None
         embed = discord.Embed.from_dict(fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url))))
         known = self.client.get(status_key(run_id))
-        with _discord_errors():
-            if known is not None:
-                try:
-                    self.webhook.edit_message(int(known), embed=embed)
-                    return
-                except discord.NotFound:
-                    log.warning("status message of run %s is gone; posting a new one", run_id)
-            message = self.webhook.send(
-                embed=embed, wait=True, allowed_mentions=discord.AllowedMentions.none()
-            )
-        self.client.set(status_key(run_id), str(message.id), ex=SENT_TTL_S * 4)
+        if known is not None:
+            try:
+                self.sink.edit(int(known), embed)
+                return
+            except discord.NotFound:
+                log.warning("status message of run %s is gone; posting a new one", run_id)
+        try:
+            message_id = self.sink.post(embed=embed, key=f"status:{run_id}:{known}")
+        except discord.NotFound as exc:  # the channel itself is gone (or the webhook deleted)
+            raise DiscordDown(str(exc)) from exc
+        self.client.set(status_key(run_id), str(message_id), ex=SENT_TTL_S * 4)
 
     def _post_separate(self, event: Event) -> None:
         text = separate_message(event)
         if text is None or self.client.exists(sent_key(event.id)):
             return
-        with _discord_errors():
-            self.webhook.send(
-                truncate(self.scrub(text), CONTENT_MAX),
-                wait=True,
-                allowed_mentions=discord.AllowedMentions.none(),
-            )
+        try:
+            self.sink.post(content=truncate(self.scrub(text), CONTENT_MAX), key=event.id)
+        except discord.NotFound as exc:
+            raise DiscordDown(str(exc)) from exc
         self.client.set(sent_key(event.id), "1", ex=SENT_TTL_S)
-
-
-class _DiscordDown(Exception):
-    """Discord (or the way to it) failed a request that discord.py did not retry itself."""
-
-
-class _discord_errors:
-    """Turns discord.py's HTTP errors and connection errors into `_DiscordDown`."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> Literal[False]:
-        if isinstance(exc, discord.HTTPException | requests.RequestException):
-            raise _DiscordDown(str(exc)) from exc
-        return False

@@ -182,6 +182,8 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     RUN_KICKED = "run.kicked"
     REAP_TERMINATED = "reap.terminated"
+    BOT_REFUSED = "bot.refused"  # audit: an interaction the access check or a cap refused
+    BOT_COMMAND = "bot.command"  # audit: a command that changed something (train, cancel, terminate)
 
 
 TERMINAL_EVENTS = (EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleet.errors import ConfigError, Problem
 
@@ -64,7 +64,42 @@ class Settings(BaseModel):
     discord_api_base: str = Field(
         "https://discord.com/api/v10", description="Discord's REST API; set only to point at a fake."
     )
+    discord_channel_id: int | None = Field(
+        None, description="The channel the bot posts the fleet's events to (with FLEET_DISCORD_BOT_TOKEN)."
+    )
+    discord_guild_id: int | None = Field(
+        None, description="Register the bot's slash commands in this server only (instant); unset: global."
+    )
+    discord_allowed_users: tuple[int, ...] = Field(
+        (), description="User ids allowed to use the bot (comma-separated); empty, with no roles: nobody."
+    )
+    discord_allowed_roles: tuple[int, ...] = Field(
+        (), description="Role ids whose members may use the bot (comma-separated)."
+    )
+    discord_allowed_channels: tuple[int, ...] = Field(
+        (), description="Channel ids the bot answers in (comma-separated); empty: none."
+    )
+    bot_runs_per_hour: int = Field(5, ge=0, description="Runs one Discord user may start per hour.")
+    bot_dollars_per_day: float = Field(
+        50.0, ge=0, description="A Discord user's /train is refused once their runs cost this much in 24 h."
+    )
+    bot_configs_dir: Path = Field(
+        Path("configs"), description="Where /train finds configs by name; relative dataset paths of an "
+        "attached YAML are looked up here too."
+    )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
+
+    @field_validator(
+        "discord_allowed_users", "discord_allowed_roles", "discord_allowed_channels", mode="before"
+    )
+    @classmethod
+    def _id_list(cls, value: Any) -> Any:
+        """Ids from the environment come as one comma-separated string."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, int):
+            return (value,)
+        return value
 
     @property
     def runs_dir(self) -> Path:

@@ -7,18 +7,22 @@ after a test). Webhooks cannot come from `SyncWebhook.from_url(fake_url)`: `from
 `discord.SyncWebhook.partial(id, token)` or `discord.Webhook.partial(id, token, session=...)` instead,
 using the (id, token) that `fake.add_webhook(channel_id)` returns; their requests then go to Route.BASE.
 
-Served (under /api/v10): GET users/@me; POST/GET channels/{c}/messages; GET/PATCH
+Served (under /api/v10): GET users/@me; GET oauth2/applications/@me; PUT applications/{app}/commands and
+applications/{app}/guilds/{g}/commands (the registered slash commands, kept per scope); POST/GET
+channels/{c}/messages (a message with `enforce_nonce` and a nonce seen in that channel returns the earlier
+message, as Discord does); GET/PATCH
 channels/{c}/messages/{m}; GET/POST webhooks/{id}/{token} (`?wait=true` returns the message);
 GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback.
 Outside the API: GET /attachments/{id}/{filename} (bytes from `add_attachment`, or files sent with a
 message). Bot routes need `Authorization: Bot <token>`, webhook routes the webhook's (or interaction's)
 token in the path; otherwise 401 in Discord's error shape.
 
-Operations (request counts, fault rules): get_me, create_message, list_messages, get_message,
-edit_message, get_webhook, execute_webhook, get_webhook_message, edit_webhook_message,
-interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus Retry-After,
-X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook adapters
-retry a 429 only when Via is present) and "500". Control: GET /_fake/state, POST /_fake/faults (a list).
+Operations (request counts, fault rules): get_me, get_application, put_commands, create_message,
+list_messages, get_message, edit_message, get_webhook, execute_webhook, get_webhook_message,
+edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
+Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
+adapters retry a 429 only when Via is present) and "500". Control: GET /_fake/state, POST /_fake/faults (a
+list).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ DEFAULT_TOKEN = "fake-bot-token"
 FAULT_KINDS = frozenset({"429", "500"})
 DISCORD_EPOCH_MS = 1420070400000
 BOT_USER_ID = "100000000000000001"
+APPLICATION_ID = "100000000000000002"
 _API = ("api", "v10")
 
 
@@ -131,6 +136,7 @@ class _Message:
     edited: str | None = None
     edits: list[dict[str, Any]] = field(default_factory=list)
     created: dict[str, Any] = field(default_factory=dict)
+    nonce: str | None = None
 
     def __post_init__(self) -> None:
         self.created = {"content": self.content, "embeds": self.embeds, "at": self.timestamp}
@@ -245,6 +251,7 @@ class FakeDiscord(Served):
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
+        self.commands: dict[str, list[dict[str, Any]]] = {}  # scope ("global" or a guild id) -> commands
         self._ids = itertools.count(1)
 
     # -- lifecycle (start, url, stop, `with`: tests.fakes.serving); discord.py wants
@@ -273,6 +280,97 @@ class FakeDiscord(Served):
             self.interactions[iid] = {"channel_id": str(channel_id), "callbacks": [], "followups": []}
         return int(iid), token
 
+    def interaction_payload(
+        self,
+        command: str,
+        options: dict[str, Any] | None = None,
+        *,
+        user_id: int,
+        channel_id: int,
+        guild_id: int | None,
+        role_ids: tuple[int, ...] = (),
+        focused: str | None = None,
+    ) -> dict[str, Any]:
+        """An INTERACTION_CREATE payload as Discord's gateway sends it for a slash command (or, with
+        `focused`, for its autocomplete), registered here so its callback and followups are accepted.
+
+        Option values: str (STRING), bool (BOOLEAN), int (INTEGER), or (filename, bytes) for an ATTACHMENT,
+        which the fake then serves for download. No guild_id: a DM."""
+        iid, token = self.add_interaction(channel_id, APPLICATION_ID)
+        user = {"id": str(user_id), "username": f"user{user_id}", "discriminator": "0", "avatar": None}
+        opts: list[dict[str, Any]] = []
+        resolved: dict[str, Any] = {}
+        for name, value in (options or {}).items():
+            if isinstance(value, tuple):
+                filename, data = value
+                url = self.add_attachment(filename, data)
+                aid = url.rsplit("/", 2)[-2]
+                resolved.setdefault("attachments", {})[aid] = {
+                    "id": aid,
+                    "filename": filename,
+                    "size": len(data),
+                    "url": url,
+                    "proxy_url": url,
+                }
+                opts.append({"name": name, "type": 11, "value": aid})
+            else:
+                kind = 5 if isinstance(value, bool) else 4 if isinstance(value, int) else 3
+                opts.append({"name": name, "type": kind, "value": value})
+            if name == focused:
+                opts[-1]["focused"] = True
+        payload: dict[str, Any] = {
+            "id": str(iid),
+            "application_id": APPLICATION_ID,
+            "type": 4 if focused else 2,
+            "token": token,
+            "version": 1,
+            "channel_id": str(channel_id),
+            "data": {
+                "id": self.snowflake(),
+                "name": command,
+                "type": 1,
+                "options": opts,
+                "resolved": resolved,
+            },
+            "locale": "en-US",
+            "app_permissions": "0",
+            "entitlements": [],
+            "attachment_size_limit": 26214400,
+        }
+        if guild_id is None:
+            payload.update(
+                user=user,
+                context=1,
+                channel={"id": str(channel_id), "type": 1, "recipients": [user], "last_message_id": None},
+            )
+            return payload
+        payload.update(
+            guild_id=str(guild_id),
+            guild_locale="en-US",
+            context=0,
+            authorizing_integration_owners={"0": str(guild_id)},
+            member={
+                "user": user,
+                "roles": [str(r) for r in role_ids],
+                "joined_at": _now_iso(),
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+                "permissions": "0",
+            },
+            channel={
+                "id": str(channel_id),
+                "type": 0,
+                "guild_id": str(guild_id),
+                "name": "fleet",
+                "position": 0,
+                "permission_overwrites": [],
+                "nsfw": False,
+                "parent_id": None,
+            },
+        )
+        return payload
+
     def add_attachment(self, filename: str, data: bytes) -> str:
         """Serve `data` at a CDN-like URL on the fake; returns that URL."""
         aid = self.snowflake()
@@ -294,6 +392,7 @@ class FakeDiscord(Served):
                     {
                         "channels": {c: [m.public() for m in ms] for c, ms in self.channels.items()},
                         "interactions": self.interactions,
+                        "commands": self.commands,
                         "requests": dict(self.requests),
                     }
                 )
@@ -370,6 +469,10 @@ class FakeDiscord(Served):
         bot = r.headers.get("authorization") == f"Bot {self.token}"
         if rest == ["users", "@me"] and m == "GET":
             return "get_me", lambda _: Reply(200, self._bot_user()), bot
+        if rest == ["oauth2", "applications", "@me"] and m == "GET":
+            return "get_application", lambda _: Reply(200, self._application()), bot
+        if rest[:1] == ["applications"] and rest[-1] == "commands" and len(rest) in (3, 5) and m == "PUT":
+            return "put_commands", self._put_commands, bot and rest[1] == APPLICATION_ID
         if len(rest) in (3, 4) and rest[0] == "channels" and rest[2] == "messages":
             if len(rest) == 3:
                 return (
@@ -407,6 +510,31 @@ class FakeDiscord(Served):
             "global_name": None,
             "bot": True,
         }
+
+    def _application(self) -> dict[str, Any]:
+        return {
+            "id": APPLICATION_ID,
+            "name": "fake-app",
+            "description": "",
+            "icon": None,
+            "bot_public": False,
+            "bot_require_code_grant": False,
+            "owner": self._bot_user(),
+            "verify_key": "0" * 64,
+            "flags": 0,
+        }
+
+    def _put_commands(self, r: DRequest) -> Reply:
+        scope = r.segments[5] if len(r.segments) == 7 else "global"
+        commands = [
+            {**cmd, "id": self.snowflake(), "application_id": APPLICATION_ID, "version": "1"}
+            for cmd in json.loads(r.body or b"[]")
+        ]
+        if scope != "global":
+            commands = [{**cmd, "guild_id": scope} for cmd in commands]
+        with self.lock:
+            self.commands[scope] = commands
+        return Reply(200, commands)
 
     def _target(self, r: DRequest) -> tuple[str, _Hook | None]:
         """(channel id, webhook or None) a message request addresses."""
@@ -460,7 +588,15 @@ class FakeDiscord(Served):
 
     def _create(self, r: DRequest) -> Reply:
         data, files = r.payload()
-        return Reply(200, self._store(r.segments[3], data, files, None).wire())
+        channel_id, nonce = r.segments[3], data.get("nonce")
+        with self.lock:  # one lock for the lookup and the store: two racing repeats yield one message
+            if nonce is not None and data.get("enforce_nonce"):
+                earlier = next((m for m in self.channels.get(channel_id, []) if m.nonce == str(nonce)), None)
+                if earlier is not None:
+                    return Reply(200, earlier.wire())
+            msg = self._store(channel_id, data, files, None)
+            msg.nonce = None if nonce is None else str(nonce)
+        return Reply(200, msg.wire())
 
     def _execute(self, r: DRequest) -> Reply:
         data, files = r.payload()

@@ -1,0 +1,73 @@
+"""`fleet bot`: the Discord bot. Slash commands (bot/commands.py) plus the notifier, posting as the bot.
+
+The client needs no privileged intents: interactions arrive whatever the intents. `setup_hook` (run on
+login, before the gateway connects) registers the commands (in one server when FLEET_DISCORD_GUILD_ID is
+set: instant; else globally) and starts the notifier in a thread of its own, which posts through the
+client's event loop and rate limiter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import discord
+import discord.http
+
+from bot.commands import FleetTree
+from bot.notifier import Notifier, secret_values
+from bot.sinks import BotSink
+from fleet.errors import ConfigError, Problem
+from fleet.secrets import Secrets
+from fleet.service import Fleet
+
+log = logging.getLogger(__name__)
+
+
+class FleetBot(discord.Client):
+    """The bot: the fleet's commands, and (with a channel configured) its notifier."""
+
+    def __init__(self, fleet: Fleet, secrets: Secrets) -> None:
+        super().__init__(intents=discord.Intents(guilds=True))  # no privileged intent
+        self.fleet, self.secrets = fleet, secrets
+        self.tree = FleetTree(self, fleet)
+        self.stop_notifier = threading.Event()
+        self.notifier_thread: threading.Thread | None = None
+
+    async def setup_hook(self) -> None:
+        settings = self.fleet.settings
+        guild = discord.Object(settings.discord_guild_id) if settings.discord_guild_id else None
+        if guild is not None:
+            self.tree.copy_global_to(guild=guild)
+        synced = await self.tree.sync(guild=guild)
+        log.info("registered %d slash commands (%s)", len(synced), "guild" if guild else "global")
+        if settings.discord_channel_id is not None:
+            sink = BotSink(self, settings.discord_channel_id, self.loop)
+            notifier = Notifier(self.fleet.redis, sink, secret_values(self.secrets))
+            self.notifier_thread = threading.Thread(
+                target=notifier.run_forever, args=(self.stop_notifier,), name="notifier", daemon=True
+            )
+            self.notifier_thread.start()
+
+    async def close(self) -> None:
+        self.stop_notifier.set()
+        if self.notifier_thread is not None:
+            # The notifier may be waiting on this loop; let it finish its request before the loop stops.
+            await self.loop.run_in_executor(None, self.notifier_thread.join, 30)
+        await super().close()
+
+
+def bot_token(secrets: Secrets) -> str:
+    """The bot's token (FLEET_DISCORD_BOT_TOKEN, from the environment or the secrets file)."""
+    token = secrets.get("FLEET_DISCORD_BOT_TOKEN")
+    if token is None:
+        problem = Problem("FLEET_DISCORD_BOT_TOKEN", "not set (the environment or the fleet's secrets file)")
+        raise ConfigError("settings", [problem])
+    return token.get_secret_value()
+
+
+def run_bot(fleet: Fleet, secrets: Secrets) -> None:
+    """Connect to Discord and serve until Ctrl-C or SIGTERM. Points discord.py at `discord_api_base`."""
+    token = bot_token(secrets)
+    discord.http.Route.BASE = fleet.settings.discord_api_base.rstrip("/")
+    FleetBot(fleet, secrets).run(token, log_handler=None)

@@ -1,0 +1,295 @@
+"""The bot's slash commands through discord.py's own dispatch, against real Redis and the fake Discord.
+
+Each interaction is a payload shaped like Discord's INTERACTION_CREATE, handed to the client's
+`ConnectionState.parse_interaction_create` (what the gateway does), so discord.py builds the real
+`Interaction`, the `CommandTree` routes it (access check first), and every answer reaches the fake as an
+HTTP request (callback, followup). No command function is called directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import discord
+import discord.http
+import pytest
+import redis
+
+from bot.app import FleetBot
+from broker.models import EventType, Instance, InstanceState
+from fleet.errors import ConfigError
+from fleet.secrets import load_secrets
+from fleet.service import Fleet
+from fleet.settings import Settings
+from fleet.spec import format_problems, parse_job
+from tests.fakes import FakeDiscord
+
+TOKEN = "bot-token-for-tests"
+GUILD, CHANNEL, OTHER_CHANNEL = 700000000000000001, 700000000000000002, 700000000000000003
+ALLOWED_USER, ALLOWED_ROLE = 710000000000000001, 720000000000000001
+STRANGER, OTHER_ROLE = 710000000000000009, 720000000000000009
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs" / "examples"
+TINY = (CONFIGS / "tiny-lora.yml").read_bytes()
+EPHEMERAL = 64
+
+# Valid options for every command, so a refusal can only come from the access check.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "train": {"file": ("tiny-lora.yml", TINY)},
+    "status": {"run": "nope"},
+    "runs": {},
+    "logs": {"run": "nope"},
+    "cancel": {"run": "nope"},
+    "instances": {},
+    "terminate": {"instance": "tf-nope-1"},
+    "budget": {},
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
+    with FakeDiscord(token=TOKEN) as running:
+        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
+        yield running
+
+
+@pytest.fixture
+def settings(fake: FakeDiscord, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
+    home = tmp_path / "home"
+    home.mkdir()
+    return Settings(
+        redis_url=redis_url,
+        home=home,
+        discord_api_base=f"{fake.url}/api/v10",
+        discord_allowed_users=(ALLOWED_USER,),
+        discord_allowed_roles=(ALLOWED_ROLE,),
+        discord_allowed_channels=(CHANNEL,),
+        bot_configs_dir=CONFIGS,
+    )
+
+
+Scenario = Callable[["Harness"], Awaitable[None]]
+
+
+class Harness:
+    """A logged-in FleetBot (REST only, no gateway) and a way to send it interactions."""
+
+    def __init__(self, bot: FleetBot, fake: FakeDiscord) -> None:
+        self.bot, self.fake = bot, fake
+
+    async def invoke(
+        self,
+        command: str,
+        options: dict[str, Any] | None = None,
+        *,
+        user: int = ALLOWED_USER,
+        roles: tuple[int, ...] = (),
+        channel: int = CHANNEL,
+        guild: int | None = GUILD,
+        focused: str | None = None,
+    ) -> dict[str, Any]:
+        """Deliver one interaction as the gateway would; returns what the fake recorded for it."""
+        payload = self.fake.interaction_payload(
+            command,
+            options,
+            user_id=user,
+            role_ids=roles,
+            channel_id=channel,
+            guild_id=guild,
+            focused=focused,
+        )
+        self.bot._connection.parse_interaction_create(payload)  # type: ignore[arg-type]
+        running = [t for t in asyncio.all_tasks() if t.get_name() == "CommandTree-invoker"]
+        await asyncio.gather(*running)
+        record: dict[str, Any] = self.fake.state()["interactions"][payload["id"]]
+        return record
+
+
+def run_bot(fleet: Fleet, fake: FakeDiscord, scenario: Scenario) -> None:
+    async def main() -> None:
+        bot = FleetBot(fleet, load_secrets())
+        await bot.login(TOKEN)
+        try:
+            await scenario(Harness(bot, fake))
+        finally:
+            await bot.close()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def fleet(settings: Settings, redis_client: redis.Redis[str]) -> Iterator[Fleet]:
+    connected = Fleet.connect(settings)
+    yield connected
+    connected.redis.close()
+
+
+def _reply(record: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(callback type, the first answer: the callback's data, or the first followup's after a defer)."""
+    callback = record["callbacks"][0]
+    if callback["type"] == 5:
+        return 5, record["followups"][0]["data"]
+    return callback["type"], callback["data"]
+
+
+def _audit(client: redis.Redis[str], kind: EventType) -> list[dict[str, Any]]:
+    found = [json.loads(f["event"]) for _sid, f in client.xrange("tf:events")]
+    return [e["data"] for e in found if e["type"] == kind.value]
+
+
+def _queued(client: redis.Redis[str]) -> int:
+    """Messages waiting on the provision queue (Celery's Redis list)."""
+    return int(client.llen("provision"))
+
+
+def test_every_command_and_autocomplete_refuses_strangers(
+    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    callers = {
+        "unlisted user": {"user": STRANGER},
+        "unlisted role": {"user": STRANGER, "roles": (OTHER_ROLE,)},
+        "wrong channel": {"channel": OTHER_CHANNEL},
+        "dm": {"guild": None},
+    }
+    seen: list[tuple[str, str, str]] = []
+
+    async def scenario(h: Harness) -> None:
+        commands = {c.name: c for c in h.bot.tree.get_commands()}
+        assert set(commands) == set(OPTIONS), "every command needs options here"
+        for name, command in commands.items():
+            assert isinstance(command, discord.app_commands.Command)
+            focusable = [p.name for p in command.parameters if p.autocomplete]
+            for who, caller in callers.items():
+                record = await h.invoke(name, OPTIONS[name], **caller)
+                ((kind, data),) = [(c["type"], c["data"]) for c in record["callbacks"]]
+                assert kind == 4 and data["flags"] & EPHEMERAL, (name, who)
+                assert data["embeds"][0]["title"] == "Refused", (name, who)
+                assert record["followups"] == []
+                seen.append((name, "command", who))
+                for option in focusable:
+                    record = await h.invoke(name, {**OPTIONS[name], option: ""}, focused=option, **caller)
+                    assert record["callbacks"] == [{"type": 8, "data": {"choices": []}}], (name, option, who)
+                    seen.append((name, "autocomplete", who))
+        # The allowed: a listed user, and an unlisted user with a listed role, in the fleet's channel.
+        for caller in ({"user": ALLOWED_USER}, {"user": STRANGER, "roles": (ALLOWED_ROLE,)}):
+            kind, data = _reply(await h.invoke("runs", **caller))
+            assert kind == 4 and data["embeds"][0]["title"] == "Runs"
+            record = await h.invoke("status", {"run": ""}, focused="run", **caller)
+            assert record["callbacks"][0]["type"] == 8
+
+    run_bot(fleet, fake, scenario)
+    assert fleet.ledger.list_runs() == [] and _queued(redis_client) == 0
+    refused = _audit(redis_client, EventType.BOT_REFUSED)
+    assert len(refused) == len(seen) >= len(OPTIONS) * 4 + 4 * 4  # /status /logs /cancel /terminate + /train
+    assert [(r["command"], r["kind"]) for r in refused] == [(name, kind) for name, kind, _who in seen]
+    assert {r["reason"].split(" ")[0] for r in refused} == {"the", "you"}
+    assert {r["user_id"] for r in refused} == {str(STRANGER), str(ALLOWED_USER)}
+
+
+def test_train_attachment_validates_and_enqueues(
+    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    bad = TINY.replace(b"lora_r: 8", b"lora_r: eight").replace(
+        b"micro_batch_size: 8", b"micro_batch_size: 0"
+    )
+    try:
+        parse_job(bad, source="bad.yml", base_dir=CONFIGS)
+    except ConfigError as exc:
+        expected = format_problems(exc)
+    assert "lora_r" in expected and "micro_batch_size" in expected
+
+    async def scenario(h: Harness) -> None:
+        kind, data = _reply(await h.invoke("train", {"file": ("bad.yml", bad)}))
+        assert kind == 4 and data["flags"] & EPHEMERAL
+        assert data["embeds"][0]["title"] == "Invalid job"
+        assert data["embeds"][0]["description"] == f"```\n{expected}\n```"
+        kind, data = _reply(await h.invoke("train", {}))
+        assert (
+            data["embeds"][0]["title"] == "Invalid job"
+            and "either a YAML file" in data["embeds"][0]["description"]
+        )
+        kind, data = _reply(await h.invoke("train", {"config": "../../pyproject.toml"}))
+        assert "no config named" in data["embeds"][0]["description"]
+        assert fleet.ledger.list_runs() == [] and _queued(redis_client) == 0
+
+        kind, data = _reply(await h.invoke("train", {"file": ("tiny-lora.yml", TINY)}))
+        assert kind == 5 and not (data.get("flags") or 0) & EPHEMERAL
+        (run,) = fleet.ledger.list_runs()
+        assert data["embeds"][0]["title"] == f"Run {run.run_id} queued"
+        assert run.source == "tiny-lora.yml" and run.spec["train"]["lora_r"] == 8
+        assert _queued(redis_client) == 1
+
+        record = await h.invoke("train", {"config": "tiny"}, focused="config")
+        assert record["callbacks"][0]["data"]["choices"] == [
+            {"name": "tiny-lora.yml", "value": "tiny-lora.yml"}
+        ]
+        kind, data = _reply(await h.invoke("train", {"config": "tiny-lora.yml"}, roles=(ALLOWED_ROLE,)))
+        assert kind == 5 and len(fleet.ledger.list_runs()) == 2
+
+        kind, data = _reply(await h.invoke("status", {"run": run.run_id}))
+        assert data["embeds"][0]["title"].startswith(run.run_id)
+        kind, data = _reply(await h.invoke("logs", {"run": run.run_id}))
+        assert "run.queued" in data["embeds"][0]["description"]
+        record = await h.invoke("cancel", {"run": ""}, focused="run")
+        assert {c["value"] for c in record["callbacks"][0]["data"]["choices"]} == {
+            r.run_id for r in fleet.ledger.list_runs()
+        }
+        kind, data = _reply(await h.invoke("cancel", {"run": run.run_id}))
+        assert data["embeds"][0]["title"] == f"Cancelling {run.run_id}"
+        assert fleet.ledger.get_run(run.run_id).cancel_requested
+        kind, data = _reply(await h.invoke("budget"))
+        assert data["flags"] & EPHEMERAL and "**2** of 5" in data["embeds"][0]["description"]
+        kind, data = _reply(await h.invoke("terminate", {"instance": "tf-nope-1"}))
+        assert (
+            kind == 5 and data["flags"] & EPHEMERAL and "no live instance" in data["embeds"][0]["description"]
+        )
+
+    run_bot(fleet, fake, scenario)
+    commands = _audit(redis_client, EventType.BOT_COMMAND)
+    assert [c["command"] for c in commands] == ["train", "train", "cancel"]
+    assert commands[0]["user_id"] == str(ALLOWED_USER)
+    assert {c["name"] for c in fake.state()["commands"]["global"]} == set(OPTIONS)
+
+
+def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]) -> None:
+    capped = Fleet.connect(
+        fleet.settings.model_copy(update={"bot_runs_per_hour": 2, "bot_dollars_per_day": 3.0})
+    )
+    job = {"file": ("tiny-lora.yml", TINY)}
+    other = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
+
+    async def scenario(h: Harness) -> None:
+        for _ in range(2):
+            assert _reply(await h.invoke("train", job))[0] == 5
+        kind, data = _reply(await h.invoke("train", job))
+        assert kind == 4 and data["flags"] & EPHEMERAL
+        assert data["embeds"][0]["title"] == "Over your cap" and "2 runs in the last hour" in str(data)
+        mine = {r.run_id for r in capped.ledger.list_runs()}
+        # Another user is not held to the first one's count, until their runs cost more than $3 a day.
+        assert _reply(await h.invoke("train", job, **other))[0] == 5  # type: ignore[arg-type]
+        (theirs,) = [r for r in capped.ledger.list_runs() if r.run_id not in mine]
+        capped.ledger.put_instance(
+            Instance(
+                name=f"tf-{theirs.run_id}-1",
+                provider="runpod",
+                run_id=theirs.run_id,
+                price_per_hour=2.0,
+                state=InstanceState.RUNNING,
+                created_at=time.time() - 2 * 3600,
+            )
+        )
+        kind, data = _reply(await h.invoke("train", job, **other))  # type: ignore[arg-type]
+        assert data["embeds"][0]["title"] == "Over your cap" and "$4.00 in the last 24 h" in str(data)
+        kind, data = _reply(await h.invoke("budget", **other))  # type: ignore[arg-type]
+        assert "**$4.00** of $3.00" in data["embeds"][0]["description"]
+
+    run_bot(capped, fake, scenario)
+    assert len(capped.ledger.list_runs()) == 3 and _queued(redis_client) == 3
+    caps = [r for r in _audit(redis_client, EventType.BOT_REFUSED) if r["kind"] == "cap"]
+    assert [c["user_id"] for c in caps] == [str(ALLOWED_USER), str(STRANGER)]
