@@ -84,8 +84,9 @@ class Settings(BaseModel):
         50.0, ge=0, description="A Discord user's /train is refused once their runs cost this much in 24 h."
     )
     bot_configs_dir: Path = Field(
-        Path("configs"), description="Where /train finds configs by name; relative dataset paths of an "
-        "attached YAML are looked up here too."
+        Path("configs"),
+        description="Where /train finds configs by name; relative dataset paths of an "
+        "attached YAML are looked up here too.",
     )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
 

@@ -195,9 +195,7 @@ def test_every_command_and_autocomplete_refuses_strangers(
 def test_train_attachment_validates_and_enqueues(
     fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
-    bad = TINY.replace(b"lora_r: 8", b"lora_r: eight").replace(
-        b"micro_batch_size: 8", b"micro_batch_size: 0"
-    )
+    bad = TINY.replace(b"lora_r: 8", b"lora_r: eight").replace(b"micro_batch_size: 8", b"micro_batch_size: 0")
     try:
         parse_job(bad, source="bad.yml", base_dir=CONFIGS)
     except ConfigError as exc:
