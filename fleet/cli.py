@@ -319,25 +319,70 @@ def up() -> None:
 
 @cli.command()
 def notify() -> None:
-    """Post the fleet's events to Discord through FLEET_DISCORD_WEBHOOK_URL (foreground, until Ctrl-C):
-    one status message per run, edited in place, and a message for each result, failure and link."""
+    """Post the fleet's events to Discord (foreground, until Ctrl-C): as the bot into
+    FLEET_DISCORD_CHANNEL_ID when FLEET_DISCORD_BOT_TOKEN is set, else through FLEET_DISCORD_WEBHOOK_URL.
+    One status message per run, edited in place, and a message for each result, failure and link."""
     import requests
 
-    from bot.notifier import Notifier
+    from bot.app import bot_token
+    from bot.notifier import Notifier, secret_values
+    from bot.sinks import RestClient
     from fleet.secrets import load_secrets
 
     settings = settings_or_exit()
-    if not settings.discord_webhook_url:
-        err.print("FLEET_DISCORD_WEBHOOK_URL is not set: the notifier has nowhere to post", style="red")
+    secrets = load_secrets()
+    as_bot = secrets.get("FLEET_DISCORD_BOT_TOKEN") is not None and settings.discord_channel_id is not None
+    if not as_bot and not settings.discord_webhook_url:
+        err.print(
+            "the notifier has nowhere to post: FLEET_DISCORD_WEBHOOK_URL is not set, nor "
+            "FLEET_DISCORD_BOT_TOKEN with FLEET_DISCORD_CHANNEL_ID (to post as the bot)",
+            style="red",
+        )
         raise typer.Exit(2)
     fleet = connect_or_exit(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    with requests.Session() as session:
-        notifier = Notifier.from_settings(settings, fleet.redis, load_secrets(), session)
-        err.print("notifier: posting to the webhook; Ctrl-C to stop", highlight=False)
+    with contextlib.ExitStack() as stack:
+        if as_bot:
+            import discord.http
+
+            discord.http.Route.BASE = settings.discord_api_base.rstrip("/")
+            rest = RestClient(bot_token(secrets))
+            stack.callback(rest.close)
+            assert settings.discord_channel_id is not None
+            notifier = Notifier(fleet.redis, rest.sink(settings.discord_channel_id), secret_values(secrets))
+        else:
+            session = stack.enter_context(requests.Session())
+            notifier = Notifier.from_settings(settings, fleet.redis, secrets, session)
+        where = f"channel {settings.discord_channel_id} as the bot" if as_bot else "the webhook"
+        err.print(f"notifier: posting to {where}; Ctrl-C to stop", highlight=False)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop between batches, unacked ones stay
             notifier.run_forever(stop)
+
+
+@cli.command()
+def bot() -> None:
+    """The Discord bot (foreground, until Ctrl-C): slash commands for the allowlisted users and roles in the
+    allowlisted channels, and the notifier posting into FLEET_DISCORD_CHANNEL_ID. Needs
+    FLEET_DISCORD_BOT_TOKEN."""
+    from bot.app import run_bot
+    from fleet.secrets import load_secrets
+
+    settings = settings_or_exit()
+    secrets = load_secrets()
+    if secrets.get("FLEET_DISCORD_BOT_TOKEN") is None:
+        err.print("FLEET_DISCORD_BOT_TOKEN is not set (environment or the fleet's secrets file)", style="red")
+        raise typer.Exit(2)
+    if (
+        not (settings.discord_allowed_users or settings.discord_allowed_roles)
+        or not settings.discord_allowed_channels
+    ):
+        err.print(
+            "warning: the allowlists are empty, so the bot refuses everyone: set "
+            "FLEET_DISCORD_ALLOWED_CHANNELS and FLEET_DISCORD_ALLOWED_USERS or FLEET_DISCORD_ALLOWED_ROLES",
+            style="yellow",
+        )
+    run_bot(connect_or_exit(settings), secrets)
 
 
 @cli.command()
