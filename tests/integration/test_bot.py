@@ -28,6 +28,7 @@ from fleet.service import Fleet
 from fleet.settings import Settings
 from fleet.spec import format_problems, parse_job
 from tests.fakes import FakeDiscord
+from tests.integration.fleetproc import Worker, fleet_env, wait_for_end, wait_until
 
 TOKEN = "bot-token-for-tests"
 GUILD, CHANNEL, OTHER_CHANNEL = 700000000000000001, 700000000000000002, 700000000000000003
@@ -151,7 +152,7 @@ def _queued(client: redis.Redis[str]) -> int:
 def test_every_command_and_autocomplete_refuses_strangers(
     fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
-    callers = {
+    callers: dict[str, dict[str, Any]] = {
         "unlisted user": {"user": STRANGER},
         "unlisted role": {"user": STRANGER, "roles": (OTHER_ROLE,)},
         "wrong channel": {"channel": OTHER_CHANNEL},
@@ -260,7 +261,7 @@ def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redi
         fleet.settings.model_copy(update={"bot_runs_per_hour": 2, "bot_dollars_per_day": 3.0})
     )
     job = {"file": ("tiny-lora.yml", TINY)}
-    other = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
+    other: dict[str, Any] = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
 
     async def scenario(h: Harness) -> None:
         for _ in range(2):
@@ -270,7 +271,7 @@ def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redi
         assert data["embeds"][0]["title"] == "Over your cap" and "2 runs in the last hour" in str(data)
         mine = {r.run_id for r in capped.ledger.list_runs()}
         # Another user is not held to the first one's count, until their runs cost more than $3 a day.
-        assert _reply(await h.invoke("train", job, **other))[0] == 5  # type: ignore[arg-type]
+        assert _reply(await h.invoke("train", job, **other))[0] == 5
         (theirs,) = [r for r in capped.ledger.list_runs() if r.run_id not in mine]
         capped.ledger.put_instance(
             Instance(
@@ -282,12 +283,75 @@ def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redi
                 created_at=time.time() - 2 * 3600,
             )
         )
-        kind, data = _reply(await h.invoke("train", job, **other))  # type: ignore[arg-type]
+        kind, data = _reply(await h.invoke("train", job, **other))
         assert data["embeds"][0]["title"] == "Over your cap" and "$4.00 in the last 24 h" in str(data)
-        kind, data = _reply(await h.invoke("budget", **other))  # type: ignore[arg-type]
+        kind, data = _reply(await h.invoke("budget", **other))
         assert "**$4.00** of $3.00" in data["embeds"][0]["description"]
 
     run_bot(capped, fake, scenario)
     assert len(capped.ledger.list_runs()) == 3 and _queued(redis_client) == 3
     caps = [r for r in _audit(redis_client, EventType.BOT_REFUSED) if r["kind"] == "cap"]
     assert [c["user_id"] for c in caps] == [str(ALLOWED_USER), str(STRANGER)]
+
+
+NOTIFY_CHANNEL = 700000000000000004
+
+
+def _states(message: dict[str, Any]) -> list[str]:
+    """The State field of a status message, at its creation and after each edit, repeats collapsed."""
+    out: list[str] = []
+    for version in [message["created"], *message["edits"]]:
+        state = next(f["value"] for f in version["embeds"][0]["fields"] if f["name"] == "State")
+        if not out or out[-1] != state:
+            out.append(state)
+    return out
+
+
+def test_train_from_discord_end_to_end(
+    home: Path, fake: FakeDiscord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/train with the tiny config attached, a real fleet (`fleet up`: Celery workers, a local Ray head) and
+    the bot's own notifier: the status message is edited through every stage to SUCCEEDED, then the result
+    message follows."""
+    env = fleet_env(home)
+    monkeypatch.setenv("FLEET_SECRETS_FILE", env["FLEET_SECRETS_FILE"])
+    settings = Settings(
+        home=home,
+        discord_api_base=f"{fake.url}/api/v10",
+        discord_allowed_users=(ALLOWED_USER,),
+        discord_allowed_channels=(CHANNEL,),
+        discord_channel_id=NOTIFY_CHANNEL,
+        bot_configs_dir=CONFIGS,
+    )
+    fleet = Fleet.connect(settings)
+    worker = Worker(env, home / "worker.log")
+    found: dict[str, Any] = {}
+
+    def posted(run_id: str) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = fake.state()["channels"].get(str(NOTIFY_CHANNEL), [])
+        return [m for m in messages if run_id in json.dumps(m["created"])]
+
+    async def scenario(h: Harness) -> None:
+        kind, data = _reply(await h.invoke("train", {"file": ("tiny-lora.yml", TINY)}))
+        assert kind == 5, data
+        (run,) = fleet.ledger.list_runs()
+        found["view"] = await asyncio.to_thread(wait_for_end, env, run.run_id)
+        found["messages"] = await asyncio.to_thread(
+            wait_until,
+            lambda: (m := posted(run.run_id)) and "succeeded" in json.dumps(m[-1]) and m,
+            60,
+            "the result message",
+        )
+
+    try:
+        run_bot(fleet, fake, scenario)
+    finally:
+        worker.stop()
+        fleet.redis.close()
+    assert found["view"]["state"] == "SUCCEEDED", found["view"]
+    status, *others = found["messages"]
+    assert _states(status) == ["QUEUED", "PROVISIONING", "PREPARING", "TRAINING", "FINALIZING", "SUCCEEDED"]
+    result = others[-1]
+    assert result["content"].startswith(f"✅ Run {found['view']['run_id']} succeeded: eval_loss")
+    assert result["created"]["at"] >= status["edits"][-1]["at"]
+    assert not any(m["embeds"] for m in others), "one status message per run"
