@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -355,3 +357,12 @@ def test_train_from_discord_end_to_end(
     assert result["content"].startswith(f"✅ Run {found['view']['run_id']} succeeded: eval_loss")
     assert result["created"]["at"] >= status["edits"][-1]["at"]
     assert not any(m["embeds"] for m in others), "one status message per run"
+
+
+def test_fleet_bot_needs_its_token(tmp_path: Path) -> None:
+    env = fleet_env(tmp_path)
+    env.pop("FLEET_DISCORD_BOT_TOKEN", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet", "bot"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "FLEET_DISCORD_BOT_TOKEN is not set" in done.stderr
