@@ -30,7 +30,7 @@ class FleetBot(discord.Client):
     def __init__(self, fleet: Fleet, secrets: Secrets) -> None:
         super().__init__(intents=discord.Intents(guilds=True))  # no privileged intent
         self.fleet, self.secrets = fleet, secrets
-        self.tree = FleetTree(self, fleet)
+        self.tree = FleetTree(self, fleet, secret_values(secrets))
         self.stop_notifier = threading.Event()
         self.notifier_thread: threading.Thread | None = None
 

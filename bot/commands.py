@@ -18,7 +18,7 @@ import discord
 from discord import app_commands
 
 from bot.access import Caller, Caps, audit, refusal
-from bot.render import COLOURS, DESCRIPTION_MAX, RUNNING_COLOUR, fit_embed, status_embed, truncate
+from bot.render import COLOURS, DESCRIPTION_MAX, RUNNING_COLOUR, Scrubber, fit_embed, status_embed
 from broker import events
 from broker.models import EventType, Run, RunState
 from fleet import service
@@ -35,29 +35,17 @@ CHOICES_MAX = 25  # Discord shows at most 25 autocomplete choices
 LOG_LINES = 25
 
 
-def _embed(title: str, description: str = "", colour: int = RUNNING_COLOUR) -> discord.Embed:
-    data = {"title": title, "description": truncate(description, DESCRIPTION_MAX), "color": colour}
-    return discord.Embed.from_dict(fit_embed(data))
-
-
-async def _say(interaction: discord.Interaction[Any], embed: discord.Embed, ephemeral: bool = False) -> None:
-    """Answer, or follow up when the interaction was already answered (deferred)."""
-    if interaction.response.is_done():
-        await interaction.followup.send(embed=embed, ephemeral=ephemeral)
-    else:
-        await interaction.response.send_message(embed=embed, ephemeral=ephemeral)
-
-
-async def _error(interaction: discord.Interaction[Any], title: str, text: str) -> None:
-    await _say(interaction, _embed(title, text, ERROR_COLOUR), ephemeral=True)
+def _embed(title: str, description: str = "", colour: int = RUNNING_COLOUR) -> dict[str, Any]:
+    return {"title": title, "description": description, "color": colour}
 
 
 class FleetTree(app_commands.CommandTree[discord.Client]):
     """The command tree, with the access check in front of every command and autocomplete."""
 
-    def __init__(self, client: discord.Client, fleet: Fleet) -> None:
+    def __init__(self, client: discord.Client, fleet: Fleet, secret_values: list[str]) -> None:
         super().__init__(client)
         self.fleet = fleet
+        self.scrub = Scrubber(secret_values)
         self.caps = Caps(fleet.redis, fleet.ledger, fleet.settings)
         register(self)
 
@@ -72,7 +60,7 @@ class FleetTree(app_commands.CommandTree[discord.Client]):
         if kind == "autocomplete":
             await interaction.response.autocomplete([])
         else:
-            await _error(interaction, "Refused", why)
+            await self.refuse(interaction, "Refused", why)
         return False
 
     async def on_error(
@@ -80,10 +68,27 @@ class FleetTree(app_commands.CommandTree[discord.Client]):
     ) -> None:
         cause = error.original if isinstance(error, app_commands.CommandInvokeError) else error
         if isinstance(cause, FleetError):
-            await _error(interaction, "Cannot do that", str(cause))
+            await self.refuse(interaction, "Cannot do that", str(cause))
             return
         log.error("command %s failed", interaction.command and interaction.command.name, exc_info=cause)
-        await _error(interaction, "Internal error", "the command failed; the fleet's log has the details")
+        await self.refuse(
+            interaction, "Internal error", "the command failed; the fleet's log has the details"
+        )
+
+    async def say(
+        self, interaction: discord.Interaction[Any], embed: dict[str, Any], ephemeral: bool = False
+    ) -> None:
+        """Answer with an embed (scrubbed, cut to Discord's limits), or follow up when the interaction was
+        already answered (deferred)."""
+        fitted = discord.Embed.from_dict(fit_embed(self.scrub.deep(embed)))
+        if interaction.response.is_done():
+            await interaction.followup.send(embed=fitted, ephemeral=ephemeral)
+        else:
+            await interaction.response.send_message(embed=fitted, ephemeral=ephemeral)
+
+    async def refuse(self, interaction: discord.Interaction[Any], title: str, text: str) -> None:
+        """An error: private to the caller, saying what to fix."""
+        await self.say(interaction, _embed(title, text, ERROR_COLOUR), ephemeral=True)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking service call, off the event loop."""
@@ -164,12 +169,12 @@ def register(tree: FleetTree) -> None:
             job = await load(file, config)
             await tree.run(service.check_submittable, settings, job)
         except ConfigError as exc:
-            await _error(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
+            await tree.refuse(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
             return
         token, why = await tree.run(tree.caps.reserve, caller.user_id)
         if token is None:
             await tree.audit(EventType.BOT_REFUSED, caller, command="train", kind="cap", reason=why)
-            await _error(interaction, "Over your cap", str(why))
+            await tree.refuse(interaction, "Over your cap", str(why))
             return
         await interaction.response.defer(thinking=True)
         try:
@@ -182,7 +187,7 @@ def register(tree: FleetTree) -> None:
         text = (
             f"provider **{run.provider}** · from `{run.source}`\nIts status message follows in the channel."
         )
-        await _say(interaction, _embed(f"Run {run.run_id} queued", text))
+        await tree.say(interaction, _embed(f"Run {run.run_id} queued", text))
 
     @train.autocomplete("config")
     async def train_config(
@@ -198,19 +203,19 @@ def register(tree: FleetTree) -> None:
         if run is None:
             newest = await tree.run(fleet.ledger.list_runs, 1)
             if not newest:
-                await _say(interaction, _embed("No runs yet", "start one with /train"))
+                await tree.say(interaction, _embed("No runs yet", "start one with /train"))
                 return
             found = newest[0]
         else:
             found = await tree.run(fleet.ledger.find_run, run)
         instance = await tree.run(fleet.ledger.get_instance, found.instance) if found.instance else None
-        await _say(interaction, discord.Embed.from_dict(fit_embed(status_embed(found, instance))))
+        await tree.say(interaction, status_embed(found, instance))
 
     @tree.command(name="runs", description="The newest runs.")
     async def runs(interaction: discord.Interaction[Any]) -> None:
         found = await tree.run(fleet.ledger.list_runs, 15)
         text = "\n".join(_run_line(r) for r in found) or "no runs yet; start one with /train"
-        await _say(interaction, _embed("Runs", text))
+        await tree.say(interaction, _embed("Runs", text))
 
     @tree.command(name="logs", description="A run's latest events.")
     @app_commands.describe(run="A run id (or a unique prefix).")
@@ -226,7 +231,7 @@ def register(tree: FleetTree) -> None:
         while len(body) > DESCRIPTION_MAX - 10 and len(shown) > 1:
             shown = shown[1:]
             body = "\n".join(shown)
-        await _say(
+        await tree.say(
             interaction,
             _embed(f"{found.run_id}: last {len(shown)} of {len(lines)} events", f"```\n{body}\n```"),
         )
@@ -237,7 +242,7 @@ def register(tree: FleetTree) -> None:
     async def cancel(interaction: discord.Interaction[Any], run: str) -> None:
         found = await tree.run(fleet.ledger.find_run, run)
         if found.state.is_terminal():
-            await _error(
+            await tree.refuse(
                 interaction, "Nothing to cancel", f"run {found.run_id} already ended {found.state.value}"
             )
             return
@@ -248,7 +253,7 @@ def register(tree: FleetTree) -> None:
             command="cancel",
             run_id=done.run_id,
         )
-        await _say(
+        await tree.say(
             interaction,
             _embed(f"Cancelling {done.run_id}", f"was {found.state.value}; its node will be terminated"),
         )
@@ -272,7 +277,7 @@ def register(tree: FleetTree) -> None:
             for r in rows
         ]
         per_hour = sum(r.node.price_per_hour for r in rows)
-        await _say(
+        await tree.say(
             interaction, _embed(f"{len(rows)} live instances · ${per_hour:.3f}/h", "\n".join(lines) or "none")
         )
 
@@ -293,7 +298,7 @@ def register(tree: FleetTree) -> None:
             instance=instance,
             force=force,
         )
-        await _say(
+        await tree.say(
             interaction,
             _embed(
                 f"Terminated {row.node.name}", f"at {row.node.provider.value}", COLOURS[RunState.CANCELLED]
@@ -311,4 +316,4 @@ def register(tree: FleetTree) -> None:
             f"your runs' cost in 24 h: **${usage.spent_today:.2f}** of ${usage.dollars_per_day:.2f}\n"
             f"the fleet now: **{len(live)}** instances at **${per_hour:.3f}/h**"
         )
-        await _say(interaction, _embed("Budget", text), ephemeral=True)
+        await tree.say(interaction, _embed("Budget", text), ephemeral=True)

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs" / "examples"
 TINY = (CONFIGS / "tiny-lora.yml").read_bytes()
 EPHEMERAL = 64
+CANARY = "canary-secret-value-77ab3c"
 
 # Valid options for every command, so a refusal can only come from the access check.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -196,8 +197,9 @@ def test_every_command_and_autocomplete_refuses_strangers(
 
 
 def test_train_attachment_validates_and_enqueues(
-    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
+    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", CANARY)  # a known credential: never shown, even back to its owner
     bad = TINY.replace(b"lora_r: 8", b"lora_r: eight").replace(b"micro_batch_size: 8", b"micro_batch_size: 0")
     try:
         parse_job(bad, source="bad.yml", base_dir=CONFIGS)
@@ -210,6 +212,11 @@ def test_train_attachment_validates_and_enqueues(
         assert kind == 4 and data["flags"] & EPHEMERAL
         assert data["embeds"][0]["title"] == "Invalid job"
         assert data["embeds"][0]["description"] == f"```\n{expected}\n```"
+        leaked = TINY.replace(b"lora_r: 8", f"lora_r: {CANARY}".encode())
+        kind, data = _reply(await h.invoke("train", {"file": ("leak.yml", leaked)}))
+        assert "lora_r: must be a whole number" in data["embeds"][0]["description"]
+        assert "[redacted]" in data["embeds"][0]["description"]
+        assert CANARY not in json.dumps(h.fake.state()["interactions"])
         kind, data = _reply(await h.invoke("train", {}))
         assert (
             data["embeds"][0]["title"] == "Invalid job"
