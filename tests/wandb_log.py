@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -82,6 +83,20 @@ def read_run(path: Path) -> OfflineRun:
         elif which == "exit":
             run.exit_code = record.exit.exit_code
     return run
+
+
+def read_finished_run(path: Path, timeout: float = 60.0) -> OfflineRun:
+    """The run at `path` once its exit record is on disk. `run.finish()` returns before wandb-core, a
+    process of its own, has written the log out (under load, seconds later), so a reader polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            run = read_run(path)
+        except ValueError:  # a record half written
+            run = OfflineRun()
+        if run.exit_code is not None or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
 
 
 def _items(into: dict[str, Any], items: Any) -> None:

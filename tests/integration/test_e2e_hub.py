@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard, hf_hub_download
 from tests.factories import EXAMPLE_YAML
 from tests.fakes.hub import FakeHub
 from tests.integration.fleetproc import events_of, fleet, fleet_env, live_heads, secret_hits
-from tests.wandb_log import read_run
+from tests.wandb_log import read_finished_run
 
 pytestmark = pytest.mark.integration
 TOKEN = "hf_fakecanary0123456789abcdefghijklmnop"
@@ -80,7 +80,7 @@ def test_the_result_is_pushed_with_a_card_that_names_what_it_is(
     (announced,) = [e["data"] for e in evs if e["type"] == "wandb.run"]
     assert announced["run_id"] == f"tf-{view['run_id']}" and announced["mode"] == "offline"
     (log,) = (home / "runs" / view["run_id"]).glob("wandb/offline-run-*/run-*.wandb")
-    run = read_run(log)
+    run = read_finished_run(log)
     assert run.run_id == announced["run_id"] and run.project == "tiny-demo" and run.exit_code == 0
     assert run.summary["lifecycle/stage.finished/seconds"] > 0  # provision and prepare times
     assert "lifecycle/instance.requested/price_per_hour" in run.summary

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.factories import train_config, train_job
-from tests.wandb_log import OfflineRun, read_run
+from tests.wandb_log import OfflineRun, read_finished_run
 from trainer import recipe
 from trainer.config import WandbPlan
 from trainer.errors import TrainingFailed
@@ -24,7 +24,7 @@ LIFECYCLE = [
 
 def offline_run(work: Path, run_id: str) -> OfflineRun:
     (log,) = work.glob(f"wandb/offline-run-*/run-{run_id}.wandb")
-    return read_run(log)
+    return read_finished_run(log)
 
 
 def test_an_offline_run_holds_the_whole_story(tmp_path: Path) -> None:
