@@ -117,18 +117,26 @@ def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
         worker.stop()
 
 
-@pytest.mark.parametrize("kill_after", ["instance.requested", "prepare.submitted", "train.step"])
-def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path, kill_after: str) -> None:
+KILL_POINTS = ("instance.requested", "prepare.submitted", "train.step")
+
+
+def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path) -> None:
+    """One run, its worker killed -9 three times: in provision (after the instance was asked for), in
+    prepare (after its Ray job was submitted) and in train (after a step). Each time a new worker picks the
+    run up; it ends SUCCEEDED with one node, each stage's work done once and each step relayed once."""
     env = fleet_env(home)
-    worker = Worker(env, home / "worker-1.log")
+    worker = Worker(env, home / "worker-0.log")
     try:
         (queued,) = fleet_json(env, "enqueue", str(light_job(home)))
         run_id = queued["run_id"]
-        wait_until(
-            lambda: kill_after in [e["type"] for e in events_of(home, run_id)], 300, kill_after, every=0.2
-        )
-        worker.kill(signal.SIGKILL)  # main process and pool children at once, mid-stage
-        worker = Worker(env, home / "worker-2.log")
+        for n, kill_after in enumerate(KILL_POINTS, start=1):
+
+            def reached(kind: str = kill_after) -> bool:
+                return kind in [e["type"] for e in events_of(home, run_id)]
+
+            wait_until(reached, 300, kill_after, every=0.2)
+            worker.kill(signal.SIGKILL)  # main process and pool children at once, mid-stage
+            worker = Worker(env, home / f"worker-{n}.log")
         view = wait_for_end(env, run_id)
         assert view["state"] == "SUCCEEDED", view
         evs = events_of(home, run_id)
