@@ -21,8 +21,15 @@ Operations (request counts, fault rules): get_me, get_application, put_commands,
 list_messages, get_message, edit_message, get_webhook, execute_webhook, get_webhook_message,
 edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
 Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
-adapters retry a 429 only when Via is present) and "500". Control: GET /_fake/state, POST /_fake/faults (a
-list).
+adapters retry a 429 only when Via is present) and "500". A rule answers the next `times` requests of its
+operation, or with `"every": n` every n-th one (the others pass it by). Control: GET /_fake/state, POST
+/_fake/faults (a list).
+
+Rate limits (tests/fakes/discord_limits.py), off unless given: `FakeDiscord(rate_limits={"create_message":
+(5, 0.1)})` allows 5 requests per 0.1 s per bucket (an operation in one channel, or one webhook). Every
+answer on a limited route then carries X-RateLimit-* headers, as Discord's do, and a request over the limit
+gets a 429 (with Via) that `state()["over_limit"]` counts apart from the injected faults;
+`state()["windows_filled"]` counts the bucket windows a client used up to the limit.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from tests.fakes.discord_limits import Limits, RateLimits
 from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "fake-bot-token"
@@ -60,6 +68,8 @@ class DiscordFault:
     times: int = 1
     retry_after: float = 1.0
     via: bool = True
+    every: int = 1
+    seen: int = 0  # requests of the operation this rule has seen (for `every`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DiscordFault:
@@ -73,6 +83,7 @@ class DiscordFault:
             times=int(data.get("times", 1)),
             retry_after=float(data.get("retry_after", 1.0)),
             via=bool(data.get("via", True)),
+            every=max(1, int(data.get("every", 1))),
         )
 
 
@@ -238,15 +249,25 @@ def _error(status: int, message: str, code: int = 0) -> Reply:
     return Reply(status, {"message": message, "code": code})
 
 
+def _rate_limited(retry_after: float, ratelimit_headers: dict[str, str], *, via: bool) -> Reply:
+    """Discord's 429: its body, Retry-After and the bucket's X-RateLimit-* headers."""
+    headers = {**ratelimit_headers, "Retry-After": f"{retry_after:g}", "X-RateLimit-Scope": "user"}
+    if via:  # real 429s come through Google's front end; discord.py's webhooks check for it
+        headers["Via"] = "1.1 google"
+    body = {"message": "You are being rate limited.", "retry_after": retry_after, "global": False}
+    return Reply(429, body, headers)
+
+
 class FakeDiscord(Served):
     """The fake Discord REST API. Use as a context manager, or `start()` / `stop()`."""
 
-    def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0) -> None:
+    def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0, rate_limits: Limits | None = None) -> None:
         self.token = token
         self.port = port
         self.lock = threading.RLock()
         self.requests: dict[str, int] = {}
         self.faults: list[DiscordFault] = []
+        self.limits = RateLimits(rate_limits)
         self.channels: dict[str, list[_Message]] = {}
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
@@ -385,7 +406,8 @@ class FakeDiscord(Served):
             self.faults.extend(parsed)
 
     def state(self) -> dict[str, Any]:
-        """Messages per channel in order (with edit history), interactions, request counts per operation."""
+        """Messages per channel in order (with edit history), interactions, request counts per operation,
+        how many requests came over a rate limit and how many rate-limit windows were used up."""
         with self.lock:
             snapshot: dict[str, Any] = json.loads(
                 json.dumps(
@@ -394,6 +416,8 @@ class FakeDiscord(Served):
                         "interactions": self.interactions,
                         "commands": self.commands,
                         "requests": dict(self.requests),
+                        "over_limit": self.limits.over_limit,
+                        "windows_filled": self.limits.windows_filled,
                     }
                 )
             )
@@ -401,7 +425,7 @@ class FakeDiscord(Served):
 
     # -- dispatch ----------------------------------------------------------------------------------
     def dispatch(self, request: DRequest) -> Reply:
-        """Control endpoints, then routing, counting, faults, auth and the handler."""
+        """Control endpoints, then routing, counting, faults, auth, rate limits and the handler."""
         seg = request.segments
         if seg[:1] == ["_fake"]:
             return self._control(request)
@@ -413,10 +437,17 @@ class FakeDiscord(Served):
             return self._fault_reply(fault, op)
         if not authorized:
             return _error(401, "401: Unauthorized")
+        # The bucket's major parameter: the channel, webhook or interaction id after /api/v10/<kind>/.
+        verdict = self.limits.take(op, seg[3] if len(seg) > 3 else "")
+        if verdict is not None and not verdict.allowed:
+            return _rate_limited(verdict.retry_after, verdict.headers, via=True)
         try:
-            return handler(request)
+            reply = handler(request)
         except (ValueError, KeyError, TypeError) as exc:
-            return Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
+            reply = Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
+        if verdict is not None:
+            reply.headers.update(verdict.headers)
+        return reply
 
     def _control(self, request: DRequest) -> Reply:
         path = "/".join(request.segments)
@@ -434,6 +465,9 @@ class FakeDiscord(Served):
         with self.lock:
             for fault in self.faults:
                 if fault.op in (op, "*"):
+                    fault.seen += 1
+                    if fault.seen % fault.every:
+                        continue
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
@@ -443,20 +477,14 @@ class FakeDiscord(Served):
     def _fault_reply(self, fault: DiscordFault, op: str) -> Reply:
         if fault.kind == "500":
             return _error(500, "500: Internal Server Error")
-        after = f"{fault.retry_after:g}"
         headers = {
-            "Retry-After": after,
             "X-RateLimit-Limit": "5",
             "X-RateLimit-Remaining": "0",
             "X-RateLimit-Reset": f"{time.time() + fault.retry_after:.3f}",
-            "X-RateLimit-Reset-After": after,
+            "X-RateLimit-Reset-After": f"{fault.retry_after:g}",
             "X-RateLimit-Bucket": op,
-            "X-RateLimit-Scope": "user",
         }
-        if fault.via:  # real 429s come through Google's front end; discord.py's webhooks check for it
-            headers["Via"] = "1.1 google"
-        body = {"message": "You are being rate limited.", "retry_after": fault.retry_after, "global": False}
-        return Reply(429, body, headers)
+        return _rate_limited(fault.retry_after, headers, via=fault.via)
 
     def _route(self, r: DRequest) -> tuple[str, Callable[[DRequest], Reply], bool]:
         """(operation, handler, whether the credentials are right) for a request."""
