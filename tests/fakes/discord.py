@@ -203,6 +203,9 @@ class _Hook:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK
+    # of the headers, ~40 ms a request on Linux, which would swamp the latencies tests and benches see.
+    disable_nagle_algorithm = True
 
     def _serve(self) -> None:
         split = urlsplit(self.path)
