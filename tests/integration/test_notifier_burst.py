@@ -3,7 +3,7 @@
 Real parts only: a real redis-server, runs moved through the real Ledger (tests.factories.Script), the
 real `fleet notify` process posting as the bot through discord.py's own HTTP client, and the fake Discord
 with Discord-shaped rate limits switched on: 5 requests per bucket window, per channel, for creating and
-for editing messages (Discord's 5 per 5 s, with time compressed 20x so the test takes seconds, yet tight
+for editing messages (Discord's 5 per 5 s, with time compressed 50x so the test takes seconds, yet tight
 enough that the notifier fills windows and must wait). discord.py reads the fake's X-RateLimit-* headers
 and waits once a bucket is used up; a request over a limit would be counted in `over_limit`. On top of
 that the fake answers every n-th create and edit with an injected 429 (with Via, as Discord's are), which
@@ -20,7 +20,7 @@ What is checked: each of the 130 messages is in the channel exactly once (and no
 message per run, whose versions (creation, then edits) never go back in the run's state order and end at
 the run's final state; per run, its messages in event order; 0 requests over the limits, every injected
 429 served and retried inside discord.py (no batch was refused); no pending entries in the group.
-It takes about 30 s on 2 busy cores: ~480 requests, at most 20 per second per bucket.
+It takes about 13 s here, most of it the ~480 requests at 50 per second per bucket at most.
 
 Where the kill lands varies, so a duplicate after it would only show now and then. The second test acts
 out the worst landing deterministically: posted, but neither marked sent nor acked.
@@ -53,7 +53,7 @@ from tests.fakes import FakeDiscord
 
 TOKEN = "burst-bot-token"
 CHANNEL = 323456789012345678
-LIMITS = {"create_message": (5, 0.25), "edit_message": (5, 0.25)}  # Discord's 5 per 5 s, 20x faster
+LIMITS = {"create_message": (5, 0.1), "edit_message": (5, 0.1)}  # Discord's 5 per 5 s, 50x faster
 INJECTED = [
     {"op": "create_message", "kind": "429", "times": 8, "every": 11, "retry_after": 0.05},
     {"op": "edit_message", "kind": "429", "times": 8, "every": 9, "retry_after": 0.05},
