@@ -47,6 +47,7 @@ from bot.notifier import GROUP, Notifier, sent_key, status_key
 from bot.render import SEPARATE, separate_message
 from bot.sinks import RestClient
 from broker.constants import EVENTS_STREAM
+from broker.ledger import Ledger
 from broker.models import Event, RunState
 from tests.factories import Script
 from tests.fakes import FakeDiscord
@@ -125,7 +126,7 @@ def settled(client: redis.Redis[str], fake: FakeDiscord, expected: int) -> bool:
     """Everything is posted: all messages, every status at its run's final state, the group caught up."""
     if len(texts(fake)) < expected or not caught_up(client):
         return False
-    finals = {run_id: Script(client).ledger.get_run(run_id).state for run_id in RUNS}
+    finals = {run_id: Ledger(client).get_run(run_id).state for run_id in RUNS}
     shown = {run: state_of(ms[-1]["embeds"]) for run, ms in status_messages(fake).items()}
     return shown == finals
 
@@ -169,7 +170,7 @@ def assert_statuses(client: redis.Redis[str], fake: FakeDiscord) -> None:
         versions = [message["created"], *message["edits"]]
         states = [ORDER.index(state_of(v["embeds"])) for v in versions]
         assert states == sorted(states), f"{run_id} went back: {[ORDER[s] for s in states]}"
-        assert ORDER[states[-1]] == Script(client).ledger.get_run(run_id).state
+        assert ORDER[states[-1]] == Ledger(client).get_run(run_id).state
 
 
 @pytest.mark.timeout(120)
