@@ -21,7 +21,9 @@ Operations (request counts, fault rules): get_me, get_application, put_commands,
 list_messages, get_message, edit_message, get_webhook, execute_webhook, get_webhook_message,
 edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
 Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
-adapters retry a 429 only when Via is present) and "500". A rule answers the next `times` requests of its
+adapters retry a 429 only when Via is present), "500", and "hang" (the request is carried out, then its
+answer is withheld for `hold` seconds and the connection closed: a client killed meanwhile has posted
+without knowing; `state()["held"]` counts them). A rule answers the next `times` requests of its
 operation, or with `"every": n` every n-th one (the others pass it by). Control: GET /_fake/state, POST
 /_fake/faults (a list).
 
@@ -52,7 +54,7 @@ from tests.fakes.discord_limits import Limits, RateLimits
 from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "fake-bot-token"
-FAULT_KINDS = frozenset({"429", "500"})
+FAULT_KINDS = frozenset({"429", "500", "hang"})
 DISCORD_EPOCH_MS = 1420070400000
 BOT_USER_ID = "100000000000000001"
 APPLICATION_ID = "100000000000000002"
@@ -68,6 +70,7 @@ class DiscordFault:
     times: int = 1
     retry_after: float = 1.0
     via: bool = True
+    hold: float = 5.0
     every: int = 1
     seen: int = 0  # requests of the operation this rule has seen (for `every`)
 
@@ -83,6 +86,7 @@ class DiscordFault:
             times=int(data.get("times", 1)),
             retry_after=float(data.get("retry_after", 1.0)),
             via=bool(data.get("via", True)),
+            hold=float(data.get("hold", 5.0)),
             every=max(1, int(data.get("every", 1))),
         )
 
@@ -218,6 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
             body=self.rfile.read(length) if length else b"",
         )
         reply = self.server.fake.dispatch(request)
+        if reply is None:  # a "hang" fault: the work is done, the answer never comes
+            self.close_connection = True
+            return
         payload = (
             reply.raw
             if reply.raw is not None
@@ -271,6 +278,7 @@ class FakeDiscord(Served):
         self.requests: dict[str, int] = {}
         self.faults: list[DiscordFault] = []
         self.limits = RateLimits(rate_limits)
+        self.held = 0  # requests handled whose answer a "hang" fault withheld
         self.channels: dict[str, list[_Message]] = {}
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
@@ -410,7 +418,8 @@ class FakeDiscord(Served):
 
     def state(self) -> dict[str, Any]:
         """Messages per channel in order (with edit history), interactions, request counts per operation,
-        how many requests came over a rate limit and how many rate-limit windows were used up."""
+        how many requests came over a rate limit, how many rate-limit windows were used up and how many
+        answers a "hang" fault withheld."""
         with self.lock:
             snapshot: dict[str, Any] = json.loads(
                 json.dumps(
@@ -421,14 +430,16 @@ class FakeDiscord(Served):
                         "requests": dict(self.requests),
                         "over_limit": self.limits.over_limit,
                         "windows_filled": self.limits.windows_filled,
+                        "held": self.held,
                     }
                 )
             )
         return snapshot  # a deep copy: callers may keep it while requests go on
 
     # -- dispatch ----------------------------------------------------------------------------------
-    def dispatch(self, request: DRequest) -> Reply:
-        """Control endpoints, then routing, counting, faults, auth, rate limits and the handler."""
+    def dispatch(self, request: DRequest) -> Reply | None:
+        """Control endpoints, then routing, counting, faults, auth, rate limits and the handler. None: close
+        the connection without an answer."""
         seg = request.segments
         if seg[:1] == ["_fake"]:
             return self._control(request)
@@ -436,7 +447,7 @@ class FakeDiscord(Served):
         with self.lock:
             self.requests[op] = self.requests.get(op, 0) + 1
         fault = self._take_fault(op)
-        if fault is not None:
+        if fault is not None and fault.kind != "hang":
             return self._fault_reply(fault, op)
         if not authorized:
             return _error(401, "401: Unauthorized")
@@ -450,6 +461,9 @@ class FakeDiscord(Served):
             reply = Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
         if verdict is not None:
             reply.headers.update(verdict.headers)
+        if fault is not None:  # "hang": done, yet the client is kept waiting for an answer that never comes
+            self._withhold(fault)
+            return None
         return reply
 
     def _control(self, request: DRequest) -> Reply:
@@ -476,6 +490,13 @@ class FakeDiscord(Served):
                         self.faults.remove(fault)
                     return fault
         return None
+
+    def _withhold(self, fault: DiscordFault) -> None:
+        """Count a withheld answer, then keep the connection waiting `hold` seconds (a client that dies
+        meanwhile never learns that its request was carried out)."""
+        with self.lock:
+            self.held += 1
+        time.sleep(fault.hold)
 
     def _fault_reply(self, fault: DiscordFault, op: str) -> Reply:
         if fault.kind == "500":

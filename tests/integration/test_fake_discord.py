@@ -196,6 +196,15 @@ def test_bot_client_waits_out_the_limits_and_every_nth_fault(monkeypatch: pytest
     assert state["over_limit"] == 0 and state["windows_filled"] >= 3
 
 
+def test_hang_carries_out_the_request_and_withholds_the_answer(fake: FakeDiscord) -> None:
+    fake.add_faults([{"op": "create_message", "kind": "hang", "hold": 1.0}])
+    url, auth = f"{fake.url}/api/v10/channels/{CHANNEL}/messages", {"Authorization": f"Bot {TOKEN}"}
+    with requests.Session() as s, pytest.raises(requests.ReadTimeout):
+        s.post(url, json={"content": "posted unawares"}, headers=auth, timeout=0.3)
+    assert fake.state()["held"] == 1
+    assert [m["content"] for m in _messages(fake)] == ["posted unawares"]
+
+
 def test_interaction_callback_and_followup_are_recorded(fake: FakeDiscord, session: requests.Session) -> None:
     app_id = 555555555555555555
     interaction_id, token = fake.add_interaction(CHANNEL, app_id)

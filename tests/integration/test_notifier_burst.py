@@ -12,18 +12,20 @@ discord.py must wait out and retry.
 100 runs make 500 events, produced in waves across all runs once the notifier is up, so many runs are
 mid-way at any moment: 30 runs succeed (9 events: W&B link and result posted), 30 fail in training (6:
 W&B link and failure), 10 fail while queued (2: failure), 30 stay queued (1). 130 events deserve a
-message of their own; every run has one status message. Once about half of those 130 are in the channel
-the notifier is SIGKILLed (no clean stop: batches in flight are neither marked nor acked) and started
-again; it must then finish from its pending entries.
+message of their own; every run has one status message.
+
+The kill lands at the worst moment, on purpose: the fake carries out the KILL_AT-th message create (about
+halfway), then withholds its answer ("hang"), and the notifier is SIGKILLed while it waits. That message
+exists, yet the dead notifier never marked it sent nor acked its batch; the restarted one reads its
+pending entries again and posts it again, and only the nonce makes Discord answer with the first message
+(a kill that landed anywhere else would catch a missing nonce only now and then). The second test acts
+out the same for a whole batch, in process.
 
 What is checked: each of the 130 messages is in the channel exactly once (and nothing else is); one status
 message per run, whose versions (creation, then edits) never go back in the run's state order and end at
-the run's final state; per run, its messages in event order; 0 requests over the limits, every injected
-429 served and retried inside discord.py (no batch was refused); no pending entries in the group.
-It takes about 13 s here, most of it the ~480 requests at 50 per second per bucket at most.
-
-Where the kill lands varies, so a duplicate after it would only show now and then. The second test acts
-out the worst landing deterministically: posted, but neither marked sent nor acked.
+the run's final state; per run, its messages in event order; 0 requests over the limits, yet windows
+filled; every injected 429 served and retried inside discord.py (no batch was refused); no pending
+entries in the group. It takes about 13 s here, most of it ~480 requests at 50 per second per bucket.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ from tests.fakes import FakeDiscord
 
 TOKEN = "burst-bot-token"
 CHANNEL = 323456789012345678
+KILL_AT = 120  # of the ~240 create requests: the one the notifier is killed in, after the fake did it
 LIMITS = {"create_message": (5, 0.1), "edit_message": (5, 0.1)}  # Discord's 5 per 5 s, 50x faster
 INJECTED = [
+    {"op": "create_message", "kind": "hang", "every": KILL_AT, "hold": 20},  # first: it sees every create
     {"op": "create_message", "kind": "429", "times": 8, "every": 11, "retry_after": 0.05},
     {"op": "edit_message", "kind": "429", "times": 8, "every": 9, "retry_after": 0.05},
 ]
@@ -188,9 +192,9 @@ def test_burst_with_429s_and_a_kill_midway_posts_each_event_once_in_order(
             assert len(events) == 500
             wanted = [(e.run_id, t) for e in events if e.type in SEPARATE and (t := separate_message(e))]
             assert len(wanted) == 130
-            assert wait_until(lambda: len(texts(fake)) >= len(wanted) // 2, first, log_path), "stuck"
+            assert wait_until(lambda: fake.state()["held"] == 1, first, log_path), "no post was held"
         finally:
-            first.kill()  # SIGKILL: no clean stop, the batch in flight is neither marked nor acked
+            first.kill()  # SIGKILL mid-post: the message exists, yet is neither marked sent nor acked
             first.wait(10)
         at_kill = len(texts(fake))
         second = start(env, log)
@@ -200,7 +204,7 @@ def test_burst_with_429s_and_a_kill_midway_posts_each_event_once_in_order(
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(30) == 0
-    assert first.returncode == -signal.SIGKILL and at_kill < len(wanted)
+    assert first.returncode == -signal.SIGKILL and 0 < at_kill < len(wanted)
 
     posted = texts(fake)
     assert Counter(posted) == Counter(text for _run, text in wanted)  # each once, nothing else
