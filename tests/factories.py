@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
+from broker.ledger import Draft, Ledger
+from broker.models import EventType, FailureReason, Instance, Run, RunState
 from trainer.config import TrainConfig, TrainJob
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +70,76 @@ def write_completion_data(path: Path, count: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"text": f"A cow says moo {i}."}) + "\n" for i in range(count)))
     return path
+
+
+class Script:
+    """Moves runs through the real ledger, one step (a list of changes) at a time."""
+
+    def __init__(self, client: redis.Redis[str]) -> None:
+        self.ledger = Ledger(client)
+
+    def create(self, run_id: str) -> None:
+        run = Run(
+            run_id=run_id, provider="local", source="job.yaml", spec={}, run_dir="/r", output_dir="/out"
+        )
+        self.ledger.create_run(run, [(EventType.RUN_QUEUED, {})])
+
+    def change(self, run_id: str, fn: Callable[[Run], list[Draft]]) -> None:
+        self.ledger.update_run(run_id, fn)
+
+    def to_training(self, run_id: str) -> None:
+        def provision(r: Run) -> list[Draft]:
+            r.state, r.instance = RunState.PROVISIONING, f"tf-{run_id}-1"
+            return [
+                (EventType.STAGE_STARTED, {"stage": "provision"}),
+                (EventType.INSTANCE_REQUESTED, {"instance": r.instance, "price_per_hour": 2.5}),
+            ]
+
+        self.ledger.put_instance(
+            Instance(name=f"tf-{run_id}-1", provider="local", run_id=run_id, price_per_hour=2.5)
+        )
+        self.change(run_id, provision)
+
+        def wandb(r: Run) -> list[Draft]:
+            r.progress["wandb"] = {"url": f"https://wandb.example/{run_id}"}
+            return [(EventType.WANDB_RUN, {"url": f"https://wandb.example/{run_id}"})]
+
+        self.change(run_id, wandb)
+
+        def train(r: Run) -> list[Draft]:
+            r.state = RunState.TRAINING
+            return [(EventType.STAGE_STARTED, {"stage": "train"})]
+
+        self.change(run_id, train)
+
+    def steps(self, run_id: str, steps: list[int]) -> None:
+        for step in steps:
+
+            def one(r: Run, step: int = step) -> list[Draft]:
+                r.progress.update(step=step, total_steps=10, loss=1.0 / step)
+                return [(EventType.TRAIN_STEP, {"step": step})]
+
+            self.change(run_id, one)
+
+    def succeed(self, run_id: str) -> None:
+        def evaluate(r: Run) -> list[Draft]:
+            r.metrics.update(eval_loss_first=2.0, eval_loss=0.5)
+            return [(EventType.TRAIN_EVAL, {"eval_loss": 0.5})]
+
+        def done(r: Run) -> list[Draft]:
+            r.state = RunState.SUCCEEDED
+            return [(EventType.RUN_SUCCEEDED, {"output_dir": "/out", "metrics": r.metrics, "hub": None})]
+
+        self.change(run_id, evaluate)
+        self.change(run_id, done)
+
+    def fail(self, run_id: str, message: str) -> None:
+        def failed(r: Run) -> list[Draft]:
+            r.state, r.failure_reason, r.failure_message = (
+                RunState.FAILED,
+                FailureReason.TRAINING_FAILED,
+                message,
+            )
+            return [(EventType.RUN_FAILED, {"reason": "TRAINING_FAILED", "message": message})]
+
+        self.change(run_id, failed)

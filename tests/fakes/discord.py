@@ -21,8 +21,17 @@ Operations (request counts, fault rules): get_me, get_application, put_commands,
 list_messages, get_message, edit_message, get_webhook, execute_webhook, get_webhook_message,
 edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
 Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
-adapters retry a 429 only when Via is present) and "500". Control: GET /_fake/state, POST /_fake/faults (a
-list).
+adapters retry a 429 only when Via is present), "500", and "hang" (the request is carried out, then its
+answer is withheld for `hold` seconds and the connection closed: a client killed meanwhile has posted
+without knowing; `state()["held"]` counts them). A rule answers the next `times` requests of its
+operation, or with `"every": n` every n-th one (the others pass it by). Control: GET /_fake/state, POST
+/_fake/faults (a list).
+
+Rate limits (tests/fakes/discord_limits.py), off unless given: `FakeDiscord(rate_limits={"create_message":
+(5, 0.1)})` allows 5 requests per 0.1 s per bucket (an operation in one channel, or one webhook). Every
+answer on a limited route then carries X-RateLimit-* headers, as Discord's do, and a request over the limit
+gets a 429 (with Via) that `state()["over_limit"]` counts apart from the injected faults;
+`state()["windows_filled"]` counts the bucket windows a client used up to the limit.
 """
 
 from __future__ import annotations
@@ -41,10 +50,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from tests.fakes.discord_limits import Limits, RateLimits
 from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "fake-bot-token"
-FAULT_KINDS = frozenset({"429", "500"})
+FAULT_KINDS = frozenset({"429", "500", "hang"})
 DISCORD_EPOCH_MS = 1420070400000
 BOT_USER_ID = "100000000000000001"
 APPLICATION_ID = "100000000000000002"
@@ -60,6 +70,9 @@ class DiscordFault:
     times: int = 1
     retry_after: float = 1.0
     via: bool = True
+    hold: float = 5.0
+    every: int = 1
+    seen: int = 0  # requests of the operation this rule has seen (for `every`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DiscordFault:
@@ -73,6 +86,8 @@ class DiscordFault:
             times=int(data.get("times", 1)),
             retry_after=float(data.get("retry_after", 1.0)),
             via=bool(data.get("via", True)),
+            hold=float(data.get("hold", 5.0)),
+            every=max(1, int(data.get("every", 1))),
         )
 
 
@@ -192,6 +207,9 @@ class _Hook:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK
+    # of the headers, ~40 ms a request on Linux, which would swamp the latencies tests and benches see.
+    disable_nagle_algorithm = True
 
     def _serve(self) -> None:
         split = urlsplit(self.path)
@@ -204,6 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
             body=self.rfile.read(length) if length else b"",
         )
         reply = self.server.fake.dispatch(request)
+        if reply is None:  # a "hang" fault: the work is done, the answer never comes
+            self.close_connection = True
+            return
         payload = (
             reply.raw
             if reply.raw is not None
@@ -238,15 +259,26 @@ def _error(status: int, message: str, code: int = 0) -> Reply:
     return Reply(status, {"message": message, "code": code})
 
 
+def _rate_limited(retry_after: float, ratelimit_headers: dict[str, str], *, via: bool) -> Reply:
+    """Discord's 429: its body, Retry-After and the bucket's X-RateLimit-* headers."""
+    headers = {**ratelimit_headers, "Retry-After": f"{retry_after:g}", "X-RateLimit-Scope": "user"}
+    if via:  # real 429s come through Google's front end; discord.py's webhooks check for it
+        headers["Via"] = "1.1 google"
+    body = {"message": "You are being rate limited.", "retry_after": retry_after, "global": False}
+    return Reply(429, body, headers)
+
+
 class FakeDiscord(Served):
     """The fake Discord REST API. Use as a context manager, or `start()` / `stop()`."""
 
-    def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0) -> None:
+    def __init__(self, token: str = DEFAULT_TOKEN, port: int = 0, rate_limits: Limits | None = None) -> None:
         self.token = token
         self.port = port
         self.lock = threading.RLock()
         self.requests: dict[str, int] = {}
         self.faults: list[DiscordFault] = []
+        self.limits = RateLimits(rate_limits)
+        self.held = 0  # requests handled whose answer a "hang" fault withheld
         self.channels: dict[str, list[_Message]] = {}
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
@@ -385,7 +417,9 @@ class FakeDiscord(Served):
             self.faults.extend(parsed)
 
     def state(self) -> dict[str, Any]:
-        """Messages per channel in order (with edit history), interactions, request counts per operation."""
+        """Messages per channel in order (with edit history), interactions, request counts per operation,
+        how many requests came over a rate limit, how many rate-limit windows were used up and how many
+        answers a "hang" fault withheld."""
         with self.lock:
             snapshot: dict[str, Any] = json.loads(
                 json.dumps(
@@ -394,14 +428,18 @@ class FakeDiscord(Served):
                         "interactions": self.interactions,
                         "commands": self.commands,
                         "requests": dict(self.requests),
+                        "over_limit": self.limits.over_limit,
+                        "windows_filled": self.limits.windows_filled,
+                        "held": self.held,
                     }
                 )
             )
         return snapshot  # a deep copy: callers may keep it while requests go on
 
     # -- dispatch ----------------------------------------------------------------------------------
-    def dispatch(self, request: DRequest) -> Reply:
-        """Control endpoints, then routing, counting, faults, auth and the handler."""
+    def dispatch(self, request: DRequest) -> Reply | None:
+        """Control endpoints, then routing, counting, faults, auth, rate limits and the handler. None: close
+        the connection without an answer."""
         seg = request.segments
         if seg[:1] == ["_fake"]:
             return self._control(request)
@@ -409,14 +447,24 @@ class FakeDiscord(Served):
         with self.lock:
             self.requests[op] = self.requests.get(op, 0) + 1
         fault = self._take_fault(op)
-        if fault is not None:
+        if fault is not None and fault.kind != "hang":
             return self._fault_reply(fault, op)
         if not authorized:
             return _error(401, "401: Unauthorized")
+        # The bucket's major parameter: the channel, webhook or interaction id after /api/v10/<kind>/.
+        verdict = self.limits.take(op, seg[3] if len(seg) > 3 else "")
+        if verdict is not None and not verdict.allowed:
+            return _rate_limited(verdict.retry_after, verdict.headers, via=True)
         try:
-            return handler(request)
+            reply = handler(request)
         except (ValueError, KeyError, TypeError) as exc:
-            return Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
+            reply = Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
+        if verdict is not None:
+            reply.headers.update(verdict.headers)
+        if fault is not None:  # "hang": done, yet the client is kept waiting for an answer that never comes
+            self._withhold(fault)
+            return None
+        return reply
 
     def _control(self, request: DRequest) -> Reply:
         path = "/".join(request.segments)
@@ -434,29 +482,33 @@ class FakeDiscord(Served):
         with self.lock:
             for fault in self.faults:
                 if fault.op in (op, "*"):
+                    fault.seen += 1
+                    if fault.seen % fault.every:
+                        continue
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
                     return fault
         return None
 
+    def _withhold(self, fault: DiscordFault) -> None:
+        """Count a withheld answer, then keep the connection waiting `hold` seconds (a client that dies
+        meanwhile never learns that its request was carried out)."""
+        with self.lock:
+            self.held += 1
+        time.sleep(fault.hold)
+
     def _fault_reply(self, fault: DiscordFault, op: str) -> Reply:
         if fault.kind == "500":
             return _error(500, "500: Internal Server Error")
-        after = f"{fault.retry_after:g}"
         headers = {
-            "Retry-After": after,
             "X-RateLimit-Limit": "5",
             "X-RateLimit-Remaining": "0",
             "X-RateLimit-Reset": f"{time.time() + fault.retry_after:.3f}",
-            "X-RateLimit-Reset-After": after,
+            "X-RateLimit-Reset-After": f"{fault.retry_after:g}",
             "X-RateLimit-Bucket": op,
-            "X-RateLimit-Scope": "user",
         }
-        if fault.via:  # real 429s come through Google's front end; discord.py's webhooks check for it
-            headers["Via"] = "1.1 google"
-        body = {"message": "You are being rate limited.", "retry_after": fault.retry_after, "global": False}
-        return Reply(429, body, headers)
+        return _rate_limited(fault.retry_after, headers, via=fault.via)
 
     def _route(self, r: DRequest) -> tuple[str, Callable[[DRequest], Reply], bool]:
         """(operation, handler, whether the credentials are right) for a request."""

@@ -148,6 +148,63 @@ def test_429_without_via_raises_at_once(fake: FakeDiscord, session: requests.Ses
     assert fake.state()["requests"]["execute_webhook"] == 1 and _messages(fake) == []
 
 
+def test_rate_limits_answer_headers_and_429_over_the_limit() -> None:
+    """Two creates per window per channel: the third in one window is refused and counted; another channel
+    has a bucket of its own; an unlimited route carries no rate-limit headers."""
+    with FakeDiscord(token=TOKEN, rate_limits={"create_message": (2, 5.0)}) as fake, requests.Session() as s:
+        s.headers["Authorization"] = f"Bot {TOKEN}"
+        url = f"{fake.url}/api/v10/channels/{{}}/messages"
+        answers = [s.post(url.format(CHANNEL), json={"content": str(i)}, timeout=5) for i in range(3)]
+        other = s.post(url.format(CHANNEL + 1), json={"content": "elsewhere"}, timeout=5)
+        me = s.get(f"{fake.url}/api/v10/users/@me", timeout=5)
+        state = fake.state()
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert [a.headers["X-RateLimit-Remaining"] for a in answers] == ["1", "0", "0"]
+    first, refused = answers[0], answers[2]
+    assert first.headers["X-RateLimit-Limit"] == "2"
+    assert first.headers["X-RateLimit-Bucket"] == "create_message"
+    assert 4.9 < float(first.headers["X-RateLimit-Reset-After"]) <= 5.0
+    assert refused.headers["Via"] and 0 < refused.json()["retry_after"] <= 5.0
+    assert other.status_code == 200 and other.headers["X-RateLimit-Remaining"] == "1"
+    assert "X-RateLimit-Limit" not in me.headers
+    assert state["over_limit"] == 1 and state["windows_filled"] == 1
+    assert [m["content"] for m in state["channels"][str(CHANNEL)]] == ["0", "1"]
+
+
+def test_bot_client_waits_out_the_limits_and_every_nth_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """discord.py's bot client reads the headers and waits for the next window instead of going over; a
+    fault rule with `every` hits every n-th request only, and discord.py retries those 429s."""
+    limited = FakeDiscord(token=TOKEN, rate_limits={"create_message": (3, 0.2), "edit_message": (3, 0.2)})
+    limited.add_faults([{"op": "create_message", "kind": "429", "times": 2, "every": 4, "retry_after": 0.01}])
+
+    async def scenario() -> None:
+        client = discord.Client(intents=discord.Intents.none())
+        try:
+            await client.http.static_login(TOKEN)
+            for i in range(10):
+                with discord.http.handle_message_parameters(content=str(i)) as params:
+                    await client.http.send_message(CHANNEL, params=params)
+        finally:
+            await client.close()
+
+    with limited:
+        monkeypatch.setattr(discord.http.Route, "BASE", f"{limited.url}/api/v10")
+        asyncio.run(scenario())
+        state = limited.state()
+    assert [m["content"] for m in state["channels"][str(CHANNEL)]] == [str(i) for i in range(10)]
+    assert state["requests"]["create_message"] == 12 and limited.faults == []  # 4th and 8th: one 429 each
+    assert state["over_limit"] == 0 and state["windows_filled"] >= 3
+
+
+def test_hang_carries_out_the_request_and_withholds_the_answer(fake: FakeDiscord) -> None:
+    fake.add_faults([{"op": "create_message", "kind": "hang", "hold": 1.0}])
+    url, auth = f"{fake.url}/api/v10/channels/{CHANNEL}/messages", {"Authorization": f"Bot {TOKEN}"}
+    with requests.Session() as s, pytest.raises(requests.ReadTimeout):
+        s.post(url, json={"content": "posted unawares"}, headers=auth, timeout=0.3)
+    assert fake.state()["held"] == 1
+    assert [m["content"] for m in _messages(fake)] == ["posted unawares"]
+
+
 def test_interaction_callback_and_followup_are_recorded(fake: FakeDiscord, session: requests.Session) -> None:
     app_id = 555555555555555555
     interaction_id, token = fake.add_interaction(CHANNEL, app_id)
