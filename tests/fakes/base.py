@@ -127,6 +127,7 @@ class _HTTPHandler(BaseHTTPRequestHandler):
 
     server: _Server
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: without it, ~40 ms a request
 
     def _serve(self) -> None:
         split = urlsplit(self.path)

@@ -149,6 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     server: HubServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: without it, ~40 ms a request
 
     def setup(self) -> None:
         super().setup()
