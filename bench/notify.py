@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -50,6 +49,7 @@ from fleet.embedded import ensure_redis, stop_redis  # noqa: E402
 from tests.factories import Script  # noqa: E402
 from tests.fakes import FakeDiscord  # noqa: E402
 from tests.fakes.discord import DiscordFault  # noqa: E402
+from tests.integration.fleetproc import fleet_env  # noqa: E402
 
 TOKEN = "bench-bot-token"
 CHANNEL = 423456789012345678
@@ -105,12 +105,9 @@ def produce(side: Side, steps: list[Step], rate: float) -> None:
 
 
 def start_notifier(side: Side, work: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "DISCORD"))}
-    env.update(
+    env = fleet_env(
+        work / "home",
         REDIS_URL=side.redis_url,
-        FLEET_HOME=str(work / "home"),
-        FLEET_SETTINGS_FILE=str(work / "none.yml"),
-        FLEET_SECRETS_FILE=str(work / "missing.yml"),
         FLEET_DISCORD_BOT_TOKEN=TOKEN,
         FLEET_DISCORD_CHANNEL_ID=str(CHANNEL),
         FLEET_DISCORD_API_BASE=f"{side.fake.url}/api/v10",
@@ -240,7 +237,6 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-notify-"))
-    (work / "none.yml").write_text("{}\n")
     try:
         redis_url = ensure_redis(work / "redis-home")
         print(

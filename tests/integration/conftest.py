@@ -1,12 +1,15 @@
-"""What the end-to-end tests share: a fleet home of their own, cleaned up (and checked) afterwards."""
+"""What the integration tests share: a fleet home of their own, cleaned up (and checked) afterwards; the
+fake Discord."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import discord.http
 import pytest
 
+from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import cleanup
 
 
@@ -18,3 +21,12 @@ def home(tmp_path: Path) -> Iterator[Path]:
     yield home
     left = cleanup(home)
     assert left == [], f"local heads left running: {left}"
+
+
+@pytest.fixture
+def fake_discord(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
+    """A running fake Discord (its DEFAULT_TOKEN is the bot's), with discord.py's `Route.BASE` pointed at it.
+    That class attribute is process-global: monkeypatch restores it for every later test."""
+    with FakeDiscord() as running:
+        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
+        yield running

@@ -38,6 +38,7 @@ def fleet_env(home: Path, **settings: str) -> dict[str, str]:
         FLEET_ORPHAN_GRACE_S="5",
         PYTHONUNBUFFERED="1",
     )
+    home.mkdir(parents=True, exist_ok=True)
     (home / "no-settings.yml").write_text("{}\n")
     env.update(settings)
     return env

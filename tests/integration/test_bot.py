@@ -30,9 +30,10 @@ from fleet.service import Fleet
 from fleet.settings import Settings
 from fleet.spec import format_problems, parse_job
 from tests.fakes import FakeDiscord
+from tests.fakes.discord import DEFAULT_TOKEN
 from tests.integration.fleetproc import Worker, fleet_env, wait_for_end, wait_until
 
-TOKEN = "bot-token-for-tests"
+TOKEN = DEFAULT_TOKEN
 GUILD, CHANNEL, OTHER_CHANNEL = 700000000000000001, 700000000000000002, 700000000000000003
 ALLOWED_USER, ALLOWED_ROLE = 710000000000000001, 720000000000000001
 STRANGER, OTHER_ROLE = 710000000000000009, 720000000000000009
@@ -56,21 +57,16 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
-    with FakeDiscord(token=TOKEN) as running:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
-        yield running
-
-
-@pytest.fixture
-def settings(fake: FakeDiscord, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def settings(
+    fake_discord: FakeDiscord, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
     monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
     home = tmp_path / "home"
     home.mkdir()
     return Settings(
         redis_url=redis_url,
         home=home,
-        discord_api_base=f"{fake.url}/api/v10",
+        discord_api_base=f"{fake_discord.url}/api/v10",
         discord_allowed_users=(ALLOWED_USER,),
         discord_allowed_roles=(ALLOWED_ROLE,),
         discord_allowed_channels=(CHANNEL,),
@@ -84,8 +80,8 @@ Scenario = Callable[["Harness"], Awaitable[None]]
 class Harness:
     """A logged-in FleetBot (REST only, no gateway) and a way to send it interactions."""
 
-    def __init__(self, bot: FleetBot, fake: FakeDiscord) -> None:
-        self.bot, self.fake = bot, fake
+    def __init__(self, bot: FleetBot, fake_discord: FakeDiscord) -> None:
+        self.bot, self.fake_discord = bot, fake_discord
 
     async def invoke(
         self,
@@ -99,7 +95,7 @@ class Harness:
         focused: str | None = None,
     ) -> dict[str, Any]:
         """Deliver one interaction as the gateway would; returns what the fake recorded for it."""
-        payload = self.fake.interaction_payload(
+        payload = self.fake_discord.interaction_payload(
             command,
             options,
             user_id=user,
@@ -111,16 +107,16 @@ class Harness:
         self.bot._connection.parse_interaction_create(payload)  # type: ignore[arg-type]
         running = [t for t in asyncio.all_tasks() if t.get_name() == "CommandTree-invoker"]
         await asyncio.gather(*running)
-        record: dict[str, Any] = self.fake.state()["interactions"][payload["id"]]
+        record: dict[str, Any] = self.fake_discord.state()["interactions"][payload["id"]]
         return record
 
 
-def run_bot(fleet: Fleet, fake: FakeDiscord, scenario: Scenario) -> None:
+def run_bot(fleet: Fleet, fake_discord: FakeDiscord, scenario: Scenario) -> None:
     async def main() -> None:
         bot = FleetBot(fleet, load_secrets())
         await bot.login(TOKEN)
         try:
-            await scenario(Harness(bot, fake))
+            await scenario(Harness(bot, fake_discord))
         finally:
             await bot.close()
 
@@ -153,7 +149,7 @@ def _queued(client: redis.Redis[str]) -> int:
 
 
 def test_every_command_and_autocomplete_refuses_strangers(
-    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]
+    fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
     callers: dict[str, dict[str, Any]] = {
         "unlisted user": {"user": STRANGER},
@@ -187,7 +183,7 @@ def test_every_command_and_autocomplete_refuses_strangers(
             record = await h.invoke("status", {"run": ""}, focused="run", **caller)
             assert record["callbacks"][0]["type"] == 8
 
-    run_bot(fleet, fake, scenario)
+    run_bot(fleet, fake_discord, scenario)
     assert fleet.ledger.list_runs() == [] and _queued(redis_client) == 0
     refused = _audit(redis_client, EventType.BOT_REFUSED)
     assert len(refused) == len(seen) >= len(OPTIONS) * 4 + 4 * 4  # /status /logs /cancel /terminate + /train
@@ -197,7 +193,7 @@ def test_every_command_and_autocomplete_refuses_strangers(
 
 
 def test_train_attachment_validates_and_enqueues(
-    fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+    fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WANDB_API_KEY", CANARY)  # a known credential: never shown, even back to its owner
     bad = TINY.replace(b"lora_r: 8", b"lora_r: eight").replace(b"micro_batch_size: 8", b"micro_batch_size: 0")
@@ -216,7 +212,7 @@ def test_train_attachment_validates_and_enqueues(
         kind, data = _reply(await h.invoke("train", {"file": ("leak.yml", leaked)}))
         assert "lora_r: must be a whole number" in data["embeds"][0]["description"]
         assert "[redacted]" in data["embeds"][0]["description"]
-        assert CANARY not in json.dumps(h.fake.state()["interactions"])
+        assert CANARY not in json.dumps(h.fake_discord.state()["interactions"])
         kind, data = _reply(await h.invoke("train", {}))
         assert (
             data["embeds"][0]["title"] == "Invalid job"
@@ -258,14 +254,14 @@ def test_train_attachment_validates_and_enqueues(
             kind == 5 and data["flags"] & EPHEMERAL and "no live instance" in data["embeds"][0]["description"]
         )
 
-    run_bot(fleet, fake, scenario)
+    run_bot(fleet, fake_discord, scenario)
     commands = _audit(redis_client, EventType.BOT_COMMAND)
     assert [c["command"] for c in commands] == ["train", "train", "cancel"]
     assert commands[0]["user_id"] == str(ALLOWED_USER)
-    assert {c["name"] for c in fake.state()["commands"]["global"]} == set(OPTIONS)
+    assert {c["name"] for c in fake_discord.state()["commands"]["global"]} == set(OPTIONS)
 
 
-def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redis[str]) -> None:
+def test_caps_per_user(fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str]) -> None:
     capped = Fleet.connect(
         fleet.settings.model_copy(update={"bot_runs_per_hour": 2, "bot_dollars_per_day": 3.0})
     )
@@ -297,7 +293,7 @@ def test_caps_per_user(fleet: Fleet, fake: FakeDiscord, redis_client: redis.Redi
         kind, data = _reply(await h.invoke("budget", **other))
         assert "**$4.00** of $3.00" in data["embeds"][0]["description"]
 
-    run_bot(capped, fake, scenario)
+    run_bot(capped, fake_discord, scenario)
     assert len(capped.ledger.list_runs()) == 3 and _queued(redis_client) == 3
     caps = [r for r in _audit(redis_client, EventType.BOT_REFUSED) if r["kind"] == "cap"]
     assert [c["user_id"] for c in caps] == [str(ALLOWED_USER), str(STRANGER)]
@@ -317,7 +313,7 @@ def _states(message: dict[str, Any]) -> list[str]:
 
 
 def test_train_from_discord_end_to_end(
-    home: Path, fake: FakeDiscord, monkeypatch: pytest.MonkeyPatch
+    home: Path, fake_discord: FakeDiscord, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/train with the tiny config attached, a real fleet (`fleet up`: Celery workers, a local Ray head) and
     the bot's own notifier: the status message is edited through every stage to SUCCEEDED, then the result
@@ -326,7 +322,7 @@ def test_train_from_discord_end_to_end(
     monkeypatch.setenv("FLEET_SECRETS_FILE", env["FLEET_SECRETS_FILE"])
     settings = Settings(
         home=home,
-        discord_api_base=f"{fake.url}/api/v10",
+        discord_api_base=f"{fake_discord.url}/api/v10",
         discord_allowed_users=(ALLOWED_USER,),
         discord_allowed_channels=(CHANNEL,),
         discord_channel_id=NOTIFY_CHANNEL,
@@ -337,7 +333,7 @@ def test_train_from_discord_end_to_end(
     found: dict[str, Any] = {}
 
     def posted(run_id: str) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = fake.state()["channels"].get(str(NOTIFY_CHANNEL), [])
+        messages: list[dict[str, Any]] = fake_discord.state()["channels"].get(str(NOTIFY_CHANNEL), [])
         return [m for m in messages if run_id in json.dumps(m["created"])]
 
     async def scenario(h: Harness) -> None:
@@ -353,7 +349,7 @@ def test_train_from_discord_end_to_end(
         )
 
     try:
-        run_bot(fleet, fake, scenario)
+        run_bot(fleet, fake_discord, scenario)
     finally:
         worker.stop()
         fleet.redis.close()

@@ -24,18 +24,11 @@ import pytest
 import requests
 
 from tests.fakes import FakeDiscord
+from tests.fakes.discord import DEFAULT_TOKEN
 
-TOKEN = "bot-token-for-tests"
+TOKEN = DEFAULT_TOKEN
 CHANNEL = 123456789012345678
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
-    """A running fake with discord.py's Route.BASE pointed at it (restored afterwards)."""
-    with FakeDiscord(token=TOKEN) as running:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
-        yield running
 
 
 @pytest.fixture
@@ -45,13 +38,13 @@ def session() -> Iterator[requests.Session]:
         yield s
 
 
-def _messages(fake: FakeDiscord, channel: int = CHANNEL) -> list[dict[str, object]]:
-    messages: list[dict[str, object]] = fake.state()["channels"].get(str(channel), [])
+def _messages(fake_discord: FakeDiscord, channel: int = CHANNEL) -> list[dict[str, object]]:
+    messages: list[dict[str, object]] = fake_discord.state()["channels"].get(str(channel), [])
     return messages
 
 
-def test_sync_webhook_send_edit_and_embeds(fake: FakeDiscord, session: requests.Session) -> None:
-    hook_id, token = fake.add_webhook(CHANNEL)
+def test_sync_webhook_send_edit_and_embeds(fake_discord: FakeDiscord, session: requests.Session) -> None:
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
     hook = discord.SyncWebhook.partial(hook_id, token, session=session)
     embed = discord.Embed(title="run 7", description="loss 0.12").add_field(name="gpu", value="H100")
     msg = hook.send("started", embed=embed, wait=True)
@@ -61,7 +54,7 @@ def test_sync_webhook_send_edit_and_embeds(fake: FakeDiscord, session: requests.
     assert edited.content == "finished" and edited.edited_at is not None
     assert hook.fetch_message(msg.id).content == "finished"
 
-    (row,) = _messages(fake)
+    (row,) = _messages(fake_discord)
     assert row["id"] == str(msg.id)
     assert row["created"]["content"] == "started"  # type: ignore[index]
     assert [e["content"] for e in row["edits"]] == ["finished"]  # type: ignore[attr-defined]
@@ -69,8 +62,8 @@ def test_sync_webhook_send_edit_and_embeds(fake: FakeDiscord, session: requests.
     assert hook.fetch().channel_id == CHANNEL
 
 
-def test_async_webhook_send_and_edit(fake: FakeDiscord) -> None:
-    hook_id, token = fake.add_webhook(CHANNEL)
+def test_async_webhook_send_and_edit(fake_discord: FakeDiscord) -> None:
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
 
     async def scenario() -> tuple[int, str]:
         async with aiohttp.ClientSession() as http:
@@ -81,11 +74,11 @@ def test_async_webhook_send_and_edit(fake: FakeDiscord) -> None:
 
     message_id, content = asyncio.run(scenario())
     assert content == "hello again"
-    (row,) = _messages(fake)
+    (row,) = _messages(fake_discord)
     assert row["id"] == str(message_id) and row["content"] == "hello again"
 
 
-def test_bot_rest_posts_and_edits(fake: FakeDiscord) -> None:
+def test_bot_rest_posts_and_edits(fake_discord: FakeDiscord) -> None:
     async def scenario() -> tuple[str, str]:
         client = discord.Client(intents=discord.Intents.none())
         try:
@@ -100,12 +93,12 @@ def test_bot_rest_posts_and_edits(fake: FakeDiscord) -> None:
             await client.close()
 
     assert asyncio.run(scenario()) == ("fake-bot", "running")
-    (row,) = _messages(fake)
+    (row,) = _messages(fake_discord)
     assert row["created"]["content"] == "queued"  # type: ignore[index]
-    assert fake.state()["requests"]["edit_message"] == 1
+    assert fake_discord.state()["requests"]["edit_message"] == 1
 
 
-def test_bot_wrong_token_is_refused(fake: FakeDiscord) -> None:
+def test_bot_wrong_token_is_refused(fake_discord: FakeDiscord) -> None:
     async def scenario() -> None:
         client = discord.Client(intents=discord.Intents.none())
         try:
@@ -115,49 +108,54 @@ def test_bot_wrong_token_is_refused(fake: FakeDiscord) -> None:
 
     with pytest.raises(discord.LoginFailure):
         asyncio.run(scenario())
-    reply = requests.post(f"{fake.url}/api/v10/channels/{CHANNEL}/messages", json={"content": "x"}, timeout=5)
+    reply = requests.post(
+        f"{fake_discord.url}/api/v10/channels/{CHANNEL}/messages", json={"content": "x"}, timeout=5
+    )
     assert reply.status_code == 401 and reply.json() == {"message": "401: Unauthorized", "code": 0}
 
 
-def test_webhook_wrong_token_is_refused(fake: FakeDiscord, session: requests.Session) -> None:
-    hook_id, _ = fake.add_webhook(CHANNEL)
+def test_webhook_wrong_token_is_refused(fake_discord: FakeDiscord, session: requests.Session) -> None:
+    hook_id, _ = fake_discord.add_webhook(CHANNEL)
     hook = discord.SyncWebhook.partial(hook_id, "x" * 68, session=session)
     with pytest.raises(discord.HTTPException) as caught:
         hook.send("nope", wait=True)
     assert caught.value.status == 401
-    assert _messages(fake) == []
+    assert _messages(fake_discord) == []
 
 
-def test_429_with_via_is_retried_by_discord_py(fake: FakeDiscord, session: requests.Session) -> None:
-    hook_id, token = fake.add_webhook(CHANNEL)
-    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.3}])
+def test_429_with_via_is_retried_by_discord_py(fake_discord: FakeDiscord, session: requests.Session) -> None:
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
+    fake_discord.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.3}])
     msg = discord.SyncWebhook.partial(hook_id, token, session=session).send("after backoff", wait=True)
-    assert fake.state()["requests"]["execute_webhook"] == 2
-    assert [m["id"] for m in _messages(fake)] == [str(msg.id)]
+    assert fake_discord.state()["requests"]["execute_webhook"] == 2
+    assert [m["id"] for m in _messages(fake_discord)] == [str(msg.id)]
 
 
-def test_429_without_via_raises_at_once(fake: FakeDiscord, session: requests.Session) -> None:
+def test_429_without_via_raises_at_once(fake_discord: FakeDiscord, session: requests.Session) -> None:
     """The pitfall: discord.py's webhook adapter treats a 429 without `Via` as not Discord's, and raises."""
-    hook_id, token = fake.add_webhook(CHANNEL)
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
     rules: list[dict[str, Any]] = [{"op": "*", "kind": "429", "times": 1, "retry_after": 0.3, "via": False}]
-    answer = requests.post(f"{fake.url}/_fake/faults", json=rules, timeout=5)
+    answer = requests.post(f"{fake_discord.url}/_fake/faults", json=rules, timeout=5)
     assert answer.json() == {"queued": 1}
     with pytest.raises(discord.HTTPException) as caught:
         discord.SyncWebhook.partial(hook_id, token, session=session).send("dropped", wait=True)
     assert caught.value.status == 429
-    assert fake.state()["requests"]["execute_webhook"] == 1 and _messages(fake) == []
+    assert fake_discord.state()["requests"]["execute_webhook"] == 1 and _messages(fake_discord) == []
 
 
 def test_rate_limits_answer_headers_and_429_over_the_limit() -> None:
     """Two creates per window per channel: the third in one window is refused and counted; another channel
     has a bucket of its own; an unlimited route carries no rate-limit headers."""
-    with FakeDiscord(token=TOKEN, rate_limits={"create_message": (2, 5.0)}) as fake, requests.Session() as s:
+    with (
+        FakeDiscord(token=TOKEN, rate_limits={"create_message": (2, 5.0)}) as limited,
+        requests.Session() as s,
+    ):
         s.headers["Authorization"] = f"Bot {TOKEN}"
-        url = f"{fake.url}/api/v10/channels/{{}}/messages"
+        url = f"{limited.url}/api/v10/channels/{{}}/messages"
         answers = [s.post(url.format(CHANNEL), json={"content": str(i)}, timeout=5) for i in range(3)]
         other = s.post(url.format(CHANNEL + 1), json={"content": "elsewhere"}, timeout=5)
-        me = s.get(f"{fake.url}/api/v10/users/@me", timeout=5)
-        state = fake.state()
+        me = s.get(f"{limited.url}/api/v10/users/@me", timeout=5)
+        state = limited.state()
     assert [a.status_code for a in answers] == [200, 200, 429]
     assert [a.headers["X-RateLimit-Remaining"] for a in answers] == ["1", "0", "0"]
     first, refused = answers[0], answers[2]
@@ -196,20 +194,22 @@ def test_bot_client_waits_out_the_limits_and_every_nth_fault(monkeypatch: pytest
     assert state["over_limit"] == 0 and state["windows_filled"] >= 3
 
 
-def test_hang_carries_out_the_request_and_withholds_the_answer(fake: FakeDiscord) -> None:
-    fake.add_faults([{"op": "create_message", "kind": "hang", "hold": 1.0}])
-    url, auth = f"{fake.url}/api/v10/channels/{CHANNEL}/messages", {"Authorization": f"Bot {TOKEN}"}
+def test_hang_carries_out_the_request_and_withholds_the_answer(fake_discord: FakeDiscord) -> None:
+    fake_discord.add_faults([{"op": "create_message", "kind": "hang", "hold": 1.0}])
+    url, auth = f"{fake_discord.url}/api/v10/channels/{CHANNEL}/messages", {"Authorization": f"Bot {TOKEN}"}
     with requests.Session() as s, pytest.raises(requests.ReadTimeout):
         s.post(url, json={"content": "posted unawares"}, headers=auth, timeout=0.3)
-    assert fake.state()["held"] == 1
-    assert [m["content"] for m in _messages(fake)] == ["posted unawares"]
+    assert fake_discord.state()["held"] == 1
+    assert [m["content"] for m in _messages(fake_discord)] == ["posted unawares"]
 
 
-def test_interaction_callback_and_followup_are_recorded(fake: FakeDiscord, session: requests.Session) -> None:
+def test_interaction_callback_and_followup_are_recorded(
+    fake_discord: FakeDiscord, session: requests.Session
+) -> None:
     app_id = 555555555555555555
-    interaction_id, token = fake.add_interaction(CHANNEL, app_id)
+    interaction_id, token = fake_discord.add_interaction(CHANNEL, app_id)
     body: dict[str, Any] = {"type": 4, "data": {"content": "on it", "flags": 64}}
-    url = f"{fake.url}/api/v10/interactions/{interaction_id}/{token}/callback"
+    url = f"{fake_discord.url}/api/v10/interactions/{interaction_id}/{token}/callback"
     reply = session.post(url, params={"with_response": "1"}, json=body, timeout=5)
     assert reply.status_code == 200 and reply.json()["interaction"]["response_message_ephemeral"] is True
     followups = discord.SyncWebhook.partial(app_id, token, session=session)
@@ -217,15 +217,15 @@ def test_interaction_callback_and_followup_are_recorded(fake: FakeDiscord, sessi
     original = followups.edit_message("@original", content="on it (edited)")  # type: ignore[call-overload]
     assert original.content == "on it (edited)"
 
-    record = fake.state()["interactions"][str(interaction_id)]
+    record = fake_discord.state()["interactions"][str(interaction_id)]
     assert record["callbacks"] == [{"type": 4, "data": {"content": "on it", "flags": 64}}]
     assert [f["data"]["content"] for f in record["followups"]] == ["done"]
     assert session.post(url.replace(token, "wrong"), json=body, timeout=5).status_code == 401
 
 
-def test_attachment_download_returns_bytes(fake: FakeDiscord) -> None:
+def test_attachment_download_returns_bytes(fake_discord: FakeDiscord) -> None:
     data = b"run:\n  gpu: H100\n  steps: 10\n"
-    url = fake.add_attachment("run.yaml", data)
+    url = fake_discord.add_attachment("run.yaml", data)
     with urllib.request.urlopen(url, timeout=5) as reply:
         assert reply.read() == data
     assert requests.get(url.replace("run.yaml", "other.yaml"), timeout=5).status_code == 404

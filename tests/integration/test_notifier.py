@@ -11,8 +11,6 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import discord
-import discord.http
 import pytest
 import redis
 import requests
@@ -22,6 +20,7 @@ from fleet.secrets import load_secrets
 from fleet.settings import Settings
 from tests.factories import Script
 from tests.fakes import FakeDiscord
+from tests.integration.fleetproc import fleet_env
 
 CHANNEL = 223456789012345678
 CANARY = "canary-secret-value-5f1e2d"
@@ -29,23 +28,16 @@ Make = Callable[..., Notifier]
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
-    with FakeDiscord() as running:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
-        yield running
-
-
-@pytest.fixture
 def make(
-    fake: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    fake_discord: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> Iterator[Make]:
     """Build notifiers the way `fleet notify` would: from Settings and the known credentials."""
     monkeypatch.setenv("RUNPOD_API_KEY", CANARY)
     monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
-    hook_id, token = fake.add_webhook(CHANNEL)
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
     settings = Settings(
-        discord_webhook_url=f"{fake.url}/api/webhooks/{hook_id}/{token}",
-        discord_api_base=f"{fake.url}/api/v10",
+        discord_webhook_url=f"{fake_discord.url}/api/webhooks/{hook_id}/{token}",
+        discord_api_base=f"{fake_discord.url}/api/v10",
     )
     sessions: list[requests.Session] = []
 
@@ -62,17 +54,19 @@ def make(
         session.close()
 
 
-def _messages(fake: FakeDiscord) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = fake.state()["channels"].get(str(CHANNEL), [])
+def _messages(fake_discord: FakeDiscord) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = fake_discord.state()["channels"].get(str(CHANNEL), [])
     return found
 
 
-def _texts(fake: FakeDiscord) -> list[str]:
-    return [m["created"]["content"] for m in _messages(fake) if m["created"]["content"]]
+def _texts(fake_discord: FakeDiscord) -> list[str]:
+    return [m["created"]["content"] for m in _messages(fake_discord) if m["created"]["content"]]
 
 
-def _status(fake: FakeDiscord, run_id: str) -> dict[str, Any]:
-    (found,) = [m for m in _messages(fake) if m["embeds"] and m["embeds"][0]["title"].startswith(run_id)]
+def _status(fake_discord: FakeDiscord, run_id: str) -> dict[str, Any]:
+    (found,) = [
+        m for m in _messages(fake_discord) if m["embeds"] and m["embeds"][0]["title"].startswith(run_id)
+    ]
     return found
 
 
@@ -89,7 +83,7 @@ def _drain(notifier: Notifier) -> int:
 
 
 def test_one_status_message_per_run_edited_in_place(
-    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+    make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
     script, notifier = Script(redis_client), make()
     script.create("r1")
@@ -103,23 +97,23 @@ def test_one_status_message_per_run_edited_in_place(
     script.fail("r2", "CUDA out of memory")
     assert _drain(notifier) == 3
 
-    first, second = _status(fake, "r1"), _status(fake, "r2")
+    first, second = _status(fake_discord, "r1"), _status(fake_discord, "r2")
     states = [_state_of(first["created"]["embeds"]), *(_state_of(e["embeds"]) for e in first["edits"])]
     assert states == ["QUEUED", "TRAINING", "TRAINING", "SUCCEEDED"]  # three steps in one batch: one edit
     assert first["embeds"][0]["color"] == 0x2ECC71 and second["embeds"][0]["color"] == 0xE74C3C
     fields = {f["name"]: f["value"] for f in first["embeds"][0]["fields"]}
     assert fields["W&B"] == "https://wandb.example/r1" and fields["Instance"] == "tf-r1-1 ($2.500/h)"
     assert redis_client.get(status_key("r1")) == first["id"]
-    texts = _texts(fake)
+    texts = _texts(fake_discord)
     assert len(texts) == 3
     assert texts[0] == "📈 W&B for run r1: https://wandb.example/r1"
     assert texts[1].startswith("✅ Run r1 succeeded: eval_loss 2.0 → 0.5")
     assert texts[2] == "❌ Run r2 failed: TRAINING_FAILED\nCUDA out of memory"
-    assert len(_messages(fake)) == 5
+    assert len(_messages(fake_discord)) == 5
 
 
 def test_restart_and_crash_before_ack_post_each_message_once(
-    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+    make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
     script = Script(redis_client)
     script.create("r1")
@@ -139,35 +133,39 @@ def test_restart_and_crash_before_ack_post_each_message_once(
     script.create("r3")
     script.fail("r3", "boom")
     assert _drain(make("n2")) == 2
-    texts = _texts(fake)
+    texts = _texts(fake_discord)
     assert [t.split(":")[0] for t in texts] == [
         "📈 W&B for run r1",
         "✅ Run r1 succeeded",
         "❌ Run r3 failed",
     ]
-    assert len([m for m in _messages(fake) if m["embeds"]]) == 2
+    assert len([m for m in _messages(fake_discord) if m["embeds"]]) == 2
     assert redis_client.exists(sent_key("r1-7"))
 
 
 def test_429_with_via_is_retried_and_other_errors_redeliver(
-    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+    make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
     script, notifier = Script(redis_client), make()
     script.create("r1")
     script.to_training("r1")
-    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.05}])
+    fake_discord.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "retry_after": 0.05}])
     assert notifier.process_once() == 5 and notifier.last_error is None
     script.succeed("r1")
     # discord.py retries a 5xx itself (seconds apart); a 429 without Via it raises at once, as any error.
-    fake.add_faults([{"op": "edit_webhook_message", "kind": "429", "via": False, "retry_after": 0.05}])
+    fake_discord.add_faults(
+        [{"op": "edit_webhook_message", "kind": "429", "via": False, "retry_after": 0.05}]
+    )
     assert notifier.process_once() == 0 and notifier.last_error is not None
     script.fail("r1", "late")  # after the refused batch: pending entries still come first
-    fake.add_faults([{"op": "execute_webhook", "kind": "429", "times": 1, "via": False, "retry_after": 0.05}])
+    fake_discord.add_faults(
+        [{"op": "execute_webhook", "kind": "429", "times": 1, "via": False, "retry_after": 0.05}]
+    )
     assert notifier.process_once() == 0 and notifier.last_error is not None
     assert redis_client.xpending("tf:events", "notifier")["pending"] == 2
     assert _drain(notifier) == 3
     assert redis_client.xpending("tf:events", "notifier")["pending"] == 0
-    texts = _texts(fake)
+    texts = _texts(fake_discord)
     assert [t.split(":")[0] for t in texts] == [
         "📈 W&B for run r1",
         "✅ Run r1 succeeded",
@@ -176,16 +174,16 @@ def test_429_with_via_is_retried_and_other_errors_redeliver(
 
 
 def test_known_credentials_never_reach_discord(
-    make: Make, fake: FakeDiscord, redis_client: redis.Redis[str]
+    make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
     script, notifier = Script(redis_client), make()
     script.create("r1")
     script.fail("r1", f"auth failed with key {CANARY} at step 3")
     assert _drain(notifier) == 2
-    dumped = json.dumps(fake.state())
+    dumped = json.dumps(fake_discord.state())
     assert CANARY not in dumped
-    assert "auth failed with key [redacted] at step 3" in _texts(fake)[0]
-    assert "[redacted]" in json.dumps(_status(fake, "r1")["embeds"])
+    assert "auth failed with key [redacted] at step 3" in _texts(fake_discord)[0]
+    assert "[redacted]" in json.dumps(_status(fake_discord, "r1")["embeds"])
 
 
 def test_settings_hide_the_webhook_and_parse_it() -> None:
@@ -195,42 +193,34 @@ def test_settings_hide_the_webhook_and_parse_it() -> None:
 
 
 def test_fleet_notify_posts_until_stopped(
-    fake: FakeDiscord, redis_client: redis.Redis[str], redis_url: str, tmp_path: Any
+    fake_discord: FakeDiscord, redis_client: redis.Redis[str], redis_url: str, tmp_path: Any
 ) -> None:
     """`fleet notify` as its own process: refused without a webhook; with one, it posts the run's status
     message, and SIGTERM ends it cleanly."""
-    import os
     import signal
     import subprocess
     import sys
     import time
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "DISCORD"))}
-    env.update(
-        REDIS_URL=redis_url,
-        FLEET_HOME=str(tmp_path / "home"),
-        FLEET_SETTINGS_FILE=str(tmp_path / "none.yml"),
-        FLEET_SECRETS_FILE=str(tmp_path / "missing.yml"),
-    )
-    (tmp_path / "none.yml").write_text("{}\n")
+    env = fleet_env(tmp_path / "home", REDIS_URL=redis_url)
     cmd = [sys.executable, "-m", "fleet", "notify"]
     refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "FLEET_DISCORD_WEBHOOK_URL is not set" in refused.stderr
 
-    hook_id, token = fake.add_webhook(CHANNEL)
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
     env.update(
-        FLEET_DISCORD_WEBHOOK_URL=f"{fake.url}/api/webhooks/{hook_id}/{token}",
-        FLEET_DISCORD_API_BASE=f"{fake.url}/api/v10",
+        FLEET_DISCORD_WEBHOOK_URL=f"{fake_discord.url}/api/webhooks/{hook_id}/{token}",
+        FLEET_DISCORD_API_BASE=f"{fake_discord.url}/api/v10",
     )
     Script(redis_client).create("cli-run")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while not any(m["embeds"] for m in _messages(fake)):
+        while not any(m["embeds"] for m in _messages(fake_discord)):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "no status message from `fleet notify`"
             time.sleep(0.2)
-        assert _status(fake, "cli-run")["embeds"][0]["title"].startswith("cli-run")
+        assert _status(fake_discord, "cli-run")["embeds"][0]["title"].startswith("cli-run")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

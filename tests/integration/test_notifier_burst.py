@@ -30,7 +30,6 @@ entries in the group. It takes about 13 s here, most of it ~480 requests at 50 p
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from broker.ledger import Ledger
 from broker.models import Event, RunState
 from tests.factories import Script
 from tests.fakes import FakeDiscord
+from tests.integration.fleetproc import fleet_env
 
 TOKEN = "burst-bot-token"
 CHANNEL = 323456789012345678
@@ -146,13 +146,9 @@ def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Pa
 
 def notify_env(fake: FakeDiscord, redis_url: str, tmp_path: Path) -> dict[str, str]:
     """`fleet notify` as the bot into CHANNEL on the fake, on the test's Redis."""
-    (tmp_path / "none.yml").write_text("{}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "DISCORD"))}
-    env.update(
+    env = fleet_env(
+        tmp_path / "home",
         REDIS_URL=redis_url,
-        FLEET_HOME=str(tmp_path / "home"),
-        FLEET_SETTINGS_FILE=str(tmp_path / "none.yml"),
-        FLEET_SECRETS_FILE=str(tmp_path / "missing.yml"),
         FLEET_DISCORD_BOT_TOKEN=TOKEN,
         FLEET_DISCORD_CHANNEL_ID=str(CHANNEL),
         FLEET_DISCORD_API_BASE=f"{fake.url}/api/v10",
