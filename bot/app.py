@@ -70,4 +70,5 @@ def run_bot(fleet: Fleet, secrets: Secrets) -> None:
     """Connect to Discord and serve until Ctrl-C or SIGTERM. Points discord.py at `discord_api_base`."""
     token = bot_token(secrets)
     discord.http.Route.BASE = fleet.settings.discord_api_base.rstrip("/")
+    discord.utils.setup_logging()  # INFO to stderr for discord.py and the fleet's own loggers alike
     FleetBot(fleet, secrets).run(token, log_handler=None)

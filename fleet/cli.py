@@ -382,6 +382,9 @@ def bot() -> None:
             "FLEET_DISCORD_ALLOWED_CHANNELS and FLEET_DISCORD_ALLOWED_USERS or FLEET_DISCORD_ALLOWED_ROLES",
             style="yellow",
         )
+    channel = settings.discord_channel_id
+    where = f"posting the fleet's events to channel {channel}" if channel else "no notify channel set"
+    err.print(f"bot: slash commands for the allowlisted; {where}; Ctrl-C to stop", highlight=False)
     run_bot(connect_or_exit(settings), secrets)
 
 

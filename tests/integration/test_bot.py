@@ -362,10 +362,21 @@ def test_train_from_discord_end_to_end(
     assert not any(m["embeds"] for m in others), "one status message per run"
 
 
-def test_fleet_bot_needs_its_token(tmp_path: Path) -> None:
-    env = fleet_env(tmp_path)
-    env.pop("FLEET_DISCORD_BOT_TOKEN", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "fleet", "bot"], env=env, capture_output=True, text=True, timeout=60
-    )
+def test_fleet_bot_starts_and_registers_its_commands(
+    tmp_path: Path, fake_discord: FakeDiscord, redis_url: str
+) -> None:
+    """`fleet bot` as a process: refused without its token; with one, it logs in and registers its commands
+    in the configured server, then connects to the gateway, which the fake does not serve (so it stops
+    there). Its token shows up in nothing it prints."""
+    env = fleet_env(tmp_path / "home", REDIS_URL=redis_url, FLEET_DISCORD_GUILD_ID=str(GUILD))
+    cmd = [sys.executable, "-m", "fleet", "bot"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "FLEET_DISCORD_BOT_TOKEN is not set" in done.stderr
+    assert fake_discord.state()["requests"] == {}
+
+    env.update(FLEET_DISCORD_BOT_TOKEN=TOKEN, FLEET_DISCORD_API_BASE=f"{fake_discord.url}/api/v10")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    registered = fake_discord.state()["commands"]
+    assert list(registered) == [str(GUILD)], done.stderr[-2000:]
+    assert {c["name"] for c in registered[str(GUILD)]} == set(OPTIONS)
+    assert TOKEN not in done.stdout + done.stderr
