@@ -31,7 +31,7 @@ from fleet.settings import Settings
 from fleet.spec import format_problems, parse_job
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
-from tests.integration.fleetproc import Worker, fleet_env, wait_for_end, wait_until
+from tests.integration.fleetproc import Worker, events_of, fleet_env, wait_for_end, wait_until
 
 TOKEN = DEFAULT_TOKEN
 GUILD, CHANNEL, OTHER_CHANNEL = 700000000000000001, 700000000000000002, 700000000000000003
@@ -354,6 +354,8 @@ def test_train_from_discord_end_to_end(
         worker.stop()
         fleet.redis.close()
     assert found["view"]["state"] == "SUCCEEDED", found["view"]
+    kinds = [e["type"] for e in events_of(home, found["view"]["run_id"])]
+    assert "run.kicked" not in kinds  # the bot's task reached the worker itself, not through the reaper
     status, *others = found["messages"]
     assert _states(status) == ["QUEUED", "PROVISIONING", "PREPARING", "TRAINING", "FINALIZING", "SUCCEEDED"]
     result = others[-1]

@@ -137,3 +137,24 @@ def test_each_stage_task_lands_in_its_own_queue_only(redis_client: redis.Redis[s
         app.send_task(stage.task_name, args=["r1"])
     app.send_task(REAP_TASK)
     assert {q: redis_client.llen(q) for q in QUEUES} == dict.fromkeys(QUEUES, 1)
+
+
+def test_configure_again_sends_to_the_new_redis(redis_url: str, redis_client: redis.Redis[str]) -> None:
+    """A process that connects to another Redis (the bot's tests do, one fleet after another) must send its
+    tasks there, not down the connection it opened to the first one."""
+    from broker import app as broker_app
+    from fleet.settings import Settings
+
+    other_url = redis_url.rsplit("/", 1)[0] + "/1"
+    other = redis.Redis.from_url(other_url, decode_responses=True)
+    other.flushdb()
+    try:
+        for url in (redis_url, other_url):
+            broker_app.configure(Settings(), url).send_task(
+                "trainfleet.provision", args=["r"], queue="provision"
+            )
+        assert redis_client.llen("provision") == 1 and other.llen("provision") == 1
+    finally:
+        other.flushdb()
+        other.close()
+        broker_app.configure(Settings(), redis_url)
