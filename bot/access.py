@@ -17,13 +17,14 @@ import discord
 import redis
 
 from broker.constants import PREFIX
+from broker.cost import HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
-from broker.models import EventType, Instance, Run
+from broker.models import EventType
 from fleet.errors import NotFound
 from fleet.settings import Settings
 
-HOUR_S, DAY_S = 3600.0, 86400.0
+DAY_S = 86400.0
 
 # Atomically: forget entries older than a day, refuse when the last hour already holds `cap` entries,
 # else add the new one. Two /train at once from one user cannot both slip under the cap.
@@ -84,24 +85,6 @@ def audit(ledger: Ledger, event_type: EventType, caller: Caller, data: dict[str,
 
 def _user_key(user_id: int) -> str:
     return f"{PREFIX}:bot:user:{user_id}:runs"
-
-
-def instance_cost(instance: Instance, now: float) -> float:
-    """What an instance has cost so far: its hourly price over the time it has been (or was) up."""
-    if instance.price_per_hour is None:
-        return 0.0
-    end = instance.updated_at if instance.state.is_terminal() else now
-    return instance.price_per_hour * max(0.0, end - instance.created_at) / HOUR_S
-
-
-def run_cost(ledger: Ledger, run: Run, now: float) -> float:
-    """Every attempt's instance of a run, priced (attempts are tf-<run>-1, -2, ...)."""
-    total = 0.0
-    for attempt in range(1, run.attempt + 1):
-        instance = ledger.get_instance(f"tf-{run.run_id}-{attempt}")
-        if instance is not None:
-            total += instance_cost(instance, now)
-    return total
 
 
 @dataclass(frozen=True)

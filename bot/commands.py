@@ -20,6 +20,7 @@ from discord import app_commands
 from bot.access import Caller, Caps, audit, refusal
 from bot.render import COLOURS, DESCRIPTION_MAX, RUNNING_COLOUR, Scrubber, fit_embed, status_embed
 from broker import events
+from broker.cost import run_cost
 from broker.models import EventType, Run, RunState
 from fleet import service
 from fleet.errors import ConfigError, FleetError, Problem
@@ -209,7 +210,8 @@ def register(tree: FleetTree) -> None:
         else:
             found = await tree.run(fleet.ledger.find_run, run)
         instance = await tree.run(fleet.ledger.get_instance, found.instance) if found.instance else None
-        await tree.say(interaction, status_embed(found, instance))
+        cost = await tree.run(run_cost, fleet.ledger, found)
+        await tree.say(interaction, status_embed(found, instance, cost_usd=cost))
 
     @tree.command(name="runs", description="The newest runs.")
     async def runs(interaction: discord.Interaction[Any]) -> None:

@@ -28,6 +28,7 @@ import requests
 from bot.render import CONTENT_MAX, SEPARATE, Scrubber, fit_embed, separate_message, status_embed, truncate
 from bot.sinks import DiscordDown, Sink, WebhookSink
 from broker.constants import PREFIX
+from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
 from broker.models import Event, EventType
@@ -153,7 +154,10 @@ class Notifier:
         except NotFound:
             return  # a run removed from the ledger has nothing to show
         instance = self.ledger.get_instance(run.instance) if run.instance else None
-        embed = discord.Embed.from_dict(fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url))))
+        cost = run_cost(self.ledger, run)
+        embed = discord.Embed.from_dict(
+            fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url, cost)))
+        )
         known = self.client.get(status_key(run_id))
         if known is not None:
             try:

@@ -72,7 +72,9 @@ def _url(value: Any) -> str | None:
     return str(url) if url else None
 
 
-def status_embed(run: Run, instance: Instance | None, wandb_url: str | None = None) -> dict[str, Any]:
+def status_embed(
+    run: Run, instance: Instance | None, wandb_url: str | None = None, cost_usd: float | None = None
+) -> dict[str, Any]:
     """The status message of a run as an embed dict (not yet fitted to the limits)."""
     fields: list[dict[str, Any]] = [{"name": "State", "value": run.state.value, "inline": True}]
     if not run.state.is_terminal() and run.state.stage is not None:
@@ -89,6 +91,8 @@ def status_embed(run: Run, instance: Instance | None, wandb_url: str | None = No
         if instance is not None and instance.price_per_hour is not None:
             where += f" (${instance.price_per_hour:.3f}/h)"
         fields.append({"name": "Instance", "value": where})
+    if cost_usd:
+        fields.append({"name": "Cost", "value": f"${cost_usd:.2f}", "inline": True})
     if url := _url(progress.get("wandb")) or wandb_url:
         fields.append({"name": "W&B", "value": url})
     if progress.get("pushed") and (url := _url(progress.get("hub"))):
@@ -129,19 +133,25 @@ def _when(epoch: Any) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _cost(data: dict[str, Any]) -> str:
+    """The cost line of a run's last message (none for a run that rented nothing)."""
+    cost = data.get("cost_usd")
+    return f"\ncost: ${cost:.2f}" if isinstance(cost, int | float) and cost > 0 else ""
+
+
 def separate_message(event: Event) -> str | None:
     """The text of the message of its own that `event` deserves, or None."""
     data, run = event.data, event.run_id or "-"
     if event.type == EventType.RUN_FAILED:
         message = truncate(str(data.get("message") or ""), 1500)
-        return f"❌ Run {run} failed: {data.get('reason') or 'unknown'}\n{message}"
+        return f"❌ Run {run} failed: {data.get('reason') or 'unknown'}\n{message}{_cost(data)}"
     if event.type == EventType.RUN_SUCCEEDED:
         metrics = data.get("metrics") or {}
         first, last = metrics.get("eval_loss_first"), metrics.get("eval_loss")
         text = f"✅ Run {run} succeeded: eval_loss {first} → {last}\noutput: {data.get('output_dir')}"
         if hub := _url(data.get("hub")):
             text += f"\nhub: {hub}"
-        return text
+        return text + _cost(data)
     if event.type == EventType.WANDB_RUN:
         return f"📈 W&B for run {run}: {data['url']}" if data.get("url") else None
     if event.type == EventType.INSTANCE_KEPT:

@@ -130,7 +130,7 @@ def run(
         if spawned is not None:
             spawned.stop()
     if as_json:
-        out.print_json(json.dumps(service.run_view(final)))
+        out.print_json(json.dumps(service.run_view(fleet, final)))
     else:
         _summary(final)
     raise typer.Exit(0 if final.state.value == "SUCCEEDED" else 1)
@@ -195,9 +195,9 @@ def status(
     if run_id is not None:
         run = _find(fleet, run_id)
         if as_json:
-            out.print_json(json.dumps(service.run_view(run)))
+            out.print_json(json.dumps(service.run_view(fleet, run)))
             return
-        view = service.run_view(run)
+        view = service.run_view(fleet, run)
         table = Table(show_header=False, box=None)
         for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
             table.add_row(key, str(view[key]))
@@ -206,11 +206,12 @@ def status(
                 f"stage {stage['name']}", f"{stage['seconds']}s" if stage["seconds"] is not None else "..."
             )
         table.add_row("eval_loss", f"{view['metrics']['eval_loss_first']} -> {view['metrics']['eval_loss']}")
+        table.add_row("cost", f"${view['cost_usd']:.2f}")
         out.print(table)
         return
     runs = fleet.ledger.list_runs(limit)
     if as_json:
-        out.print_json(json.dumps([service.run_view(r) for r in runs]))
+        out.print_json(json.dumps([service.run_view(fleet, r) for r in runs]))
         return
     table = Table()
     table.add_column("run", no_wrap=True, min_width=18)
@@ -268,7 +269,7 @@ def cancel(
         events.wait_for(fleet.redis, run.run_id, TERMINAL_EVENTS, timeout)
         run = fleet.ledger.get_run(run.run_id)
     if as_json:
-        out.print_json(json.dumps(service.run_view(run)))
+        out.print_json(json.dumps(service.run_view(fleet, run)))
     else:
         out.print(f"{run.run_id} {run.state.value}", highlight=False)
     if wait and not run.state.is_terminal():

@@ -13,6 +13,7 @@ import redis
 
 from broker import app as broker_app
 from broker.constants import Stage
+from broker.cost import run_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, Run
@@ -129,8 +130,8 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
     return run
 
 
-def run_view(run: Run) -> dict[str, Any]:
-    """A run as `fleet status --json` prints it."""
+def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
+    """A run as `fleet status --json` prints it (with what its instances cost so far)."""
     stages = []
     for timing in run.stages:
         stages.append(
@@ -157,6 +158,7 @@ def run_view(run: Run) -> dict[str, Any]:
         "cancel_requested": run.cancel_requested,
         "progress": run.progress,
         "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
+        "cost_usd": run_cost(fleet.ledger, run),
     }
 
 

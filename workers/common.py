@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from broker.constants import Stage
+from broker.cost import run_cost
 from broker.ledger import Draft
 from broker.models import STATE_OF_STAGE, EventType, FailureReason, InstanceState, Run, RunState
 from fleet import shipping
@@ -253,6 +254,7 @@ def teardown(
         )
     else:
         drafts += terminate_instance(ctx, run)
+    cost = run_cost(ctx.ledger, run)
 
     def close(r: Run) -> list[Draft]:
         if r.state.is_terminal():
@@ -262,6 +264,7 @@ def teardown(
             r.stage(stage).ended = now
         r.state, r.failure_reason, r.failure_message = final, reason, message[-2000:]
         kind = EventType.RUN_CANCELLED if final == RunState.CANCELLED else EventType.RUN_FAILED
-        return [*drafts, (kind, {"reason": reason.value if reason else None, "message": message[-500:]})]
+        data = {"reason": reason.value if reason else None, "message": message[-500:], "cost_usd": cost}
+        return [*drafts, (kind, data)]
 
     ctx.ledger.update_run(run.run_id, close)

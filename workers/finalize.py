@@ -15,6 +15,7 @@ from celery import Task
 
 from broker.app import app
 from broker.constants import Stage
+from broker.cost import run_cost
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Run, RunState
 from trainer import pack, progress
@@ -51,6 +52,9 @@ def step(ctx: context.Context, run: Run) -> Next:
     drafts: list[Draft] = []
     if job_spec(run).one_shot:
         drafts += terminate_instance(ctx, run)
+    cost = run_cost(
+        ctx.ledger, run
+    )  # a node kept alive goes on costing; the reaper's events say when it ends
 
     def succeed(r: Run) -> list[Draft]:
         if r.state != RunState.FINALIZING:
@@ -63,7 +67,12 @@ def step(ctx: context.Context, run: Run) -> Next:
             (EventType.STAGE_FINISHED, {"stage": Stage.FINALIZE.value, "seconds": timing.seconds}),
             (
                 EventType.RUN_SUCCEEDED,
-                {"output_dir": r.output_dir, "metrics": r.metrics, "hub": r.progress.get("hub")},
+                {
+                    "output_dir": r.output_dir,
+                    "metrics": r.metrics,
+                    "hub": r.progress.get("hub"),
+                    "cost_usd": cost,
+                },
             ),
         ]
 

@@ -107,6 +107,9 @@ def check_ran_on_the_node_and_gave_it_back(
     assert state["requests"]["create"] == 1  # and exactly one was ever made
     evs = events_of(home, view["run_id"])
     assert "instance.terminated" in [e["type"] for e in evs]
+    # What the node cost (its price over the minute or so it was up): in the last event and in the status.
+    (succeeded,) = [e["data"] for e in evs if e["type"] == "run.succeeded"]
+    assert 0 < succeeded["cost_usd"] <= view["cost_usd"] < 0.05
 
     # The datasets travelled with the Ray jobs: the node read its own copies, not this machine's files.
     (fetched,) = [e["data"] for e in evs if e["type"] == "prepare.fetched"]

@@ -1,11 +1,10 @@
-"""The bot's access rule (fail-closed) and what a user's runs cost, as pure functions."""
+"""The bot's access rule (fail-closed), as a pure function of the caller and the settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from bot.access import Caller, instance_cost, refusal
-from broker.models import Instance, InstanceState
+from bot.access import Caller, refusal
 from fleet.settings import Settings, load_settings
 
 LISTED = Settings(discord_allowed_users=(1,), discord_allowed_roles=(10,), discord_allowed_channels=(100,))
@@ -37,11 +36,3 @@ def test_empty_allowlists_allow_nobody() -> None:
 def test_ids_from_the_environment() -> None:
     env = {"FLEET_SETTINGS_FILE": "/dev/null", "FLEET_DISCORD_ALLOWED_ROLES": " 10, 11 ,"}
     assert load_settings(env).discord_allowed_roles == (10, 11)
-
-
-def test_instance_cost_counts_time_up() -> None:
-    running = Instance(name="a", provider="runpod", run_id="r", price_per_hour=2.0, created_at=0.0)
-    assert instance_cost(running, now=1800.0) == 1.0
-    ended = running.model_copy(update={"state": InstanceState.TERMINATED, "updated_at": 3600.0})
-    assert instance_cost(ended, now=99999.0) == 2.0
-    assert instance_cost(running.model_copy(update={"price_per_hour": None}), now=1800.0) == 0.0
