@@ -29,10 +29,9 @@ def configure(settings: Settings, redis_url: str) -> Celery:
     """Point the app at Redis and set its delivery rules (idempotent)."""
     if app.conf.broker_url not in (None, redis_url):
         # Another Redis than before (a process that connects to a second fleet: tests do). The app keeps
-        # the connection pool and the producer pool it made for the first one and would go on sending there.
-        if app._pool is not None:
-            app._pool.force_close_all()
-            app._pool = None
+        # the pools it made for the first one and would go on sending there: drop them (not close them:
+        # kombu keeps them per URL, for a return to that Redis).
+        app._pool = None
         app.amqp._producer_pool = None
     transport = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     app.conf.update(
