@@ -17,14 +17,12 @@ import discord
 import redis
 
 from broker.constants import PREFIX
-from broker.cost import HOUR_S, run_cost
+from broker.cost import DAY_S, HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
 from broker.models import EventType
 from fleet.errors import NotFound
 from fleet.settings import Settings
-
-DAY_S = 86400.0
 
 # Atomically: forget entries older than a day, refuse when the last hour already holds `cap` entries,
 # else add the new one. Two /train at once from one user cannot both slip under the cap.

@@ -172,6 +172,7 @@ def register(tree: FleetTree) -> None:
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
             return
+        await tree.run(service.check_budget, fleet)  # over the fleet's cap: OverBudget, answered privately
         token, why = await tree.run(tree.caps.reserve, caller.user_id)
         if token is None:
             await tree.audit(EventType.BOT_REFUSED, caller, command="train", kind="cap", reason=why)

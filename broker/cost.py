@@ -12,7 +12,7 @@ import time
 from broker.ledger import Ledger
 from broker.models import Instance, Run
 
-HOUR_S = 3600.0
+HOUR_S, DAY_S = 3600.0, 86400.0
 
 
 def instance_cost(instance: Instance, now: float) -> float:
@@ -31,4 +31,18 @@ def run_cost(ledger: Ledger, run: Run, now: float | None = None) -> float:
         instance = ledger.get_instance(f"tf-{run.run_id}-{attempt}")
         if instance is not None:
             total += instance_cost(instance, now)
+    return round(total, 3)
+
+
+def fleet_cost(ledger: Ledger, since: float, now: float | None = None) -> float:
+    """Dollars the fleet's instances cost from `since` to now (a live one up to now, an ended one up to its
+    end; the part before `since` not counted), rounded to 0.1 ¢."""
+    now = time.time() if now is None else now
+    total = 0.0
+    for instance in ledger.list_instances():
+        if instance.price_per_hour is None:
+            continue
+        end = instance.updated_at if instance.state.is_terminal() else now
+        up = max(0.0, end - max(instance.created_at, since))
+        total += instance.price_per_hour * up / HOUR_S
     return round(total, 3)

@@ -80,6 +80,7 @@ def enqueue(
     settings = settings_or_exit()
     jobs = _load(files, settings, use_ray)
     fleet = connect_or_exit(settings)
+    service.check_budget(fleet)  # before the first: all the files are queued, or none
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
         out.print_json(json.dumps([{"run_id": r.run_id, "source": r.source} for r in runs]))

@@ -39,6 +39,10 @@ class NotFound(FleetError):
     """A run, instance or file that was asked for does not exist."""
 
 
+class OverBudget(FleetError):
+    """A cap on spending is reached: nothing new is started (the message has the figures)."""
+
+
 class CredentialsMissing(FleetError):
     """A provider's credential is not configured (named, never shown)."""
 

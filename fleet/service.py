@@ -13,12 +13,12 @@ import redis
 
 from broker import app as broker_app
 from broker.constants import Stage
-from broker.cost import run_cost
+from broker.cost import DAY_S, fleet_cost, run_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, Run
 from fleet.embedded import ensure_redis
-from fleet.errors import ConfigError, CredentialsMissing, Problem
+from fleet.errors import ConfigError, CredentialsMissing, OverBudget, Problem
 from fleet.secrets import load_secrets, provider_context
 from fleet.settings import Settings
 from fleet.shipping import ship_datasets, ship_dir
@@ -80,10 +80,24 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         raise ConfigError(job.source, [Problem("wandb_project", message)])
 
 
+def check_budget(fleet: Fleet) -> None:
+    """Refuse (OverBudget) a new run while the fleet's nodes cost `max_dollars_per_day` in the last 24 h."""
+    cap = fleet.settings.max_dollars_per_day
+    if cap is None:
+        return
+    spent = fleet_cost(fleet.ledger, since=time.time() - DAY_S)
+    if spent >= cap:
+        raise OverBudget(
+            f"cannot submit: the fleet's nodes cost ${spent:.2f} in the last 24 h; the cap is ${cap:.2f} "
+            "a day (FLEET_MAX_DOLLARS_PER_DAY)"
+        )
+
+
 def submit(fleet: Fleet, job: LoadedJob) -> Run:
     """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error."""
     spec = job.spec
     check_submittable(fleet.settings, job)
+    check_budget(fleet)
     run_id = new_run_id()
     run_dir = (fleet.settings.runs_dir / run_id).resolve()
     output_dir = (run_dir / spec.train.output_dir).resolve()

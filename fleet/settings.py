@@ -58,6 +58,12 @@ class Settings(BaseModel):
     reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
     orphan_grace_s: float = Field(120, ge=0, description="Never reap an instance younger than this.")
     events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
+    max_dollars_per_run: float | None = Field(
+        None, gt=0, description="A run whose nodes cost this much is stopped (OVER_BUDGET); unset: no cap."
+    )
+    max_dollars_per_day: float | None = Field(
+        None, gt=0, description="No new run while the fleet's nodes cost this much in the last 24 h."
+    )
     discord_webhook_url: str | None = Field(
         None, description="The notifier's Discord webhook (a secret: its token is in the URL path)."
     )

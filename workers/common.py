@@ -88,6 +88,11 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
     if run.cancel_requested:
         teardown(ctx, run, RunState.CANCELLED, FailureReason.CANCELLED_BY_USER, "cancelled by request")
         return
+    cap = ctx.settings.max_dollars_per_run
+    if cap is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
+        why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
+        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why)
+        return
     current = run.state.stage
     if current is not None and current != stage:
         ctx.dispatcher.send(current, run_id, after=task_id)  # a stale message: hand to the right stage

@@ -75,3 +75,35 @@ def test_a_job_this_fleet_cannot_run_is_refused_at_submit(
     assert result.exit_code == 1
     assert expected in result.output
     assert redis_client.zcard(RUNS_INDEX) == 0  # the valid job beside it was not queued either
+
+
+def test_no_run_is_queued_over_the_fleets_daily_cap(
+    env: dict[str, str], redis_client: redis.Redis[str]
+) -> None:
+    """FLEET_MAX_DOLLARS_PER_DAY: the fleet's nodes of the last 24 h (a live one up to now, an ended one up
+    to its end, nothing before the window) at the cap: enqueue is refused with the figure, nothing queued."""
+    import time
+
+    from broker.ledger import Ledger
+    from broker.models import Instance, InstanceState
+    from fleet.errors import OverBudget
+
+    now, ledger = time.time(), Ledger(redis_client)
+    ledger.put_instance(
+        Instance(name="tf-a-1", provider="runpod", run_id="a", price_per_hour=2.0, created_at=now - 3600)
+    )
+    ended = Instance(
+        name="tf-b-1", provider="runpod", run_id="b", price_per_hour=1.0, created_at=now - 30 * 3600
+    )
+    ledger.put_instance(
+        ended.model_copy(update={"state": InstanceState.TERMINATED, "updated_at": now - 22 * 3600})
+    )
+    capped = {**env, "FLEET_MAX_DOLLARS_PER_DAY": "4"}
+    result = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML), str(EXAMPLE_YAML)], env=capped)
+    assert isinstance(result.exception, OverBudget)  # `fleet` itself prints it and exits 2
+    assert "the fleet's nodes cost $4.00 in the last 24 h; the cap is $4.00 a day" in str(result.exception)
+    assert redis_client.zcard(RUNS_INDEX) == 0 and redis_client.llen(Stage.PROVISION.value) == 0
+    result = CliRunner().invoke(
+        cli, ["enqueue", str(EXAMPLE_YAML)], env={**capped, "FLEET_MAX_DOLLARS_PER_DAY": "4.5"}
+    )
+    assert result.exit_code == 0, result.output

@@ -124,3 +124,35 @@ def test_a_task_that_does_not_own_the_run_stands_down(ctx: context.Context) -> N
     assert ctx.dispatcher.claim("r1", "owner")
     run_stage(task("intruder"), "r1", Stage.TRAIN, failing(AssertionError("must not run")))
     assert ctx.ledger.get_run("r1").state == RunState.TRAINING
+
+
+def test_a_run_whose_nodes_cost_its_cap_is_stopped(
+    redis_client: redis.Redis[str], redis_url: str, fleet_home: Path
+) -> None:
+    """FLEET_MAX_DOLLARS_PER_RUN: a stage task that finds the run's nodes at the cap fails it OVER_BUDGET,
+    with the figure, before its step runs; below the cap the step runs."""
+    import time
+
+    from broker.app import configure
+    from broker.models import Instance, InstanceState
+
+    settings = Settings(home=fleet_home, max_dollars_per_run=5.0)
+    configure(settings, redis_url)
+    ctx = context.init(settings, redis_url)
+    run = queued_run(ctx, RunState.TRAINING, instance="tf-r1-1")
+    hour_ago = time.time() - 3600
+    node = Instance(name="tf-r1-1", provider="local", run_id="r1", state=InstanceState.RUNNING)
+    ctx.ledger.put_instance(node.model_copy(update={"price_per_hour": 4.0, "created_at": hour_ago}))
+    ran: list[str] = []
+
+    def step(_ctx: context.Context, _run: Run) -> Next:
+        ran.append(_run.run_id)
+        return Next.done()
+
+    run_stage(task(), "r1", Stage.TRAIN, step)
+    assert ran == ["r1"]  # $4 of $5
+    ctx.ledger.update_instance("tf-r1-1", price_per_hour=6.0)
+    run_stage(task(), "r1", Stage.TRAIN, step)
+    run = ctx.ledger.get_run("r1")
+    assert ran == ["r1"] and run.state == RunState.FAILED and run.failure_reason == FailureReason.OVER_BUDGET
+    assert run.failure_message == "its nodes cost $6.00; the cap is $5.00 a run (FLEET_MAX_DOLLARS_PER_RUN)"
