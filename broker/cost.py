@@ -15,12 +15,12 @@ from broker.models import Instance, Run
 HOUR_S, DAY_S = 3600.0, 86400.0
 
 
-def instance_cost(instance: Instance, now: float) -> float:
-    """Dollars an instance has cost so far."""
+def instance_cost(instance: Instance, now: float, since: float = 0.0) -> float:
+    """Dollars an instance has cost so far (only the time after `since`, when given)."""
     if instance.price_per_hour is None:
         return 0.0
     end = instance.updated_at if instance.state.is_terminal() else now
-    return instance.price_per_hour * max(0.0, end - instance.created_at) / HOUR_S
+    return instance.price_per_hour * max(0.0, end - max(instance.created_at, since)) / HOUR_S
 
 
 def run_cost(ledger: Ledger, run: Run, now: float | None = None) -> float:
@@ -35,14 +35,6 @@ def run_cost(ledger: Ledger, run: Run, now: float | None = None) -> float:
 
 
 def fleet_cost(ledger: Ledger, since: float, now: float | None = None) -> float:
-    """Dollars the fleet's instances cost from `since` to now (a live one up to now, an ended one up to its
-    end; the part before `since` not counted), rounded to 0.1 ¢."""
+    """Dollars the fleet's instances cost from `since` to now, rounded to 0.1 ¢."""
     now = time.time() if now is None else now
-    total = 0.0
-    for instance in ledger.list_instances():
-        if instance.price_per_hour is None:
-            continue
-        end = instance.updated_at if instance.state.is_terminal() else now
-        up = max(0.0, end - max(instance.created_at, since))
-        total += instance.price_per_hour * up / HOUR_S
-    return round(total, 3)
+    return round(sum(instance_cost(i, now, since) for i in ledger.list_instances()), 3)

@@ -13,6 +13,8 @@ def test_instance_cost_counts_time_up() -> None:
     ended = running.model_copy(update={"state": InstanceState.TERMINATED, "updated_at": 3600.0})
     assert instance_cost(ended, now=99999.0) == 2.0  # an ended instance stops counting when it ended
     assert instance_cost(running.model_copy(update={"price_per_hour": None}), now=1800.0) == 0.0
+    assert instance_cost(running, now=1800.0, since=900.0) == 0.5  # only the part after `since`
+    assert instance_cost(ended, now=99999.0, since=4000.0) == 0.0
 
 
 def test_the_last_message_and_the_status_say_the_cost() -> None:
