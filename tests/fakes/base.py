@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.faults import FaultRule
 from tests.fakes.nodes import NodeBackend, make_nodes
 from tests.fakes.serving import Served
 
@@ -55,28 +56,12 @@ Handler = Callable[[Request], Response]
 
 
 @dataclass
-class Fault:
-    """A scripted misbehaviour for one operation (or "*"), consumed `times` times."""
+class Fault(FaultRule):
+    """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds its answer."""
 
-    op: str
-    kind: str
-    times: int = 1
-    retry_after: float = 1.0
     delay: float = 0.0
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Fault:
-        """Validate one rule as posted to /_fake/faults."""
-        kind = str(data["kind"])
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
-        return cls(
-            op=str(data.get("op", "*")),
-            kind=kind,
-            times=int(data.get("times", 1)),
-            retry_after=float(data.get("retry_after", 1.0)),
-            delay=float(data.get("delay", 0.0)),
-        )
+    KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
 
 
 @dataclass

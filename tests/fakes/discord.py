@@ -47,10 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from tests.fakes.discord_limits import Limits, RateLimits
+from tests.fakes.faults import FaultRule
 from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "fake-bot-token"
@@ -62,33 +63,19 @@ _API = ("api", "v10")
 
 
 @dataclass
-class DiscordFault:
-    """A scripted misbehaviour for one operation (or "*"), consumed `times` times."""
+class DiscordFault(FaultRule):
+    """Discord's scripted misbehaviours: `via` (a 429's Via header), `hold` (how long a "hang" withholds its
+    answer), `every` (only every n-th request of the operation is hit)."""
 
-    op: str
-    kind: str
-    times: int = 1
-    retry_after: float = 1.0
     via: bool = True
     hold: float = 5.0
     every: int = 1
-    seen: int = 0  # requests of the operation this rule has seen (for `every`)
+    seen: int = field(default=0, init=False)  # requests of the operation this rule has seen (for `every`)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DiscordFault:
-        """Validate one rule as posted to /_fake/faults."""
-        kind = str(data["kind"])
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
-        return cls(
-            op=str(data.get("op", "*")),
-            kind=kind,
-            times=int(data.get("times", 1)),
-            retry_after=float(data.get("retry_after", 1.0)),
-            via=bool(data.get("via", True)),
-            hold=float(data.get("hold", 5.0)),
-            every=max(1, int(data.get("every", 1))),
-        )
+    KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
+
+    def __post_init__(self) -> None:
+        self.every = max(1, self.every)
 
 
 @dataclass

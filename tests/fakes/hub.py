@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from tests.fakes.faults import FaultRule
 from tests.fakes.hub_routes import HubRoutes, Refused, Target
 from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
 from tests.fakes.hub_wire import HubRequest, HubServer, Reply
@@ -41,36 +42,18 @@ _DOWNLOAD_LOG = 1000
 
 
 @dataclass
-class HubFault:
-    """A scripted misbehaviour for one operation (or "*"), consumed `times` times.
+class HubFault(FaultRule):
+    """The Hub's scripted misbehaviours.
 
     Kinds: "500" and "429" answer at once (429 with Retry-After); "timeout" waits `delay` seconds, then
     answers normally; "disconnect" drops the connection: a download after `after_bytes` body bytes
     (default: half the body), anything else before answering.
     """
 
-    op: str
-    kind: str
-    times: int = 1
-    retry_after: float = 1.0
     delay: float = 0.0
     after_bytes: int | None = None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HubFault:
-        """Validate one rule as posted to /_fake/faults."""
-        kind = str(data["kind"])
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
-        after = data.get("after_bytes")
-        return cls(
-            op=str(data.get("op", "*")),
-            kind=kind,
-            times=int(data.get("times", 1)),
-            retry_after=float(data.get("retry_after", 1.0)),
-            delay=float(data.get("delay", 0.0)),
-            after_bytes=None if after is None else int(after),
-        )
+    KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
 
 
 @dataclass
