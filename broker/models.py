@@ -59,6 +59,7 @@ class FailureReason(StrEnum):
     FINALIZE_FAILED = "FINALIZE_FAILED"
     CANCELLED_BY_USER = "CANCELLED_BY_USER"
     OVER_BUDGET = "OVER_BUDGET"
+    DEADLINE = "DEADLINE"  # the node reached its terminate_after
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
@@ -104,7 +105,8 @@ class Run(BaseModel):
     output_dir: str
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
-    attempt: int = 1
+    attempt: int = Field(1, description="Which node the run is on: 1, then +1 for each replacement.")
+    preemptions: int = Field(0, description="Nodes lost under the run (preempted) and replaced.")
     instance: str | None = None
     stages: list[StageTiming] = Field(default_factory=list)
     failure_reason: FailureReason | None = None
@@ -144,10 +146,16 @@ class Instance(BaseModel):
     dashboard_url: str | None = None
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
-    missed: int = Field(0, description="Reaper cycles in a row in which the provider did not list it.")
+    missed: int = Field(0, description="Looks in a row in which the provider did not list it.")
     keep_until: float | None = Field(
         None, description="Kept for debugging (one_shot: false, run failed): the reaper ends it after this."
     )
+    reminded: bool = Field(False, description="The reminder that a kept instance is about to end was sent.")
+    idle_since: float | None = Field(None, description="Idle (no active run) since; None while in use.")
+    why_terminated: str | None = Field(None, description="Why the fleet asked for it to be terminated.")
+    terminate_requested_at: float | None = Field(None, description="The first terminate call.")
+    terminate_attempts: int = Field(0, description="Terminate calls made (retried until it is gone).")
+    next_terminate_at: float = Field(0.0, description="No terminate call again before this (back-off).")
 
 
 class EventType(StrEnum):
@@ -163,6 +171,10 @@ class EventType(StrEnum):
     INSTANCE_TERMINATING = "instance.terminating"
     INSTANCE_TERMINATED = "instance.terminated"
     INSTANCE_KEPT = "instance.kept"
+    INSTANCE_IDLE = "instance.idle"  # no active run on it: terminated at `terminate_at` unless used again
+    INSTANCE_REMINDER = "instance.reminder"  # a kept instance ends soon
+    INSTANCE_STUCK = "instance.stuck"  # alert: asked to terminate, still listed (every reap cycle)
+    INSTANCE_LOST = "instance.lost"  # the provider stopped listing it (several looks in a row)
     PREPARE_SUBMITTED = "prepare.submitted"
     PREPARE_FETCHED = "prepare.fetched"
     TRAIN_SUBMITTED = "train.submitted"
@@ -182,6 +194,7 @@ class EventType(StrEnum):
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
     RUN_KICKED = "run.kicked"
+    RUN_PREEMPTED = "run.preempted"  # its node was lost (preempted): a new one is coming, training resumes
     REAP_TERMINATED = "reap.terminated"
     BOT_REFUSED = "bot.refused"  # audit: an interaction the access check or a cap refused
     BOT_COMMAND = "bot.command"  # audit: a command that changed something (train, cancel, terminate)

@@ -57,6 +57,30 @@ class Settings(BaseModel):
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
     reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
     orphan_grace_s: float = Field(120, ge=0, description="Never reap an instance younger than this.")
+    idle_stop_after_s: int = Field(
+        900, ge=-1, description="stop_after of jobs whose section has none (local): idle this long, ended."
+    )
+    idle_gpu_util_pct: float = Field(
+        5.0, ge=0, le=100, description="A node whose GPUs are busier than this (%) is not idle."
+    )
+    kept_reminder_s: float = Field(
+        900, ge=0, description="A kept instance's reminder event comes this long before it ends."
+    )
+    terminate_retry_max_s: float = Field(
+        300, gt=0, description="Longest back-off between terminate calls to an instance that stays listed."
+    )
+    stuck_alert_after_s: float = Field(
+        120, ge=0, description="An instance still listed this long after its terminate: alert every cycle."
+    )
+    lost_after_misses: int = Field(
+        3, ge=1, le=100, description="Looks in a row without it in the provider's list before a node is LOST."
+    )
+    max_preemptions: int = Field(
+        5, ge=0, le=100, description="Lost (preempted) nodes a run replaces before it fails INSTANCE_LOST."
+    )
+    preempt_backoff_s: float = Field(
+        10, ge=0, le=3600, description="Wait before the first replacement node; doubles, at most 10 min."
+    )
     events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
     max_dollars_per_run: float | None = Field(
         None, gt=0, description="A run whose nodes cost this much is stopped (OVER_BUDGET); unset: no cap."

@@ -65,6 +65,7 @@ class NodeInstance:
     created_at: float
     price_per_hour: float = 0.0
     message: str = ""
+    gpu_util: float | None = None  # busiest GPU's utilization in %, where the provider reports it
 
     @property
     def age_s(self) -> float:

@@ -22,6 +22,7 @@ from fleet import shipping
 from fleet.errors import RETRYABLE, FleetError
 from fleet.redact import redact_job
 from fleet.spec import JobSpec
+from providers.base import NodeState
 from trainer import progress
 from trainer.config import TrainJob
 from workers import context, wandb_plan
@@ -75,6 +76,13 @@ class StageFailed(FleetError):
         self.reason = reason
 
 
+class NodeLost(FleetError):
+    """The run's node is gone from under it (preempted, outbid, no longer listed): replace it."""
+
+
+NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that work on the run's node
+
+
 def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
     """The body of every stage task."""
     ctx = context.get()
@@ -91,7 +99,7 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
     cap = ctx.settings.max_dollars_per_run
     if cap is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
         why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
-        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why)
+        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)
         return
     current = run.state.stage
     if current is not None and current != stage:
@@ -102,7 +110,13 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
     except StageFailed as exc:
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc))
         return
+    except NodeLost as exc:
+        replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id)
+        return
     except FleetError as exc:
+        if stage in NODE_STAGES and exc.retryable and (lost := node_lost(ctx, run)) is not None:
+            replace_node(ctx, ctx.ledger.get_run(run_id), lost, task_id)
+            return
         retries, limit = task.request.retries or 0, task.max_retries
         if exc.retryable and (limit is None or retries < limit):
             wait = getattr(exc, "retry_after", None)
@@ -222,7 +236,14 @@ def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
     inst = ctx.ledger.get_instance(run.instance)
     if inst is not None and inst.state.is_terminal():
         return []
-    ctx.ledger.update_instance(run.instance, state=InstanceState.TERMINATING)
+    now = time.time()
+    ctx.ledger.update_instance(
+        run.instance,
+        state=InstanceState.TERMINATING,
+        terminate_requested_at=now,
+        terminate_attempts=1,
+        next_terminate_at=now + ctx.settings.reap_interval_s,
+    )
     provider.terminate(run.instance)
     if provider.get(run.instance) is None:
         ctx.ledger.update_instance(run.instance, state=InstanceState.TERMINATED)
@@ -231,10 +252,80 @@ def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
     return [(EventType.INSTANCE_TERMINATING, {"instance": run.instance})]
 
 
+def node_lost(ctx: context.Context, run: Run) -> str | None:
+    """Why the run's node is gone for good (stopped, preempted, failed, or unlisted `lost_after_misses`
+    looks in a row), or None when it is there, or may be (the provider did not answer: ask again later)."""
+    if run.instance is None:
+        return None
+    try:
+        found = ctx.provider(run.provider).get(run.instance)
+    except FleetError:
+        return None
+    if found is not None:
+        if run.instance and (record := ctx.ledger.get_instance(run.instance)) and record.missed:
+            ctx.ledger.update_instance(run.instance, missed=0)
+        if found.state in (NodeState.STOPPED, NodeState.FAILED):
+            return f"instance {run.instance}: {found.message or found.state.value.lower()}"
+        return None
+    record = ctx.ledger.get_instance(run.instance)
+    missed = (record.missed if record is not None else 0) + 1
+    ctx.ledger.update_instance(run.instance, missed=missed)
+    if missed < ctx.settings.lost_after_misses:
+        return None
+    return f"instance {run.instance}: not listed by {run.provider} ({missed} looks in a row)"
+
+
+def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None:
+    """The run's node is lost: end what is left of it and start the run again on a new node (the next
+    attempt's), after a back-off; training resumes from its newest checkpoint. A lost node is not the
+    run's fault, so it does not use up train_restarts, but only `max_preemptions` are replaced."""
+    if run.state.is_terminal():
+        return
+    done = run.preemptions
+    if done >= ctx.settings.max_preemptions:
+        message = f"{why}; {done} lost nodes replaced already (FLEET_MAX_PREEMPTIONS={done})"
+        teardown(ctx, run, RunState.FAILED, FailureReason.INSTANCE_LOST, message, keep=False)
+        return
+    try:  # a preempted node may still bill (vast.ai bills a stopped instance's disk): end it
+        drafts = terminate_instance(ctx, run)
+    except FleetError as exc:  # the reaper retries the terminate (the instance is TERMINATING)
+        log.warning("run %s: terminating lost node %s: %s", run.run_id, run.instance, exc)
+        drafts = []
+    wait = min(ctx.settings.preempt_backoff_s * 2**done, 600.0)
+    lost, attempt = run.instance, run.attempt
+
+    def again(r: Run) -> list[Draft]:
+        if r.attempt != attempt or r.state.is_terminal():
+            return []  # another task replaced it already, or the run ended
+        r.attempt += 1
+        r.preemptions += 1
+        r.instance, r.ray_jobs, r.log_offset = None, {}, 0
+        r.progress.pop("finished", None)
+        data = {
+            "instance": lost,
+            "why": why[:300],
+            "preemption": r.preemptions,
+            "max_preemptions": ctx.settings.max_preemptions,
+            "at_step": r.progress.get("step"),
+            "next_instance": r.instance_name,
+            "retry_in_s": wait,
+        }
+        return [*drafts, (EventType.RUN_PREEMPTED, data), *enter(r, Stage.PROVISION)]
+
+    if not ctx.ledger.update_run(run.run_id, again).state.is_terminal():
+        ctx.dispatcher.send(Stage.PROVISION, run.run_id, after=task_id, countdown=wait)
+
+
 def teardown(
-    ctx: context.Context, run: Run, final: RunState, reason: FailureReason | None, message: str
+    ctx: context.Context,
+    run: Run,
+    final: RunState,
+    reason: FailureReason | None,
+    message: str,
+    keep: bool = True,
 ) -> None:
-    """End a run that failed or was cancelled: stop its Ray jobs, give its node back, record why."""
+    """End a run that failed or was cancelled: stop its Ray jobs, give its node back (or keep it for
+    debugging, when the job says one_shot: false and `keep`), record why."""
     if run.state.is_terminal():
         return
     drafts: list[Draft] = []
@@ -246,7 +337,7 @@ def teardown(
         except FleetError as exc:
             log.warning("run %s: could not stop its Ray jobs: %s", run.run_id, exc)
     spec = job_spec(run)
-    if final == RunState.FAILED and not spec.one_shot and run.instance is not None:
+    if keep and final == RunState.FAILED and not spec.one_shot and run.instance is not None:
         # Kept for debugging, but never without an end: terminate_after from now, at most a day.
         lifetime = spec.section.terminate_after
         keep_until = time.time() + (KEEP_MAX_S if lifetime == -1 else min(lifetime, KEEP_MAX_S))

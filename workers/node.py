@@ -40,7 +40,7 @@ class NodeClient:
 
         try:
             self._client = JobSubmissionClient(endpoint.jobs_url, headers=dict(endpoint.headers))
-        except (ConnectionError, RuntimeError) as exc:
+        except (OSError, RuntimeError) as exc:
             raise NodeError(f"the node's Ray head at {endpoint.jobs_url} does not answer: {exc}") from None
 
     def info(self, submission_id: str) -> JobInfo | None:
@@ -50,6 +50,8 @@ class NodeClient:
         except RuntimeError as exc:
             if "does not exist" in str(exc) or "404" in str(exc):
                 return None
+            raise NodeError(f"cannot read job {submission_id}: {exc}") from None
+        except OSError as exc:  # requests' errors are OSErrors: the node does not answer (gone?)
             raise NodeError(f"cannot read job {submission_id}: {exc}") from None
         return JobInfo(JobStatus(str(info.status)), info.message or "")
 
@@ -74,15 +76,17 @@ class NodeClient:
             if "already exists" in str(exc):
                 return
             raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
+        except OSError as exc:
+            raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
 
     def logs(self, submission_id: str) -> str:
         try:
             return str(self._client.get_job_logs(submission_id))
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             raise NodeError(f"cannot read the logs of job {submission_id}: {exc}") from None
 
     def stop(self, submission_id: str) -> bool:
         try:
             return bool(self._client.stop_job(submission_id))
-        except RuntimeError:
+        except (RuntimeError, OSError):
             return False

@@ -13,7 +13,17 @@ from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from providers.base import LaunchRequest, NodeState
 from workers import context, wandb_plan
-from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, node_secrets, run_stage
+from workers.common import (
+    RETRY_POLICY,
+    Next,
+    NodeLost,
+    StageFailed,
+    enter,
+    job_spec,
+    node_lost,
+    node_secrets,
+    run_stage,
+)
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -34,9 +44,13 @@ def step(ctx: context.Context, run: Run) -> Next:
     record = ctx.ledger.get_instance(name)
     assert record is not None
     found = provider.get(name)
+    if found is None and record.state != InstanceState.REQUESTED:
+        # Created, but not listed (now): lists lag, so it is lost only after several looks in a row;
+        # never created again under this name.
+        if (lost := node_lost(ctx, run)) is not None:
+            raise NodeLost(f"{lost} while starting")
+        return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
     if found is None:
-        if record.state != InstanceState.REQUESTED:
-            raise StageFailed(FailureReason.INSTANCE_LOST, f"instance {name} disappeared while starting")
         request = LaunchRequest(name, run.run_id, job_spec(run).section, node_secrets(ctx))
         found = provider.launch(request)
         ctx.ledger.update_instance(
@@ -63,7 +77,9 @@ def step(ctx: context.Context, run: Run) -> Next:
 
         ctx.ledger.update_run(run.run_id, ready)
         return Next.advance(Stage.PREPARE)
-    if found.state in (NodeState.FAILED, NodeState.STOPPED):
+    if found.state == NodeState.STOPPED:  # preempted or outbid before it came up
+        raise NodeLost(f"instance {name}: {found.message}")
+    if found.state == NodeState.FAILED:
         raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
     started = run.stage(Stage.PROVISION).started or run.created_at
     if time.time() - started > ctx.settings.node_ready_timeout_s:

@@ -1,8 +1,27 @@
-"""reap (celery beat): one reaper at a time reconciles the ledger with each provider's live list.
+"""reap (celery beat, every reap_interval_s): one reaper at a time reconciles the ledger with each
+provider's live list, so that no paid node is left behind. Only instances named tf-... are ever touched.
 
-- A live instance of ours whose run is finished (or unknown), older than the grace window: terminate.
-- A ledger instance in TERMINATING: terminate again until the provider no longer lists it.
-- A run that is not finished and whose task chain died (no owner): send its stage task again.
+For each live instance of ours, older than the grace window (by the provider's age or the ledger's record
+of the create call, whichever is older):
+
+- no ledger record, or its run is unknown: an orphan (a crash between the create call and the ledger
+  write, or a ledger lost): terminated.
+- past its job's `terminate_after` from its start: terminated; a run still on it fails DEADLINE.
+- its run is still going: in use; nothing to do.
+- kept for debugging (one_shot: false, run failed): a reminder event `kept_reminder_s` before its
+  deadline, terminated at it.
+- its run ended and the job is not one_shot: idle from the run's end (a GPU busier than
+  idle_gpu_util_pct, where the provider reports it, makes it busy again). Announced once, terminated
+  `stop_after` seconds later.
+- its run ended and the job is one_shot: the stage that should have ended it did not (a crash):
+  terminated.
+
+A terminate is retried, with back-off, until the provider stops listing the instance; only then is it
+TERMINATED. One still listed `stuck_alert_after_s` after its first terminate raises an alert event every
+cycle. A ledger instance the provider does not list is LOST only after `lost_after_misses` looks in a
+row (lists lag), and nothing is ever created again because of that.
+
+Finally, a run that is not finished and whose task chain died (no owner) gets its stage task sent again.
 """
 
 from __future__ import annotations
@@ -12,77 +31,255 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
 
 from broker.app import app
 from broker.constants import REAP_LOCK, REAP_TASK, Stage
 from broker.events import new_event
 from broker.ledger import Draft
-from broker.models import EventType, InstanceState, Run
+from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from fleet.errors import FleetError, NotFound
-from providers.base import INSTANCE_PREFIX, Provider
+from fleet.spec import JobSpec
+from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
 from providers.registry import configured_providers
 from workers import context
+from workers.common import teardown
 
 log = logging.getLogger("trainfleet.reap")
 
 
-def reap_once(ctx: context.Context) -> dict[str, list[str]]:
-    """One reconciliation pass; returns what it did (also emitted as events)."""
-    did: dict[str, list[str]] = {"terminated": [], "confirmed": [], "kicked": []}
+@dataclass
+class Report:
+    """What one pass did, by instance or run name (each is also an event)."""
+
+    terminated: list[str] = field(default_factory=list)  # asked to terminate for the first time
+    retried: list[str] = field(default_factory=list)  # asked again: still listed
+    confirmed: list[str] = field(default_factory=list)  # gone from the provider's list: TERMINATED
+    stuck: list[str] = field(default_factory=list)  # alerts: still listed long after the terminate
+    idle: list[str] = field(default_factory=list)  # announced idle
+    reminded: list[str] = field(default_factory=list)  # kept instances about to end
+    lost: list[str] = field(default_factory=list)  # not listed several looks in a row: LOST
+    failed: list[str] = field(default_factory=list)  # runs failed because their node hit its deadline
+    kicked: list[str] = field(default_factory=list)  # runs whose stage task was sent again
+
+    def any(self) -> bool:
+        return any(vars(self).values())
+
+
+def reap_once(ctx: context.Context) -> Report | None:
+    """One reconciliation pass; None when another reaper holds the lock."""
     owner = f"{socket.gethostname()}:{os.getpid()}"
     lock_ttl = max(10, int(ctx.settings.reap_interval_s * 2))
     if not ctx.redis.set(REAP_LOCK, owner, nx=True, ex=lock_ttl):
-        return did
+        return None
+    report = Report()
     try:
         for provider in configured_providers(ctx.provider_context):
             try:
-                _reconcile(ctx, provider, did)
+                Pass(ctx, provider, report).run()
             except FleetError as exc:  # one cloud's outage must not stop the others' reaping
                 log.warning("reap: %s skipped this pass: %s", provider.name.value, exc)
         for run in ctx.ledger.list_runs(limit=500):
             stage = run.state.stage
             # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
             if stage is not None and ctx.dispatcher.send(stage, run.run_id, after=None):
-                did["kicked"].append(run.run_id)
+                report.kicked.append(run.run_id)
                 ctx.ledger.update_run(run.run_id, _kicked_event(stage))
     finally:
         if ctx.redis.get(REAP_LOCK) == owner:
             ctx.redis.delete(REAP_LOCK)
-    return did
+    return report
 
 
-def _reconcile(ctx: context.Context, provider: Provider, did: dict[str, list[str]]) -> None:
-    """Terminate the provider's orphans past the grace window; confirm what is TERMINATING."""
-    live = {inst.name: inst for inst in provider.list_instances()}
-    for inst_name, inst in live.items():
-        if not inst_name.startswith(INSTANCE_PREFIX):
-            continue
-        record = ctx.ledger.get_instance(inst_name)
-        # A provider may date an instance from when it started running (RunPod's uptime), so one stuck
-        # before that looks new for ever; the ledger's record of our create call is the older witness.
-        age = max(inst.age_s, time.time() - record.created_at) if record is not None else inst.age_s
-        if age < ctx.settings.orphan_grace_s:
-            continue
-        if record is not None and record.keep_until is not None and record.keep_until > time.time():
-            continue  # kept for debugging until its deadline
-        active = False
-        if record is not None:
+class Pass:
+    """One provider's part of a reaper pass."""
+
+    def __init__(self, ctx: context.Context, provider: Provider, report: Report) -> None:
+        self.ctx, self.provider, self.report = ctx, provider, report
+        self.settings = ctx.settings
+        self.now = time.time()
+
+    def run(self) -> None:
+        live = {i.name: i for i in self.provider.list_instances() if i.name.startswith(INSTANCE_PREFIX)}
+        records = {
+            r.name: r for r in self.ctx.ledger.list_instances() if r.provider == self.provider.name.value
+        }
+        for name, inst in live.items():
             try:
-                active = not ctx.ledger.get_run(record.run_id).state.is_terminal()
-            except NotFound:
-                active = False
-        if not active:
-            provider.terminate(inst_name)
-            did["terminated"].append(inst_name)
-            ctx.ledger.emit(new_event(EventType.REAP_TERMINATED, {"instance": inst_name, "why": "orphan"}))
-    for record in ctx.ledger.list_instances():
-        if record.provider != provider.name.value or record.state != InstanceState.TERMINATING:
-            continue
-        if record.name in live:
-            provider.terminate(record.name)
+                self.judge(inst, records.get(name))
+            except FleetError as exc:  # a failed call for one instance must not spare the others
+                log.warning("reap: %s: %s", name, exc)
+        for name, record in records.items():
+            if name not in live:
+                self.unlisted(record)
+
+    # live instances -------------------------------------------------------------------------------
+    def judge(self, inst: NodeInstance, record: Instance | None) -> None:
+        if record is not None and record.missed:
+            record = self.ctx.ledger.update_instance(record.name, missed=0) or record
+        if record is not None and record.state == InstanceState.TERMINATING:
+            self.retry(inst, record)
+            return
+        if record is not None and record.state in _SETTLED:  # listed again after all: end it
+            self.terminate(inst.name, record, f"listed again after it was {record.state.value}")
+            return
+        age = inst.age_s if record is None else max(inst.age_s, self.now - record.created_at)
+        if age < self.settings.orphan_grace_s:
+            return
+        run = self._run(record)
+        if record is None or run is None:
+            self.terminate(inst.name, record, "orphan")
+            return
+        try:
+            spec = JobSpec.model_validate(run.spec)
+        except ValidationError:  # cannot happen to a run the fleet stored; never let it stop reaping
+            log.error("reap: run %s has an unreadable job; its node is ended with the run", run.run_id)
+            if run.state.is_terminal():
+                self.terminate(inst.name, record, "run ended")
+            return
+        lifetime = spec.section.terminate_after
+        if lifetime != -1 and self.now >= record.created_at + lifetime:
+            self.deadline(inst, record, run, lifetime)
+            return
+        if not run.state.is_terminal() and inst.name != run.instance_name:
+            self.terminate(inst.name, record, "replaced")  # a node the run left (it was lost, preempted)
+            return
+        if not run.state.is_terminal():
+            if record.idle_since is not None:
+                self.ctx.ledger.update_instance(inst.name, idle_since=None)
+            return
+        if record.keep_until is not None:
+            self.kept(inst, record, run)
+        elif not spec.one_shot:
+            self.idle(inst, record, run, spec)
         else:
-            ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
-            did["confirmed"].append(record.name)
+            self.terminate(inst.name, record, "run ended")  # the stage that should have did not
+
+    def deadline(self, inst: NodeInstance, record: Instance, run: Run, lifetime: int) -> None:
+        """terminate_after reached: end the node, and the run on it if it is still going."""
+        why = f"the node reached terminate_after ({lifetime} s)"
+        if not run.state.is_terminal() and run.instance == inst.name:
+            teardown(self.ctx, run, RunState.FAILED, FailureReason.DEADLINE, why, keep=False)
+            self.report.failed.append(run.run_id)
+            record = self.ctx.ledger.get_instance(inst.name) or record
+            if record.state != InstanceState.RUNNING:
+                return  # teardown asked for the terminate; the next passes confirm or retry it
+        self.terminate(inst.name, record, "deadline")
+
+    def kept(self, inst: NodeInstance, record: Instance, run: Run) -> None:
+        until = record.keep_until
+        assert until is not None
+        if self.now >= until:
+            self.terminate(inst.name, record, "kept until its deadline")
+        elif not record.reminded and self.now >= until - self.settings.kept_reminder_s:
+            self.ctx.ledger.update_instance(inst.name, reminded=True)
+            data = {"instance": inst.name, "until": until, "in_s": round(until - self.now)}
+            self._event(EventType.INSTANCE_REMINDER, data, run.run_id)
+            self.report.reminded.append(inst.name)
+
+    def idle(self, inst: NodeInstance, record: Instance, run: Run, spec: JobSpec) -> None:
+        """No active run on it: announce, then terminate once it has been idle for stop_after."""
+        busy = inst.gpu_util is not None and inst.gpu_util > self.settings.idle_gpu_util_pct
+        if busy:
+            if record.idle_since is not None:
+                self.ctx.ledger.update_instance(inst.name, idle_since=None)
+            return
+        stop_after = int(getattr(spec.section, "stop_after", self.settings.idle_stop_after_s))
+        if stop_after == -1:
+            return
+        since = record.idle_since
+        if since is None:
+            since = max(run.updated_at, record.created_at)
+            self.ctx.ledger.update_instance(inst.name, idle_since=since)
+            data = {"instance": inst.name, "idle_since": since, "terminate_at": since + stop_after}
+            self._event(EventType.INSTANCE_IDLE, data, run.run_id)
+            self.report.idle.append(inst.name)
+        if self.now >= since + stop_after:
+            self.terminate(inst.name, record, f"idle for {round(self.now - since)} s")
+
+    def terminate(self, name: str, record: Instance | None, why: str) -> None:
+        """The first terminate call for this instance (recorded, so that it is retried until gone)."""
+        if record is None:  # an orphan the ledger never knew: record it, to follow it until it is gone
+            record = Instance(name=name, provider=self.provider.name.value, run_id="")
+            self.ctx.ledger.put_instance(record)
+        run_id = record.run_id or None
+        self.ctx.ledger.update_instance(
+            name, state=InstanceState.TERMINATING, why_terminated=why, terminate_requested_at=self.now
+        )
+        self._event(EventType.REAP_TERMINATED, {"instance": name, "why": why}, run_id)
+        self.report.terminated.append(name)
+        self._call_terminate(name, 0)
+
+    def retry(self, inst: NodeInstance, record: Instance) -> None:
+        """Still listed after a terminate: call again when its back-off allows; alert when it has been
+        long."""
+        since = record.terminate_requested_at or record.updated_at
+        if self.now - since >= self.settings.stuck_alert_after_s:
+            data = {
+                "instance": record.name,
+                "since": since,
+                "attempts": record.terminate_attempts,
+                "price_per_hour": inst.price_per_hour or record.price_per_hour,
+                "provider_id": inst.provider_id,
+            }
+            self._event(EventType.INSTANCE_STUCK, data, record.run_id or None)
+            self.report.stuck.append(record.name)
+            log.error(
+                "reap: %s (%s id %s) still listed %.0f s after it was terminated; terminate it by hand "
+                "if this goes on",
+                record.name,
+                self.provider.name.value,
+                inst.provider_id,
+                self.now - since,
+            )
+        if self.now >= record.next_terminate_at:
+            self.report.retried.append(record.name)
+            self._call_terminate(record.name, record.terminate_attempts)
+
+    def _call_terminate(self, name: str, attempts: int) -> None:
+        """Call terminate; the next call waits twice as long as the last (from one reap interval)."""
+        wait = min(self.settings.reap_interval_s * 2**attempts, self.settings.terminate_retry_max_s)
+        self.ctx.ledger.update_instance(
+            name, terminate_attempts=attempts + 1, next_terminate_at=self.now + wait
+        )
+        self.provider.terminate(name)
+
+    # ledger instances the provider does not list ----------------------------------------------------
+    def unlisted(self, record: Instance) -> None:
+        if record.state == InstanceState.TERMINATING:
+            self.ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
+            self.report.confirmed.append(record.name)
+            self._event(EventType.INSTANCE_TERMINATED, {"instance": record.name}, record.run_id or None)
+            return
+        if record.state not in (InstanceState.STARTING, InstanceState.RUNNING):
+            return  # REQUESTED: maybe never created (the provision stage looks it up by name)
+        missed = record.missed + 1
+        if missed < self.settings.lost_after_misses:
+            self.ctx.ledger.update_instance(record.name, missed=missed)
+            return
+        self.ctx.ledger.update_instance(record.name, missed=missed, state=InstanceState.LOST)
+        self._event(
+            EventType.INSTANCE_LOST, {"instance": record.name, "looks": missed}, record.run_id or None
+        )
+        self.report.lost.append(record.name)
+
+    # helpers ----------------------------------------------------------------------------------------
+    def _run(self, record: Instance | None) -> Run | None:
+        if record is None or not record.run_id:
+            return None
+        try:
+            return self.ctx.ledger.get_run(record.run_id)
+        except NotFound:
+            return None
+
+    def _event(self, kind: EventType, data: dict[str, Any], run_id: str | None) -> None:
+        self.ctx.ledger.emit(new_event(kind, data, run_id))
+
+
+_SETTLED = (InstanceState.TERMINATED, InstanceState.LOST)  # ...and yet listed: terminate it again
 
 
 def _kicked_event(stage: Stage) -> Callable[[Run], list[Draft]]:
@@ -92,6 +289,6 @@ def _kicked_event(stage: Stage) -> Callable[[Run], list[Draft]]:
 @app.task(name=REAP_TASK)
 def reap() -> None:
     """The periodic reaper."""
-    did = reap_once(context.get())
-    if any(did.values()):
-        log.info("reap: %s", did)
+    report = reap_once(context.get())
+    if report is not None and report.any():
+        log.info("reap: %s", {k: v for k, v in vars(report).items() if v})

@@ -15,7 +15,8 @@ from pydantic import SecretStr
 
 POD_FIELDS = (
     "id name desiredStatus costPerHr gpuCount "
-    "runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } }"
+    "runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } "
+    "gpus { id gpuUtilPercent } }"
 )
 GPU_TYPES = (
     "query GpuTypes($lowest: GpuLowestPriceInput) { gpuTypes { id displayName memoryInGb "

@@ -182,6 +182,11 @@ class RunPodProvider(RemoteProvider):
         else:
             state, message = NodeState.RUNNING, "ready"
         created = time.time() - float(runtime.get("uptimeInSeconds") or 0)
+        utils = [
+            float(g["gpuUtilPercent"])
+            for g in runtime.get("gpus") or []
+            if g.get("gpuUtilPercent") is not None
+        ]
         return NodeInstance(
             str(pod.get("name")),
             self.name,
@@ -190,6 +195,7 @@ class RunPodProvider(RemoteProvider):
             created,
             float(pod.get("costPerHr") or 0),
             message,
+            max(utils) if utils else None,
         )
 
     def _name(self, record: Record) -> str:

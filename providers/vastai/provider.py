@@ -311,6 +311,7 @@ class VastAIProvider(RemoteProvider):
             created,
             _number(row, "dph_total") or 0.0,
             message,
+            _number(row, "gpu_util"),  # may be null
         )
 
     def _name(self, record: Record) -> str:

@@ -81,6 +81,7 @@ class Instance:
     running_since: float | None = None
     public_port: int | None = None
     ghost_listings: int = 0  # terminate_ok_but_listed: still shown as running this many more times
+    gpu_util: float = 0.0  # what the vendor reports as its GPUs' utilization (%) while running
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

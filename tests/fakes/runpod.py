@@ -244,7 +244,7 @@ class FakeRunPod(FakeCloud):
                 "uptimeInSeconds": inst.uptime_s(),
                 "ports": ports,
                 "gpus": [
-                    {"id": f"GPU-{i}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
+                    {"id": f"GPU-{i}", "gpuUtilPercent": inst.gpu_util, "memoryUtilPercent": 0}
                     for i in range(inst.gpu_count)
                 ],
                 "container": {"cpuPercent": 0, "memoryPercent": 0},

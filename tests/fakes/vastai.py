@@ -296,7 +296,7 @@ class FakeVastAI(FakeCloud):
             "min_bid": offer.get("min_bid"),
             "gpu_name": inst.gpu,
             "num_gpus": inst.gpu_count,
-            "gpu_util": 0.0 if running else None,
+            "gpu_util": inst.gpu_util if running else None,
             "gpu_ram": offer.get("gpu_ram"),
             "uptime_mins": round(inst.uptime_s() / 60, 2),
             "start_date": inst.created_at,

@@ -12,9 +12,11 @@ import redis
 from broker.constants import Stage, tick_key
 from broker.models import Instance, InstanceState, Run, RunState
 from fleet.settings import Settings
-from providers.base import LaunchRequest, NodeState
+from fleet.spec import JobSpec
+from providers.base import LaunchRequest, NodeState, ProviderName
 from providers.local.models import LocalSection
 from providers.runpod.models import RunPodSection
+from tests.factories import train_config
 from tests.fakes.runpod import FakeRunPod
 from workers import context
 from workers.reap import reap_once
@@ -45,8 +47,15 @@ def start_head(ctx: context.Context, name: str) -> None:
 
 
 def make_run(run_id: str, state: RunState) -> Run:
+    spec = JobSpec(train=train_config(), provider=ProviderName.LOCAL, section=LocalSection())
     return Run(
-        run_id=run_id, provider="local", source="t", spec={}, run_dir="/r", output_dir="/r/o", state=state
+        run_id=run_id,
+        provider="local",
+        source="t",
+        spec=spec.model_dump(mode="json"),
+        run_dir="/r",
+        output_dir="/r/o",
+        state=state,
     )
 
 
@@ -63,27 +72,31 @@ def test_reaper_terminates_orphans_and_spares_live_runs(ctx: context.Context) ->
 
     did = reap_once(ctx)
 
-    assert did["terminated"] == ["tf-orphan-1"]
+    assert did is not None and did.terminated == ["tf-orphan-1"]
     assert ctx.provider("local").get("tf-orphan-1") is None
     busy = ctx.provider("local").get("tf-busy-1")
     assert busy is not None and busy.state == NodeState.RUNNING
-    assert did["kicked"] == []
+    assert did.kicked == []
+    # The orphan had no ledger record: it has one now, so the next passes can see it gone.
+    assert reap_once(ctx).confirmed == ["tf-orphan-1"]  # type: ignore[union-attr]
+    orphan = ctx.ledger.get_instance("tf-orphan-1")
+    assert orphan is not None and orphan.state == InstanceState.TERMINATED
 
 
 def test_reaper_restarts_a_run_whose_chain_died(ctx: context.Context) -> None:
     ctx.ledger.create_run(make_run("stuck", RunState.TRAINING), [])
     ctx.ledger.create_run(make_run("done", RunState.SUCCEEDED), [])
     did = reap_once(ctx)
-    assert did["kicked"] == ["stuck"]
+    assert did is not None and did.kicked == ["stuck"]
     assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its stage's task was sent again
     assert ctx.dispatcher.owner("stuck") is not None
-    assert reap_once(ctx)["kicked"] == []  # and only once while that task owns the run
+    assert reap_once(ctx).kicked == []  # type: ignore[union-attr] # only once while that task owns it
 
 
 def test_one_reaper_at_a_time(ctx: context.Context) -> None:
     ctx.ledger.create_run(make_run("stuck", RunState.PREPARING), [])
     ctx.redis.set("tf:lock:reap", "another-reaper", ex=30)
-    assert reap_once(ctx) == {"terminated": [], "confirmed": [], "kicked": []}
+    assert reap_once(ctx) is None  # it stood down
     assert ctx.redis.llen(Stage.PREPARE.value) == 0
 
 
@@ -99,10 +112,10 @@ def test_a_node_kept_for_debugging_lives_until_its_deadline(ctx: context.Context
             keep_until=time.time() + 600,
         )
     )
-    assert reap_once(ctx)["terminated"] == []
+    assert reap_once(ctx).terminated == []  # type: ignore[union-attr]
     assert ctx.provider("local").get("tf-kept-1") is not None
     ctx.ledger.update_instance("tf-kept-1", keep_until=time.time() - 1)
-    assert reap_once(ctx)["terminated"] == ["tf-kept-1"]
+    assert reap_once(ctx).terminated == ["tf-kept-1"]  # type: ignore[union-attr]
     assert ctx.provider("local").get("tf-kept-1") is None
 
 
@@ -130,5 +143,7 @@ def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(
 
         did = reap_once(ctx)
 
-        assert did["terminated"] == ["tf-stuck-1"]  # within the grace window: tf-fresh-1 is left alone
+        assert did is not None and did.terminated == [
+            "tf-stuck-1"
+        ]  # within the grace window: tf-fresh-1 is left alone
         assert [r["name"] for r in fake.state()["instances"]] == ["tf-fresh-1"]
