@@ -35,6 +35,11 @@ SEPARATE = frozenset(
         EventType.WANDB_RUN,
         EventType.INSTANCE_KEPT,
         EventType.REAP_TERMINATED,
+        EventType.RUN_PREEMPTED,
+        EventType.INSTANCE_IDLE,
+        EventType.INSTANCE_REMINDER,
+        EventType.INSTANCE_STUCK,
+        EventType.INSTANCE_LOST,
     }
 )
 
@@ -159,4 +164,34 @@ def separate_message(event: Event) -> str | None:
         return f"🔧 Instance {data.get('instance')} of run {run} kept for debugging until {until}"
     if event.type == EventType.REAP_TERMINATED:
         return f"🧹 The reaper terminated instance {data.get('instance')} ({data.get('why', '?')})"
+    return _node_message(event.type, data, run)
+
+
+def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None:
+    """Messages about a run's node that someone may have to act on (or pay for)."""
+    inst = data.get("instance")
+    if kind == EventType.RUN_PREEMPTED:
+        return (
+            f"⚡ Run {run} lost its node {inst} ({truncate(str(data.get('why', '?')), 300)}) at step "
+            f"{data.get('at_step')}: replacing it with {data.get('next_instance')} "
+            f"in {data.get('retry_in_s')} s "
+            f"(preemption {data.get('preemption')} of at most {data.get('max_preemptions')})"
+        )
+    if kind == EventType.INSTANCE_IDLE:
+        return (
+            f"💤 Instance {inst} of run {run} is idle: it is terminated at {_when(data.get('terminate_at'))}"
+        )
+    if kind == EventType.INSTANCE_REMINDER:
+        until = _when(data.get("until"))
+        return f"⏰ Instance {inst} of run {run}, kept for debugging, is terminated at {until}"
+    if kind == EventType.INSTANCE_STUCK:
+        return (
+            f"🚨 Instance {inst} ({data.get('provider_id')}) is still there after {data.get('attempts')} "
+            f"terminate calls since {_when(data.get('since'))}, at ${data.get('price_per_hour') or 0:.2f}/h: "
+            "check it at the provider and terminate it by hand if this goes on"
+        )
+    if kind == EventType.INSTANCE_LOST:
+        return (
+            f"❓ Instance {inst} of run {run} is no longer listed by its provider ({data.get('looks')} looks)"
+        )
     return None

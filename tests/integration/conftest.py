@@ -10,6 +10,7 @@ import discord.http
 import pytest
 
 from tests.fakes import FakeDiscord
+from tests.integration.clouds import API_KEY, VAST_KEY, serving
 from tests.integration.fleetproc import cleanup
 
 
@@ -30,3 +31,15 @@ def fake_discord(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
     with FakeDiscord() as running:
         monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
         yield running
+
+
+@pytest.fixture
+def fake_runpod(tmp_path: Path) -> Iterator[str]:
+    with serving("runpod", tmp_path / "fake", API_KEY) as url:
+        yield url
+
+
+@pytest.fixture
+def fake_vastai(tmp_path: Path) -> Iterator[str]:
+    with serving("vastai", tmp_path / "fake", VAST_KEY) as url:
+        yield url

@@ -1,0 +1,137 @@
+"""A node lost under a run (preempted, outbid, gone from the list) is replaced, not counted as the run's
+failure: the stage task that finds it (workers.common.run_stage) against a real Redis and the fake RunPod
+through the real runpod client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from broker.constants import Stage
+from broker.events import read_run
+from broker.models import FailureReason, Instance, InstanceState, Run, RunState
+from fleet.errors import NodeError
+from fleet.settings import Settings
+from fleet.spec import JobSpec
+from providers.base import LaunchRequest, ProviderName
+from providers.runpod.models import RunPodSection
+from tests.factories import train_config
+from tests.fakes.runpod import FakeRunPod
+from workers import context
+from workers.common import Next, run_stage
+
+pytestmark = pytest.mark.integration
+SECTION = RunPodSection(gpu="NVIDIA RTX A5000")  # INTERRUPTABLE by default
+
+
+@pytest.fixture
+def fake(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
+    with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none", ready_delay_s=0) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
+        yield fake
+
+
+@pytest.fixture
+def ctx(
+    redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, fake: FakeRunPod
+) -> context.Context:
+    from broker.app import configure
+
+    settings = Settings(home=fleet_home, runpod_api_base_url=fake.url, max_preemptions=2, preempt_backoff_s=5)
+    configure(settings, redis_url)
+    return context.init(settings, redis_url)
+
+
+def task(task_id: str = "t1", retries: int = 0) -> Any:
+    return SimpleNamespace(request=SimpleNamespace(id=task_id, retries=retries), max_retries=12)
+
+
+def training_run(ctx: context.Context, **fields: Any) -> str:
+    """Run r1 TRAINING on its live pod tf-r1-<attempt>; returns the pod's id at the fake."""
+    spec = JobSpec(train=train_config(), provider=ProviderName.RUNPOD, section=SECTION)
+    run = Run(
+        run_id="r1",
+        provider="runpod",
+        source="t",
+        spec=spec.model_dump(mode="json"),
+        run_dir="/r",
+        output_dir="/r/o",
+        state=RunState.TRAINING,
+        progress={"step": 40, "finished": False},
+        ray_jobs={"train": "r1-1-train"},
+        **fields,
+    )
+    run.instance = run.instance_name
+    ctx.ledger.create_run(run, [])
+    pod = ctx.provider("runpod").launch(LaunchRequest(run.instance, "r1", SECTION))
+    ctx.ledger.put_instance(
+        Instance(name=run.instance, provider="runpod", run_id="r1", state=InstanceState.RUNNING)
+    )
+    ctx.dispatcher.claim("r1", "t1")
+    return pod.provider_id
+
+
+def head_gone(_ctx: context.Context, _run: Run) -> Next:
+    raise NodeError("cannot read job r1-1-train: Connection refused")
+
+
+def test_a_preempted_node_is_replaced_and_the_run_goes_on_on_a_new_one(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    pod = training_run(ctx)
+    assert fake.preempt(pod)
+
+    run_stage(task(), "r1", Stage.TRAIN, head_gone)  # no exception: not a failure to retry
+
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.PROVISIONING and run.attempt == 2 and run.preemptions == 1
+    assert run.instance is None and run.ray_jobs == {} and run.progress["step"] == 40
+    assert run.instance_name == "tf-r1-2"
+    (preempted,) = [e.data for _, e in read_run(ctx.redis, "r1") if e.type.value == "run.preempted"]
+    assert preempted["instance"] == "tf-r1-1" and preempted["at_step"] == 40
+    assert preempted["next_instance"] == "tf-r1-2" and preempted["retry_in_s"] == 5
+    assert "stopped or preempted" in preempted["why"]
+    # The lost pod is ended (a stopped pod still bills its disk); the provision task is on its way.
+    assert fake.state()["instances"] == []
+    old = ctx.ledger.get_instance("tf-r1-1")
+    assert old is not None and old.state == InstanceState.TERMINATED
+    assert ctx.redis.llen(Stage.PROVISION.value) == 1
+    assert ctx.dispatcher.owner("r1") not in (None, "t1")
+
+
+def test_a_node_that_answers_again_is_not_replaced(ctx: context.Context, fake: FakeRunPod) -> None:
+    training_run(ctx)
+    with pytest.raises(NodeError):  # retried as usual: the pod is up, its head was only slow
+        run_stage(task(), "r1", Stage.TRAIN, head_gone)
+    run = ctx.ledger.get_run("r1")
+    assert run.attempt == 1 and run.state == RunState.TRAINING
+
+
+def test_a_node_missing_from_the_list_is_replaced_only_after_several_looks(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    pod = training_run(ctx)
+    with fake.lock:
+        fake.instances.pop(pod)
+    for retries in range(2):  # lists lag: the first looks retry as usual
+        with pytest.raises(NodeError):
+            run_stage(task(retries=retries), "r1", Stage.TRAIN, head_gone)
+    run_stage(task(retries=2), "r1", Stage.TRAIN, head_gone)
+    assert ctx.ledger.get_run("r1").attempt == 2
+
+
+def test_preemptions_beyond_the_limit_fail_the_run_and_end_the_node(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    pod = training_run(ctx, attempt=3, preemptions=2)  # max_preemptions=2 already used
+    assert fake.preempt(pod)
+    run_stage(task(), "r1", Stage.TRAIN, head_gone)
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.FAILED and run.failure_reason == FailureReason.INSTANCE_LOST
+    assert "2 lost nodes replaced already" in str(run.failure_message)
+    assert fake.state()["instances"] == []
