@@ -94,7 +94,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_"))}
         env.update(
             FLEET_HOME=str(home), FLEET_SETTINGS_FILE=str(home / "none.yml"),
-            FLEET_SECRETS_FILE=str(home / "none.yml"), RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=fake.url,
+            FLEET_SECRETS_FILE=str(home / "no-secrets.yml"), RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=fake.url,
             FLEET_REAP_INTERVAL_S=str(args.reap_interval), FLEET_ORPHAN_GRACE_S="0", PYTHONUNBUFFERED="1",
         )  # fmt: skip
         provider = RunPodProvider(ProviderContext(home, urls={"runpod": fake.url}, credentials=_key()))
@@ -124,6 +124,8 @@ def main() -> None:
             worker.wait(30)
             log.close()
             stop_redis(home)
+            if len(gone) < len(ended):  # say why, before the directory goes
+                print((home / "worker.log").read_text()[-3000:], file=sys.stderr)
     samples: list[dict[str, Any]] = []
     for name, end in ended.items():
         idle = gone.get(name, float("nan")) - end

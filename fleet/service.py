@@ -164,6 +164,7 @@ def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
         "created_at": run.created_at,
         "updated_at": run.updated_at,
         "attempt": run.attempt,
+        "preemptions": run.preemptions,
         "instance": run.instance,
         "stages": stages,
         "output_dir": run.output_dir,
