@@ -37,7 +37,13 @@ def step(ctx: context.Context, run: Run) -> Next:
     if found is None:
         if record.state != InstanceState.REQUESTED:
             raise StageFailed(FailureReason.INSTANCE_LOST, f"instance {name} disappeared while starting")
-        request = LaunchRequest(name, run.run_id, job_spec(run).section, node_secrets(ctx))
+        request = LaunchRequest(
+            name,
+            run.run_id,
+            job_spec(run).section,
+            node_secrets(ctx),
+            heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
+        )
         found = provider.launch(request)
         ctx.ledger.update_instance(
             name,
