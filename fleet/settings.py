@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from fleet.errors import ConfigError, Problem
+
+MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 
 
 class Settings(BaseModel):
@@ -56,6 +58,11 @@ class Settings(BaseModel):
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
     reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
+    node_heartbeat_timeout_s: float | None = Field(
+        1800,
+        description="A rented node gives itself back when the fleet has not called it for this long (its "
+        "failsafe); 0: never. At least 60 s, and 3 reaper intervals (the reaper pings the nodes it keeps).",
+    )
     orphan_grace_s: float = Field(120, ge=0, description="Never reap an instance younger than this.")
     idle_stop_after_s: int = Field(
         900, ge=-1, description="stop_after of jobs whose section has none (local): idle this long, ended."
@@ -130,6 +137,18 @@ class Settings(BaseModel):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         if isinstance(value, int):
             return (value,)
+        return value
+
+    @field_validator("node_heartbeat_timeout_s")
+    @classmethod
+    def _heartbeat_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """0 turns the heartbeat off. Otherwise a node must survive a boot and the gaps between the
+        reaper's pings, which are a node's only heartbeat while no stage polls it."""
+        if not value:
+            return None
+        floor = max(MIN_HEARTBEAT_TIMEOUT_S, 3 * info.data.get("reap_interval_s", 30))
+        if value < floor:
+            raise ValueError(f"must be 0 (off) or at least {floor:g} s (60 s, and three reap_interval_s)")
         return value
 
     @property

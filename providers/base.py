@@ -83,14 +83,17 @@ class NodeEndpoint:
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What to start: the instance's name, the run it is for, the job's provider section, and the
-    credentials the node needs itself (HF_TOKEN, WANDB_API_KEY). Those go into the node's environment at
-    start, and nowhere else: not in a Ray job's runtime_env, which Ray writes to its own logs."""
+    """What to start: the instance's name, the run it is for, the job's provider section, the
+    credentials the node needs itself (HF_TOKEN, WANDB_API_KEY), and how long the node's failsafe waits for
+    the fleet's heartbeat before it gives the node back (None: it does not). The credentials go into the
+    node's environment at start, and nowhere else: not in a Ray job's runtime_env, which Ray writes to its
+    own logs."""
 
     name: str
     run_id: str
     section: BaseModel
     secrets: Mapping[str, SecretStr] = field(default_factory=dict)
+    heartbeat_timeout_s: float | None = None
 
     def node_env(self, section_env: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: the section's `env`, then the secrets (which win)."""

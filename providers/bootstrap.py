@@ -1,20 +1,25 @@
-"""What a rented node runs when it starts: a Ray head with token auth, its Jobs API on port 8265, then
-the user's `entry` if the section has one. Runs keep their files under FLEET_NODE_ROOT. Built from argv
-lists and quoted with shlex; the only values that vary are ports and the entry, and the token is read from
-the environment, never inlined.
+"""What a rented node runs when it starts: its failsafe, a Ray head with token auth, its Jobs API on port
+8265, then the user's `entry` if the section has one. Runs keep their files under FLEET_NODE_ROOT. Built from
+argv lists and quoted with shlex; the only values that vary are ports and the entry, and the token is read
+from the environment, never inlined.
 """
 
 from __future__ import annotations
 
+import ast
+import base64
+import functools
+import inspect
 import shlex
-from collections.abc import Sequence
+import zlib
 
+from providers import failsafe
+from providers.base import ProviderName
 from trainer.config import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
 DEFAULT_NODE_ROOT = "/workspace/trainfleet"  # runs, the model cache and outputs on a rented node
-DEADLINE_ENV = "FLEET_DEADLINE_S"  # seconds after its start at which a node gives itself back
 
 
 def head_argv() -> list[str]:
@@ -30,27 +35,63 @@ def head_argv() -> list[str]:
     ]
 
 
-def start_script(entry: str | None, on_deadline: Sequence[str] | None = None) -> str:
-    """A POSIX shell script: token auth on, the node's root directory for runs (FLEET_NODE_ROOT, unless
-    the section's env names another), a watchdog that runs `on_deadline` (argv) once FLEET_DEADLINE_S
-    seconds have passed, if both are given, the user's entry (split with shlex, run as argv, in the
-    background), then the head in the foreground."""
-    lines = [
-        "set -eu",
+@functools.cache
+def packed_failsafe() -> str:
+    """providers.failsafe without its docstrings and comments, compressed and in base64: the start script
+    travels in a field of the vendor's create call (vast.ai's `onstart`, RunPod's `dockerArgs`), so it is
+    kept to a few kilobytes."""
+    tree = ast.parse(inspect.getsource(failsafe))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and _is_docstring(body[0]):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def failsafe_argv(vendor: ProviderName) -> list[str]:
+    """The node's failsafe for a node of `vendor`, as argv (`python3 -c`, standard library only)."""
+    loader = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed_failsafe()}")))'
+    return ["python3", "-c", loader, vendor.value]
+
+
+def failsafe_env(deadline_s: int | None, heartbeat_timeout_s: float | None) -> dict[str, str]:
+    """What arms the failsafe in the node's environment: its maximum lifetime and how long it waits for
+    the fleet's heartbeat (neither: it exits at once)."""
+    env = {}
+    if deadline_s is not None:
+        env[failsafe.DEADLINE_ENV] = str(deadline_s)
+    if heartbeat_timeout_s is not None:
+        env[failsafe.HEARTBEAT_ENV] = f"{heartbeat_timeout_s:g}"
+    return env
+
+
+def start_script(entry: str | None, vendor: ProviderName | None = None) -> str:
+    """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
+    whose start goes wrong later goes too), token auth on, the node's root directory for runs
+    (FLEET_NODE_ROOT, unless the section's env names another), the user's entry (split with shlex, run as
+    argv, in the background), then the head in the foreground."""
+    lines = ["set -eu"]
+    if vendor is not None:
+        lines.append(shlex.join(failsafe_argv(vendor)) + " &")
+    lines += [
         f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${TOKEN_ENV}"',
         f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-{DEFAULT_NODE_ROOT}}}"',
         f'mkdir -p "${NODE_ROOT_ENV}"',
     ]
-    if on_deadline:
-        lines.append(f'if [ -n "${{{DEADLINE_ENV}:-}}" ]; then')
-        lines.append(f'  (sleep "${DEADLINE_ENV}" && {shlex.join(on_deadline)}) &')
-        lines.append("fi")
     if entry:
         lines.append(shlex.join(shlex.split(entry)) + " &")
     lines.append("exec " + shlex.join(head_argv()))
     return "\n".join(lines)
 
 
-def container_command(entry: str | None) -> list[str]:
+def container_command(entry: str | None, vendor: ProviderName | None = None) -> list[str]:
     """The container's command as argv (`sh -c SCRIPT`)."""
-    return ["sh", "-c", start_script(entry)]
+    return ["sh", "-c", start_script(entry, vendor)]

@@ -1,14 +1,21 @@
-"""Talking to a node's Ray head through the Ray Jobs API (token in headers, never logged)."""
+"""Talking to a node's Ray head through the Ray Jobs API (token in headers, never logged).
+
+Every call names the fleet in its User-Agent, which the node's failsafe (providers.failsafe) counts as the
+fleet's heartbeat: a node that hears none for `node_heartbeat_timeout_s` gives itself back.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from fleet.errors import NodeError
-from providers.base import NodeEndpoint
+from providers import failsafe
+from providers.base import NodeEndpoint, jobs_api_answers
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
 
@@ -32,6 +39,23 @@ class JobInfo:
     message: str
 
 
+@functools.cache
+def user_agent() -> str:
+    """`trainfleet/<version> heartbeat`: how the fleet names itself to a node."""
+    return failsafe.USER_AGENT.format(version=version("trainfleet"))
+
+
+def fleet_headers(endpoint: NodeEndpoint) -> dict[str, str]:
+    """The node's token headers, and the fleet's User-Agent (a heartbeat to the node's failsafe)."""
+    return {**endpoint.headers, "User-Agent": user_agent()}
+
+
+def ping(endpoint: NodeEndpoint, timeout_s: float = 5.0) -> bool:
+    """A heartbeat to the node's failsafe (GET /api/version with the node's token); whether the head
+    answered. Never raises: an unreachable node is the caller's to judge."""
+    return jobs_api_answers(endpoint.jobs_url, fleet_headers(endpoint), timeout_s)
+
+
 class NodeClient:
     """Submit, watch and stop Ray jobs on one node. Submissions are idempotent by submission id."""
 
@@ -39,7 +63,7 @@ class NodeClient:
         from ray.job_submission import JobSubmissionClient
 
         try:
-            self._client = JobSubmissionClient(endpoint.jobs_url, headers=dict(endpoint.headers))
+            self._client = JobSubmissionClient(endpoint.jobs_url, headers=fleet_headers(endpoint))
         except (OSError, RuntimeError) as exc:
             raise NodeError(f"the node's Ray head at {endpoint.jobs_url} does not answer: {exc}") from None
 

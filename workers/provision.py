@@ -51,7 +51,13 @@ def step(ctx: context.Context, run: Run) -> Next:
             raise NodeLost(f"{lost} while starting")
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
     if found is None:
-        request = LaunchRequest(name, run.run_id, job_spec(run).section, node_secrets(ctx))
+        request = LaunchRequest(
+            name,
+            run.run_id,
+            job_spec(run).section,
+            node_secrets(ctx),
+            heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
+        )
         found = provider.launch(request)
         ctx.ledger.update_instance(
             name,

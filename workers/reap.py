@@ -26,6 +26,7 @@ Finally, a run that is not finished and whose task chain died (no owner) gets it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
 from providers.registry import configured_providers
 from workers import context
 from workers.common import teardown
+from workers.node import ping
 
 log = logging.getLogger("trainfleet.reap")
 
@@ -150,6 +152,7 @@ class Pass:
         if not run.state.is_terminal():
             if record.idle_since is not None:
                 self.ctx.ledger.update_instance(inst.name, idle_since=None)
+            self.heartbeat(inst.name)
             return
         if record.keep_until is not None:
             self.kept(inst, record, run)
@@ -174,7 +177,9 @@ class Pass:
         assert until is not None
         if self.now >= until:
             self.terminate(inst.name, record, "kept until its deadline")
-        elif not record.reminded and self.now >= until - self.settings.kept_reminder_s:
+            return
+        self.heartbeat(inst.name)  # kept alive on purpose: its own failsafe must not end it early
+        if not record.reminded and self.now >= until - self.settings.kept_reminder_s:
             self.ctx.ledger.update_instance(inst.name, reminded=True)
             data = {"instance": inst.name, "until": until, "in_s": round(until - self.now)}
             self._event(EventType.INSTANCE_REMINDER, data, run.run_id)
@@ -186,9 +191,11 @@ class Pass:
         if busy:
             if record.idle_since is not None:
                 self.ctx.ledger.update_instance(inst.name, idle_since=None)
+            self.heartbeat(inst.name)
             return
         stop_after = int(getattr(spec.section, "stop_after", self.settings.idle_stop_after_s))
         if stop_after == -1:
+            self.heartbeat(inst.name)  # never idle: only terminate_after ends it
             return
         since = record.idle_since
         if since is None:
@@ -199,6 +206,15 @@ class Pass:
             self.report.idle.append(inst.name)
         if self.now >= since + stop_after:
             self.terminate(inst.name, record, f"idle for {round(self.now - since)} s")
+        else:
+            self.heartbeat(inst.name)  # the job gave it stop_after: its own failsafe must not cut that
+
+    def heartbeat(self, name: str) -> None:
+        """Tell a node in use that the fleet is alive (its failsafe ends it when nobody calls for
+        FLEET_NODE_HEARTBEAT_TIMEOUT_S; the stages' polls count too, this covers the quiet times)."""
+        if self.settings.node_heartbeat_timeout_s:
+            with contextlib.suppress(FleetError):  # no head to reach yet (starting): nothing to tell
+                ping(self.provider.endpoint(name))
 
     def terminate(self, name: str, record: Instance | None, why: str) -> None:
         """The first terminate call for this instance (recorded, so that it is retried until gone)."""

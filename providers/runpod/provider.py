@@ -2,7 +2,9 @@
 
 A pod runs a Ray head with token auth (providers.bootstrap) and publishes its Jobs API port over HTTP;
 the fleet reaches it exactly as it reaches a local head. RunPod's own `terminateAfter` is set at create,
-so a pod dies at the section's `terminate_after` even if the fleet does not.
+so a pod dies at the section's `terminate_after` even if the fleet does not; and the pod's failsafe
+(providers.failsafe) terminates it with the pod's own key once the fleet's heartbeat has stopped for the
+fleet's `node_heartbeat_timeout_s`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from providers.base import (
     ProviderName,
     require_ours,
 )
-from providers.bootstrap import JOBS_PORT, TOKEN_ENV, container_command
+from providers.bootstrap import JOBS_PORT, TOKEN_ENV, container_command, failsafe_env
+from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, choose
 from providers.remote import Record, RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
@@ -58,9 +61,8 @@ class RunPodProvider(RemoteProvider):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.client = RunPodClient(
-            context.credential("RUNPOD_API_KEY"), context.urls.get("runpod", DEFAULT_API)
-        )
+        self.api_url = context.urls.get("runpod", DEFAULT_API)
+        self.client = RunPodClient(context.credential("RUNPOD_API_KEY"), self.api_url)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
@@ -115,7 +117,11 @@ class RunPodProvider(RemoteProvider):
                 f"no RunPod offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
             )
         token = self.tokens.ensure(request.name)
-        env = request.node_env(section.env)
+        env = {
+            **request.node_env(section.env),
+            RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
+            **failsafe_env(None, request.heartbeat_timeout_s),  # the deadline is RunPod's terminateAfter
+        }
         spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
         try:
             if best.bid_per_gpu is not None:
@@ -145,7 +151,7 @@ class RunPodProvider(RemoteProvider):
             "volumeMountPath": section.volume_mount_path,
             "minVcpuCount": section.min_vcpu_count,
             "minMemoryInGb": section.min_memory_in_gb,
-            "dockerArgs": shlex.join(container_command(section.entry)),
+            "dockerArgs": shlex.join(container_command(section.entry, self.name)),
             "ports": f"{JOBS_PORT}/http",
             "env": [{"key": k, "value": v} for k, v in sorted(env.items())],
             "supportPublicIp": True,

@@ -7,9 +7,10 @@ Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machi
 (and `dph_total` in a bid search) is for the whole machine, so the minimum bid per GPU is
 `min_bid / num_gpus`, and a rental bids `price = bid_per_gpu * num_gpus`.
 vast.ai has no server-side deadline like RunPod's `terminateAfter`, but it gives every instance its own id
-and an API key that may manage it (CONTAINER_ID, CONTAINER_API_KEY in the container). So the start script
-keeps a watchdog that destroys the instance `terminate_after` seconds after it booted, should the fleet be
-gone; the fleet's own terminate and the reaper come first.
+and an API key that may manage it (CONTAINER_ID, CONTAINER_API_KEY in the container). So the node's failsafe
+(providers.failsafe) destroys the instance `terminate_after` seconds after it booted, or once the fleet's
+heartbeat has stopped for the fleet's `node_heartbeat_timeout_s`, should the fleet be gone; the fleet's own
+terminate and the reaper come first.
 """
 
 from __future__ import annotations
@@ -37,30 +38,14 @@ from providers.base import (
     ProviderName,
     require_ours,
 )
-from providers.bootstrap import DEADLINE_ENV, JOBS_PORT, TOKEN_ENV, start_script
+from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, start_script
+from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Rule, choose
 from providers.remote import Record, RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastAISection
 
 DEFAULT_API = "https://console.vast.ai"
-API_URL_ENV = "FLEET_VAST_URL"  # the API the node's watchdog calls (the fleet's, so fakes work too)
-# The node's watchdog: the instance destroys itself with its own key (stdlib only; retried, since the
-# node may be cut off for a while).
-SELF_DESTROY = [
-    "python3",
-    "-c",
-    "import os, time, urllib.request\n"
-    f"url = os.environ['{API_URL_ENV}'].rstrip('/')\n"
-    "url += '/api/v0/instances/' + os.environ['CONTAINER_ID'] + '/'\n"
-    "auth = {'Authorization': 'Bearer ' + os.environ['CONTAINER_API_KEY']}\n"
-    "for attempt in range(10):\n"
-    "    try:\n"
-    "        urllib.request.urlopen(urllib.request.Request(url, headers=auth, method='DELETE'), timeout=30)\n"
-    "        break\n"
-    "    except Exception:\n"
-    "        time.sleep(30)\n",
-]
 CREDENTIAL = "VAST_API_KEY"
 NO_CAPACITY_ERRORS = ("no_such_ask",)
 QUOTA_ERROR = "search_quota_exceeded"
@@ -241,9 +226,14 @@ class VastAIProvider(RemoteProvider):
                 f"no vast.ai offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
             )
         token = self.tokens.ensure(request.name)
-        env = {**request.node_env(section.env), TOKEN_ENV: token, f"-p {JOBS_PORT}:{JOBS_PORT}": "1"}
-        if section.terminate_after != -1:  # the node's own deadline, should the fleet be gone
-            env.update({DEADLINE_ENV: str(section.terminate_after), API_URL_ENV: self.api_url})
+        deadline = section.terminate_after if section.terminate_after != -1 else None
+        env = {
+            **request.node_env(section.env),
+            TOKEN_ENV: token,
+            f"-p {JOBS_PORT}:{JOBS_PORT}": "1",
+            VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
+            **failsafe_env(deadline, request.heartbeat_timeout_s),
+        }
         # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.
         price = best.price_per_hour if best.bid_per_gpu is not None else None
         try:
@@ -253,7 +243,7 @@ class VastAIProvider(RemoteProvider):
                 image=section.image,
                 disk_gb=section.container_disk_in_gb,
                 env=env,
-                onstart=start_script(section.entry, SELF_DESTROY),
+                onstart=start_script(section.entry, self.name),
                 price=price,
             )
         except requests.RequestException as exc:

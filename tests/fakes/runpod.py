@@ -3,6 +3,8 @@
 Point the SDK at it with `RUNPOD_API_BASE_URL=<fake.url>` and `runpod.api_key = <key>`. It serves the
 `gpuTypes` catalog, on-demand and spot creates, stop/resume/terminate, and the pod queries, answering
 with exactly the fields the request selects; unknown fields are GraphQL errors, as on the real server.
+Like RunPod, it gives each pod its own key (`container_env`: RUNPOD_POD_ID, RUNPOD_API_KEY), which here
+may terminate that pod and do nothing else.
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ class FakeRunPod(FakeCloud):
         self.stock[gpu_type_id] = gpus
 
     # -- HTTP --------------------------------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        """The account's key; or a pod's own key (RUNPOD_API_KEY inside it), for terminating that pod only."""
+        key = self.bearer(request)
+        if key == self.api_key:
+            return True
+        with self.lock:
+            pods = {str(i.extra.get("pod_api_key")): i.id for i in self.instances.values()}
+        return bool(key) and key in pods and self._terminates(request) == pods[key]
+
+    def _terminates(self, request: Request) -> str | None:
+        """The pod id a request terminates, when it is one podTerminate and nothing else."""
+        try:
+            body = request.json() or {}
+            operation = parse(str(body.get("query", "")))
+            (top,) = operation.fields
+            args = substitute(top.args, dict(body.get("variables") or {}))
+        except (GraphQLError, ValueError, TypeError, AttributeError):
+            return None
+        if operation.kind != "mutation" or top.name != "podTerminate":
+            return None
+        return str((args.get("input") or {}).get("podId") or "")
+
+    def container_env(self, pod_id: str) -> dict[str, str]:
+        """What RunPod puts in a pod's environment about itself: its id and its own, pod-scoped API key."""
+        with self.lock:
+            inst = self.instances[pod_id]
+            return {"RUNPOD_POD_ID": inst.id, "RUNPOD_API_KEY": str(inst.extra["pod_api_key"])}
+
     def unauthorized(self) -> Response:
         """RunPod answers a bad key with HTTP 401."""
         return Response(401, {"errors": [{"message": "Unauthorized"}]})
@@ -183,7 +213,10 @@ class FakeRunPod(FakeCloud):
             price_per_hour=round((bid if bid is not None else on_demand) * count, 4),
             bid=bid,
             env=env,
-            extra={k: v for k, v in spec.items() if k not in ("env", "name")},
+            extra={
+                **{k: v for k, v in spec.items() if k not in ("env", "name")},
+                "pod_api_key": secrets.token_hex(16),
+            },
         )
         self.add_instance(inst)
         return self._render(inst, inst.state)

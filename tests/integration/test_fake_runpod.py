@@ -126,6 +126,24 @@ def test_wrong_key_is_401(fake: FakeRunPod, monkeypatch: pytest.MonkeyPatch) -> 
     assert gql(fake, "{ myself { pods { id } } }", key="").status_code == 401
 
 
+def test_a_pod_key_terminates_its_own_pod_and_does_nothing_else(fake: FakeRunPod) -> None:
+    """RUNPOD_API_KEY inside a pod (what its failsafe uses) is good for that pod's terminate only."""
+    one, two = (runpod.create_pod(name, "img", GPU)["id"] for name in ("tf-a-1", "tf-b-1"))
+    own = fake.container_env(one)
+    assert own["RUNPOD_POD_ID"] == one and own["RUNPOD_API_KEY"] not in (
+        KEY,
+        fake.container_env(two)["RUNPOD_API_KEY"],
+    )
+    terminate = "mutation T($input: PodTerminateInput!) { podTerminate(input: $input) }"
+    key = own["RUNPOD_API_KEY"]
+    assert gql(fake, terminate, {"input": {"podId": two}}, key=key).status_code == 401
+    assert gql(fake, "query { myself { pods { id } } }", key=key).status_code == 401
+    both = 'mutation { a: podTerminate(input: {podId: "%s"}) b: podTerminate(input: {podId: "%s"}) }'
+    assert gql(fake, both % (one, two), key=key).status_code == 401
+    assert gql(fake, terminate, {"input": {"podId": one}}, key=key).json() == {"data": {"podTerminate": None}}
+    assert [p["id"] for p in runpod.get_pods()] == [two]
+
+
 def test_no_capacity_and_unknown_field(fake: FakeRunPod) -> None:
     fake.set_stock(GPU, 0)
     with pytest.raises(runpod.error.QueryError, match="no longer any instances available"):

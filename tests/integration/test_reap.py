@@ -13,6 +13,7 @@ from broker.constants import Stage, tick_key
 from broker.models import Instance, InstanceState, Run, RunState
 from fleet.settings import Settings
 from fleet.spec import JobSpec
+from providers import failsafe
 from providers.base import LaunchRequest, NodeState, ProviderName
 from providers.local.models import LocalSection
 from providers.runpod.models import RunPodSection
@@ -77,6 +78,10 @@ def test_reaper_terminates_orphans_and_spares_live_runs(ctx: context.Context) ->
     busy = ctx.provider("local").get("tf-busy-1")
     assert busy is not None and busy.state == NodeState.RUNNING
     assert did.kicked == []
+    # The pass told the busy node the fleet is alive, in a way its failsafe counts (and nothing else does).
+    meta = ctx.provider("local").heads.read("tf-busy-1")  # type: ignore[attr-defined]
+    log = Path(meta.temp_dir) / "session_latest" / "logs" / "dashboard.log"
+    assert len([line for line in log.read_text().splitlines() if failsafe.is_heartbeat(line)]) == 1
     # The orphan had no ledger record: it has one now, so the next passes can see it gone.
     assert reap_once(ctx).confirmed == ["tf-orphan-1"]  # type: ignore[union-attr]
     orphan = ctx.ledger.get_instance("tf-orphan-1")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +55,8 @@ def test_launch_bids_within_the_cap_and_sets_a_deadline(fake: FakeRunPod, tmp_pa
     inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r1-1", "r1", SECTION))
     (row,) = fake.state()["instances"]
     assert row["name"] == "tf-r1-1" and row["bid"] == 0.13 and inst.price_per_hour == 0.13
-    assert row["env_keys"] == ["FLEET_RAY_TOKEN"]  # the node's token travels in its env, by name only here
+    # The node's token travels in its env (by name only here), and where its failsafe terminates it.
+    assert row["env_keys"] == ["FLEET_RAY_TOKEN", "FLEET_RUNPOD_URL"]
     assert fake.instances[str(row["id"])].extra["terminateAfter"]  # RunPod's own deadline is set
 
 
@@ -108,6 +115,42 @@ def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
     assert fake.state()["instances"] == []
     provider.terminate("tf-never-1")
     assert provider.get("tf-never-1") is None
+
+
+def test_the_pod_terminates_itself_when_the_fleet_is_silent(fake: FakeRunPod, tmp_path: Path) -> None:
+    """The pod's real container command, run as RunPod would run it (a stand-in `ray` that just blocks):
+    its failsafe hears no heartbeat and terminates the pod with the pod's own key. No secret is inline."""
+    secret = SecretStr("hf_node_secret_0123")
+    request = LaunchRequest("tf-r9-1", "r9", SECTION, {"HF_TOKEN": secret}, heartbeat_timeout_s=1)
+    pod = provider_for(fake, tmp_path).launch(request)
+    row = fake.instances[pod.provider_id]
+    assert row.env["FLEET_HEARTBEAT_TIMEOUT_S"] == "1" and row.env["FLEET_RUNPOD_URL"] == fake.url
+    docker_args = str(row.extra["dockerArgs"])
+    assert KEY not in row.env.values()
+    for value in (KEY, secret.get_secret_value(), row.env["FLEET_RAY_TOKEN"]):
+        assert value not in docker_args
+    node = start_node(tmp_path, shlex.split(docker_args), {**row.env, **fake.container_env(pod.provider_id)})
+    try:
+        deadline = time.monotonic() + 15
+        while fake.state()["instances"]:
+            assert node.poll() is None, "the container command ended early"
+            assert time.monotonic() < deadline, "the pod did not terminate itself"
+            time.sleep(0.2)
+        assert fake.state()["requests"].get("terminate") == 1
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+
+
+def start_node(tmp_path: Path, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A container's command with a stand-in `ray` that just blocks, and this Python as `python3`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "ray").chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FLEET_NODE_ROOT": str(tmp_path / "root"), **env}
+    return subprocess.Popen(argv, env=env, start_new_session=True)
 
 
 def test_fleet_offers_shows_fits_and_why_not(fake: FakeRunPod, tmp_path: Path) -> None:

@@ -161,11 +161,17 @@ def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
 
 def test_the_node_destroys_itself_at_its_deadline(fake: FakeVastAI, tmp_path: Path) -> None:
     """The instance's real start script, run as vast.ai would run it (a stand-in `ray` that just blocks):
-    its watchdog destroys the instance with the instance's own key once terminate_after has passed."""
+    its failsafe destroys the instance with the instance's own key once terminate_after has passed (the
+    heartbeat timeout is longer). No secret is inline."""
     section = SECTION.model_copy(update={"terminate_after": 1})
-    inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r9-1", "r9", section))
+    secret = SecretStr("hf_node_secret_0123")
+    request = LaunchRequest("tf-r9-1", "r9", section, {"HF_TOKEN": secret}, heartbeat_timeout_s=600)
+    inst = provider_for(fake, tmp_path).launch(request)
     row = fake.instances[inst.provider_id]
     assert row.env["FLEET_DEADLINE_S"] == "1" and row.env["FLEET_VAST_URL"] == fake.url
+    assert row.env["FLEET_HEARTBEAT_TIMEOUT_S"] == "600" and KEY not in row.env.values()
+    for value in (KEY, secret.get_secret_value(), row.env["FLEET_RAY_TOKEN"]):
+        assert value not in str(row.extra["onstart"])
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ray").write_text("#!/bin/sh\nexec sleep 60\n")
