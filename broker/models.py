@@ -146,6 +146,9 @@ class Instance(BaseModel):
     dashboard_url: str | None = None
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
+    create_called_at: float | None = Field(
+        None, description="When the last create call went out that may have made it (no clear answer)."
+    )
     missed: int = Field(0, description="Looks in a row in which the provider did not list it.")
     keep_until: float | None = Field(
         None, description="Kept for debugging (one_shot: false, run failed): the reaper ends it after this."

@@ -79,6 +79,9 @@ class Settings(BaseModel):
     stuck_alert_after_s: float = Field(
         120, ge=0, description="An instance still listed this long after its terminate: alert every cycle."
     )
+    create_settle_s: float = Field(
+        120, ge=0, description="After a create call without a clear answer, look the name up this long first."
+    )
     lost_after_misses: int = Field(
         3, ge=1, le=100, description="Looks in a row without it in the provider's list before a node is LOST."
     )

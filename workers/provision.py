@@ -11,6 +11,7 @@ from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
+from fleet.errors import AuthFailed, CredentialsMissing, NoCapacity, ProvisioningFailed
 from providers.base import LaunchRequest, NodeState
 from workers import context, wandb_plan
 from workers.common import (
@@ -51,6 +52,11 @@ def step(ctx: context.Context, run: Run) -> Next:
             raise NodeLost(f"{lost} while starting")
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
     if found is None:
+        called = record.create_called_at
+        if called is not None and time.time() - called < ctx.settings.create_settle_s:
+            # An earlier create call had no clear answer (a timeout, a 5xx): the vendor may still carry
+            # it out. Look it up by name until it has had time to show, rather than create a second one.
+            return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
         request = LaunchRequest(
             name,
             run.run_id,
@@ -58,7 +64,12 @@ def step(ctx: context.Context, run: Run) -> Next:
             node_secrets(ctx),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
         )
-        found = provider.launch(request)
+        ctx.ledger.update_instance(name, create_called_at=time.time())
+        try:
+            found = provider.launch(request)
+        except (NoCapacity, ProvisioningFailed, AuthFailed, CredentialsMissing):
+            ctx.ledger.update_instance(name, create_called_at=None)  # a clear no: nothing was made
+            raise
         ctx.ledger.update_instance(
             name,
             state=InstanceState.STARTING,
