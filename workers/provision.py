@@ -11,6 +11,7 @@ from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
+from fleet.crashpoints import CrashPoint, crash_point
 from providers.base import LaunchRequest, NodeState
 from workers import context, wandb_plan
 from workers.common import RETRY_POLICY, Next, StageFailed, enter, job_spec, node_secrets, run_stage
@@ -39,6 +40,7 @@ def step(ctx: context.Context, run: Run) -> Next:
             raise StageFailed(FailureReason.INSTANCE_LOST, f"instance {name} disappeared while starting")
         request = LaunchRequest(name, run.run_id, job_spec(run).section, node_secrets(ctx))
         found = provider.launch(request)
+        crash_point(CrashPoint.AFTER_CREATE_CALL)
         ctx.ledger.update_instance(
             name,
             state=InstanceState.STARTING,

@@ -3,6 +3,10 @@
 A vendor fake (RunPod, vast.ai) subclasses `FakeCloud` and implements `route`, which maps one request to
 an operation name and a handler. The base class counts requests per operation, applies any scripted
 fault for that operation, and serves the `/_fake/...` control endpoints (state, faults, preempt).
+
+For fault-injection tests the base also keeps two witnesses in `state()`: `most_live` (per instance name,
+the most instances of that name ever live at once, so a duplicate shows even after one was destroyed) and
+`faults_served` (per "op:kind", the scripted faults actually applied to a request).
 """
 
 from __future__ import annotations
@@ -168,6 +172,8 @@ class FakeCloud(Served):
         self.instances: dict[str, Instance] = {}
         self.requests: dict[str, int] = {}
         self.faults: list[Fault] = []
+        self.most_live: dict[str, int] = {}  # name -> most instances of that name live at once
+        self.faults_served: dict[str, int] = {}  # "op:kind" -> faults applied to a request
         self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s, node_cpus)
 
     # -- lifecycle (start, url, stop, `with`: tests.fakes.serving) ----------------------------------
@@ -186,13 +192,16 @@ class FakeCloud(Served):
             self.faults.extend(parsed)
 
     def state(self) -> dict[str, Any]:
-        """What the fake holds: live instances (env names only) and request counts per operation."""
+        """What the fake holds: live instances (env names only), request counts per operation, the most
+        instances of each name ever live at once, and the scripted faults served ("op:kind" -> count)."""
         with self.lock:
             for inst in self.instances.values():
                 self.refresh(inst)
             return {
                 "instances": [i.public() for i in self.instances.values() if i.state != "terminated"],
                 "requests": dict(self.requests),
+                "most_live": dict(self.most_live),
+                "faults_served": dict(self.faults_served),
             }
 
     def preempt(self, instance_id: str) -> bool:
@@ -214,8 +223,15 @@ class FakeCloud(Served):
         """Record a new instance and start its node."""
         with self.lock:
             self.instances[inst.id] = inst
+            self.note_live(inst.name)
         self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
         return inst
+
+    def note_live(self, name: str) -> None:
+        """Update `most_live` for `name` after an instance got that name (created or relabelled)."""
+        with self.lock:
+            live = sum(1 for i in self.instances.values() if i.name == name and i.state != "terminated")
+            self.most_live[name] = max(self.most_live.get(name, 0), live)
 
     def refresh(self, inst: Instance) -> None:
         """Advance a starting instance to running once its node answers."""
@@ -283,6 +299,9 @@ class FakeCloud(Served):
         fault = self.take_fault(op)
         if fault is None:
             return handler(request)
+        with self.lock:
+            served = f"{op}:{fault.kind}"
+            self.faults_served[served] = self.faults_served.get(served, 0) + 1
         if fault.kind == "timeout":
             time.sleep(fault.delay)
             return handler(request)
