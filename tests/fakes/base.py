@@ -12,6 +12,7 @@ the most instances of that name ever live at once, so a duplicate shows even aft
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from tests.fakes.nodes import NodeBackend, make_nodes
 from tests.fakes.serving import Served
 
 FAULT_KINDS = frozenset(
-    {"500", "429", "quota", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
+    {"500", "429", "quota", "timeout", "hang", "error_after_create", "terminate_ok_but_listed", "not_found"}
 )
 TOKEN_ENV = "FLEET_RAY_TOKEN"
 DASHBOARD_PORT = 8265
@@ -61,11 +62,18 @@ Handler = Callable[[Request], Response]
 
 @dataclass
 class Fault(FaultRule):
-    """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds its answer."""
+    """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds the request before carrying
+    it out and answering, and how long a "hang" withholds the answer of a request it carried out at once;
+    with `every` n, only every n-th request of the operation that reaches the rule is hit."""
 
     delay: float = 0.0
+    every: int = 1
+    seen: int = field(default=0, init=False)  # requests of the operation this rule has seen (for `every`)
 
     KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
+
+    def __post_init__(self) -> None:
+        self.every = max(1, self.every)
 
 
 @dataclass
@@ -150,6 +158,12 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, cloud: FakeCloud, port: int) -> None:
         self.cloud = cloud
         super().__init__(("127.0.0.1", port), _HTTPHandler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up before the answer (a "timeout" or "hang" fault) is not an error."""
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
 
 
 class FakeCloud(Served):
@@ -272,7 +286,7 @@ class FakeCloud(Served):
 
     # -- dispatch ----------------------------------------------------------------------------------
     def take_fault(self, op: str) -> Fault | None:
-        """The first queued rule for `op` (or "*"), consumed once."""
+        """The first queued rule for `op` (or "*") that hits this request, consumed once."""
         with self.lock:
             for fault in self.faults:
                 if fault.op in (op, "*") and fault.times > 0:
@@ -281,6 +295,9 @@ class FakeCloud(Served):
                             continue
                         self.faults.remove(fault)  # one terminate; `times` counts later listings
                         return fault
+                    fault.seen += 1
+                    if fault.seen % fault.every:
+                        continue
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
@@ -305,6 +322,10 @@ class FakeCloud(Served):
         if fault.kind == "timeout":
             time.sleep(fault.delay)
             return handler(request)
+        if fault.kind == "hang":
+            response = handler(request)
+            time.sleep(fault.delay)
+            return response
         if fault.kind == "429":
             body = self.error_body(429, "Too many requests")
             return Response(429, body, {"Retry-After": f"{fault.retry_after:g}"})

@@ -28,6 +28,7 @@ import redis
 from broker.ledger import Ledger
 from broker.models import RunState
 from fleet.errors import FleetError, NotFound
+from providers.base import INSTANCE_PREFIX
 from providers.local.client import LocalHeads
 from tests.faults.case import Case, Findings
 
@@ -82,10 +83,12 @@ def state_of(clients: list[redis.Redis[str]], run_id: str) -> str:
 
 # -- I2 ---------------------------------------------------------------------------------------------
 def live_instances(case: Case) -> list[str]:
-    """Every instance still alive: on the fake clouds, and local Ray heads (by their processes)."""
+    """Every instance of ours (named tf-...) still alive: on the fake clouds, and local Ray heads (by
+    their processes). Anybody else's instances on a shared account are not the fleet's to end."""
     live = []
     for fake in case.clouds:
-        live += [f"{fake.vendor}:{row['name']}:{row['id']}" for row in fake.state()["instances"]]
+        rows = [row for row in fake.state()["instances"] if str(row["name"]).startswith(INSTANCE_PREFIX)]
+        live += [f"{fake.vendor}:{row['name']}:{row['id']}" for row in rows]
     for home in case.homes:
         live += [f"local:{name}" for name in sorted(heads_per_name(home))]
     return live

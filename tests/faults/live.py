@@ -28,6 +28,7 @@ from fleet.embedded import _binary, _locked, ensure_redis  # the embedded Redis'
 from tests.fakes import FakeCloud, FakeDiscord, FakeHub
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
+from tests.faults.direct import NOWHERE
 from tests.integration.fleetproc import REPO, Worker, cleanup, fleet_env, fleet_json, wait_until
 
 Event = dict[str, Any]
@@ -63,10 +64,16 @@ class LiveFleet:
         self.case, self.home = case, home
         self.hub = case.stack.enter_context(FakeHub(home=home.parent / "hub", token=CANARIES["HF_TOKEN"]))
         urls = {"runpod": "RUNPOD_API_BASE_URL", "vastai": "VAST_URL"}
-        endpoints = {urls[fake.vendor]: fake.url for fake in clouds}
-        self.env = fleet_env(
-            home, **CANARIES, **endpoints, HF_ENDPOINT=self.hub.url, HF_HUB_DISABLE_XET="1", **settings
-        )
+        endpoints = {name: NOWHERE for name in urls.values()}  # never the real APIs, with canary keys
+        endpoints.update({urls[fake.vendor]: fake.url for fake in clouds})
+        self.settings = {
+            **CANARIES,
+            **endpoints,
+            "HF_ENDPOINT": self.hub.url,
+            "HF_HUB_DISABLE_XET": "1",
+            **settings,
+        }
+        self.env = fleet_env(home, **self.settings)
         ensure_redis(home)
         self.redis: redis.Redis[str] = redis.Redis.from_url(self.url(), decode_responses=True)
         self.ledger = Ledger(self.redis)
@@ -92,9 +99,15 @@ class LiveFleet:
         return path
 
     # -- processes -----------------------------------------------------------------------------------
-    def worker(self, **env: str) -> FaultWorker:
-        """Start `fleet up`; `env` adds to the fleet's environment (e.g. FLEET_CRASH_AT)."""
-        worker = FaultWorker({**self.env, **env}, self._log("worker"))
+    def worker(self, home: Path | None = None, **env: str) -> FaultWorker:
+        """Start `fleet up`; `env` adds to the fleet's environment (e.g. FLEET_CRASH_AT). With `home`, the
+        worker runs as on another machine: a home of its own, this fleet's Redis (REDIS_URL)."""
+        base = self.env
+        if home is not None:
+            base = fleet_env(home, **self.settings, REDIS_URL=self.url())
+            self.case.watch_home(home)
+            self.case.stack.callback(cleanup, home)
+        worker = FaultWorker({**base, **env}, self._log("worker"))
         self.workers.append(worker)
         return worker
 
