@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup lint format typecheck test test-unit test-integration check bench demo clean
+.PHONY: setup lint format typecheck test test-unit test-integration faults check bench demo clean
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
@@ -35,6 +35,16 @@ test-unit:
 
 test-integration:
 	$(BIN)/pytest -q tests/integration
+
+# The whole fault-injection suite (tests/faults: also the long cases that `make test` leaves out), then its
+# summary as one JSON object on the last line; fails if a case failed or anything leaked, was duplicated,
+# never ended or let a secret out.
+FAULTS_SUMMARY ?= out/faults-summary.json
+
+faults:
+	@mkdir -p $(dir $(FAULTS_SUMMARY)); rm -f $(FAULTS_SUMMARY)
+	@FLEET_FAULTS_SUMMARY=$(abspath $(FAULTS_SUMMARY)) $(BIN)/pytest -q -m faults tests/faults; status=$$?; \
+		$(BIN)/python -m tests.faults.summary $(FAULTS_SUMMARY) || status=1; exit $$status
 
 check: lint typecheck test
 

@@ -143,3 +143,19 @@ class Script:
             return [(EventType.RUN_FAILED, {"reason": "TRAINING_FAILED", "message": message})]
 
         self.change(run_id, failed)
+
+
+LOCAL_SECTION = "local:\n  one_shot: true\n"
+
+
+def light_job_file(folder: Path, section: str = LOCAL_SECTION, extra: str = "") -> Path:
+    """The example job trained in one process (`use_ray: false`: no Ray Train start-up), written to
+    `folder/tiny.yml` with its data linked beside it; `section` replaces its `local:` section (a runpod: or
+    vastai: one) and `extra` adds top-level keys (e.g. `hub_model_id: ...`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = EXAMPLE_YAML.read_text().replace("use_ray: true", "use_ray: false")
+    job = folder / "tiny.yml"
+    job.write_text(text.replace(LOCAL_SECTION, extra + section))
+    if not (folder / "data").exists():
+        (folder / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    return job

@@ -11,6 +11,7 @@ from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
+from fleet.crashpoints import CrashPoint, crash_point
 from fleet.errors import AuthFailed, CredentialsMissing, NoCapacity, ProvisioningFailed
 from providers.base import LaunchRequest, NodeState
 from workers import context, wandb_plan
@@ -70,6 +71,7 @@ def step(ctx: context.Context, run: Run) -> Next:
         except (NoCapacity, ProvisioningFailed, AuthFailed, CredentialsMissing):
             ctx.ledger.update_instance(name, create_called_at=None)  # a clear no: nothing was made
             raise
+        crash_point(CrashPoint.AFTER_CREATE_CALL)
         ctx.ledger.update_instance(
             name,
             state=InstanceState.STARTING,

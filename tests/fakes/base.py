@@ -3,11 +3,16 @@
 A vendor fake (RunPod, vast.ai) subclasses `FakeCloud` and implements `route`, which maps one request to
 an operation name and a handler. The base class counts requests per operation, applies any scripted
 fault for that operation, and serves the `/_fake/...` control endpoints (state, faults, preempt).
+
+For fault-injection tests the base also keeps two witnesses in `state()`: `most_live` (per instance name,
+the most instances of that name ever live at once, so a duplicate shows even after one was destroyed) and
+`faults_served` (per "op:kind", the scripted faults actually applied to a request).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +27,7 @@ from tests.fakes.nodes import NodeBackend, make_nodes
 from tests.fakes.serving import Served
 
 FAULT_KINDS = frozenset(
-    {"500", "429", "quota", "timeout", "error_after_create", "terminate_ok_but_listed", "not_found"}
+    {"500", "429", "quota", "timeout", "hang", "error_after_create", "terminate_ok_but_listed", "not_found"}
 )
 TOKEN_ENV = "FLEET_RAY_TOKEN"
 DASHBOARD_PORT = 8265
@@ -57,11 +62,18 @@ Handler = Callable[[Request], Response]
 
 @dataclass
 class Fault(FaultRule):
-    """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds its answer."""
+    """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds the request before carrying
+    it out and answering, and how long a "hang" withholds the answer of a request it carried out at once;
+    with `every` n, only every n-th request of the operation that reaches the rule is hit."""
 
     delay: float = 0.0
+    every: int = 1
+    seen: int = field(default=0, init=False)  # requests of the operation this rule has seen (for `every`)
 
     KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
+
+    def __post_init__(self) -> None:
+        self.every = max(1, self.every)
 
 
 @dataclass
@@ -148,6 +160,12 @@ class _Server(ThreadingHTTPServer):
         self.cloud = cloud
         super().__init__(("127.0.0.1", port), _HTTPHandler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up before the answer (a "timeout" or "hang" fault) is not an error."""
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
 
 class FakeCloud(Served):
     """Base for a fake vendor API. Use as a context manager, or `start()` / `stop()`."""
@@ -169,6 +187,8 @@ class FakeCloud(Served):
         self.instances: dict[str, Instance] = {}
         self.requests: dict[str, int] = {}
         self.faults: list[Fault] = []
+        self.most_live: dict[str, int] = {}  # name -> most instances of that name live at once
+        self.faults_served: dict[str, int] = {}  # "op:kind" -> faults applied to a request
         self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s, node_cpus)
 
     # -- lifecycle (start, url, stop, `with`: tests.fakes.serving) ----------------------------------
@@ -187,13 +207,16 @@ class FakeCloud(Served):
             self.faults.extend(parsed)
 
     def state(self) -> dict[str, Any]:
-        """What the fake holds: live instances (env names only) and request counts per operation."""
+        """What the fake holds: live instances (env names only), request counts per operation, the most
+        instances of each name ever live at once, and the scripted faults served ("op:kind" -> count)."""
         with self.lock:
             for inst in self.instances.values():
                 self.refresh(inst)
             return {
                 "instances": [i.public() for i in self.instances.values() if i.state != "terminated"],
                 "requests": dict(self.requests),
+                "most_live": dict(self.most_live),
+                "faults_served": dict(self.faults_served),
             }
 
     def preempt(self, instance_id: str) -> bool:
@@ -215,8 +238,15 @@ class FakeCloud(Served):
         """Record a new instance and start its node."""
         with self.lock:
             self.instances[inst.id] = inst
+            self.note_live(inst.name)
         self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
         return inst
+
+    def note_live(self, name: str) -> None:
+        """Update `most_live` for `name` after an instance got that name (created or relabelled)."""
+        with self.lock:
+            live = sum(1 for i in self.instances.values() if i.name == name and i.state != "terminated")
+            self.most_live[name] = max(self.most_live.get(name, 0), live)
 
     def refresh(self, inst: Instance) -> None:
         """Advance a starting instance to running once its node answers."""
@@ -257,7 +287,7 @@ class FakeCloud(Served):
 
     # -- dispatch ----------------------------------------------------------------------------------
     def take_fault(self, op: str) -> Fault | None:
-        """The first queued rule for `op` (or "*"), consumed once."""
+        """The first queued rule for `op` (or "*") that hits this request, consumed once."""
         with self.lock:
             for fault in self.faults:
                 if fault.op in (op, "*") and fault.times > 0:
@@ -266,6 +296,9 @@ class FakeCloud(Served):
                             continue
                         self.faults.remove(fault)  # one terminate; `times` counts later listings
                         return fault
+                    fault.seen += 1
+                    if fault.seen % fault.every:
+                        continue
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
@@ -284,9 +317,16 @@ class FakeCloud(Served):
         fault = self.take_fault(op)
         if fault is None:
             return handler(request)
+        with self.lock:
+            served = f"{op}:{fault.kind}"
+            self.faults_served[served] = self.faults_served.get(served, 0) + 1
         if fault.kind == "timeout":
             time.sleep(fault.delay)
             return handler(request)
+        if fault.kind == "hang":
+            response = handler(request)
+            time.sleep(fault.delay)
+            return response
         if fault.kind == "429":
             body = self.error_body(429, "Too many requests")
             return Response(429, body, {"Retry-After": f"{fault.retry_after:g}"})

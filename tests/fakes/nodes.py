@@ -1,4 +1,5 @@
-"""The machines behind a fake cloud's instances: none at all, or a real local Ray head per instance.
+"""The machines behind a fake cloud's instances: none at all, a stub that answers only the Jobs API's
+version call, or a real local Ray head per instance.
 
 A backend is asked to `start` a node (returns at once), whether it is ready (`ready_port`: the local port
 that the instance publishes as its container port 8265, or None while it boots) and to `stop` it.
@@ -14,8 +15,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from providers.local.client import LocalHeads
 from trainer.config import NODE_ROOT_ENV
@@ -78,6 +80,81 @@ class NoNodes:
             self._started.clear()
 
 
+class _StubHandler(BaseHTTPRequestHandler):
+    server: _StubServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        ok = self.path.rstrip("/") == "/api/version"
+        ok = ok and self.headers.get("Authorization") == f"Bearer {self.server.token}"
+        body = b'{"version": "stub"}' if ok else b"{}"
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent."""
+
+
+class _StubServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+
+
+class StubNodes:
+    """No Ray: each node is a small HTTP server on its published port that answers the Jobs API's
+    `GET /api/version` with the node's token (401 without), `delay_s` after it was started. Enough for the
+    provision stage to see the node RUNNING; nothing that needs a real head (prepare, train) works."""
+
+    def __init__(self, delay_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self._started: dict[str, tuple[float, _StubServer]] = {}
+        self._lock = threading.Lock()
+
+    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
+        """Serve the node's stub head in a daemon thread (returns at once)."""
+        server = _StubServer(token or secrets.token_hex(16))
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        with self._lock:
+            old = self._started.pop(name, None)
+            self._started[name] = (time.time(), server)
+        if old is not None:
+            _close(old[1])
+
+    def ready_port(self, name: str, token: str | None) -> int | None:
+        """The stub's port once `delay_s` has passed."""
+        with self._lock:
+            started = self._started.get(name)
+        if started is None or time.time() - started[0] < self.delay_s:
+            return None
+        return int(started[1].server_address[1])
+
+    def stop(self, name: str) -> None:
+        """Stop the node's stub server."""
+        with self._lock:
+            started = self._started.pop(name, None)
+        if started is not None:
+            _close(started[1])
+
+    def stop_all(self) -> None:
+        """Stop every stub server."""
+        with self._lock:
+            servers = [server for _at, server in self._started.values()]
+            self._started.clear()
+        for server in servers:
+            _close(server)
+
+
+def _close(server: _StubServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
 class RayNodes:
     """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`); each
     node keeps its runs under its own root, `home/node-roots/<name>`, as a rented node would."""
@@ -129,11 +206,13 @@ class RayNodes:
 
 
 def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPUS_PER_NODE) -> NodeBackend:
-    """The backend for `--nodes ray|none`."""
+    """The backend for `--nodes ray|stub|none`."""
     if kind == "none":
         return NoNodes(delay_s)
+    if kind == "stub":
+        return StubNodes(delay_s)
     if kind == "ray":
         if home is None:
             raise ValueError("nodes='ray' needs a home directory")
         return RayNodes(home, cpus)
-    raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, none")
+    raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, none")

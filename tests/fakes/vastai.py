@@ -200,6 +200,7 @@ class FakeVastAI(FakeCloud):
                 self.resume(inst)
             elif op == "label":
                 inst.name = str(body.get("label", inst.name))
+                self.note_live(inst.name)
             elif op == "bid":
                 price = float(body.get("price") or 0)
                 inst.bid = round(price / inst.gpu_count, 6)
