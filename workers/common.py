@@ -242,7 +242,7 @@ def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
         state=InstanceState.TERMINATING,
         terminate_requested_at=now,
         terminate_attempts=1,
-        next_terminate_at=now + ctx.settings.reap_interval_s,
+        next_terminate_at=now + ctx.settings.reap_interval_s / 2,  # the next reap pass calls again
     )
     provider.terminate(run.instance)
     if provider.get(run.instance) is None:

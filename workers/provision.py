@@ -12,7 +12,7 @@ from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from fleet.crashpoints import CrashPoint, crash_point
-from fleet.errors import AuthFailed, CredentialsMissing, NoCapacity, ProvisioningFailed
+from fleet.errors import FleetError, ProviderUnavailable
 from providers.base import LaunchRequest, NodeState
 from workers import context, wandb_plan
 from workers.common import (
@@ -68,8 +68,9 @@ def step(ctx: context.Context, run: Run) -> Next:
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:
             found = provider.launch(request)
-        except (NoCapacity, ProvisioningFailed, AuthFailed, CredentialsMissing):
-            ctx.ledger.update_instance(name, create_called_at=None)  # a clear no: nothing was made
+        except FleetError as exc:
+            if _refused(exc):
+                ctx.ledger.update_instance(name, create_called_at=None)  # a clear no: nothing was made
             raise
         crash_point(CrashPoint.AFTER_CREATE_CALL)
         ctx.ledger.update_instance(
@@ -107,6 +108,14 @@ def step(ctx: context.Context, run: Run) -> Next:
             f"instance {name} not ready after {ctx.settings.node_ready_timeout_s:.0f} s",
         )
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+
+
+def _refused(exc: FleetError) -> bool:
+    """Whether a failed create call surely made nothing: the vendor said no (no capacity, a bad request or
+    key), or asked to be called later (429). A timeout or a 5xx may still have made the instance."""
+    if isinstance(exc, ProviderUnavailable):
+        return exc.retry_after is not None
+    return True
 
 
 def _emit(ctx: context.Context, run: Run, kind: EventType, data: dict[str, object]) -> None:

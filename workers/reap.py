@@ -256,8 +256,10 @@ class Pass:
             self._call_terminate(record.name, record.terminate_attempts)
 
     def _call_terminate(self, name: str, attempts: int) -> None:
-        """Call terminate; the next call waits twice as long as the last (from one reap interval)."""
-        wait = min(self.settings.reap_interval_s * 2**attempts, self.settings.terminate_retry_max_s)
+        """Call terminate. The calls after it come 1, 2, 4, ... reap passes apart (each wait is half a
+        pass short of that, so that a pass a little early still counts), up to terminate_retry_max_s."""
+        passes = 2**attempts - 0.5
+        wait = min(self.settings.reap_interval_s * passes, self.settings.terminate_retry_max_s)
         self.ctx.ledger.update_instance(
             name, terminate_attempts=attempts + 1, next_terminate_at=self.now + wait
         )

@@ -96,7 +96,15 @@ class DirectFleet:
         monkeypatch.setenv("FLEET_SECRETS_FILE", str(home / "no-secrets.yml"))
         urls = {setting: NOWHERE for setting in URL_SETTING.values()}
         urls.update({URL_SETTING[fake.vendor]: fake.url for fake in clouds})
-        defaults: dict[str, Any] = {"orphan_grace_s": 0, "poll_interval_s": 0.2, "stall_after_s": 30}
+        # A create with no clear answer is only looked up for create_settle_s (the fakes show a late
+        # create within seconds; the default, 2 min, is for real clouds).
+        defaults: dict[str, Any] = {
+            "orphan_grace_s": 0,
+            "poll_interval_s": 0.2,
+            "stall_after_s": 30,
+            "create_settle_s": 5,
+            "reap_interval_s": 1,  # the pace at which the cases call the reaper (its back-offs scale)
+        }
         self.settings = Settings(home=home, **{**defaults, **urls, **settings})
         configure(self.settings, redis_url)
         self.ctx = context.init(self.settings, redis_url)

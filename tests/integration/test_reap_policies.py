@@ -176,7 +176,7 @@ def test_a_terminate_is_retried_with_back_off_and_alerts_every_cycle_until_the_n
     redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, fake: FakeRunPod
 ) -> None:
     ctx = make_ctx(
-        redis_url, fleet_home, fake, reap_interval_s=0.2, terminate_retry_max_s=0.4, stuck_alert_after_s=0
+        redis_url, fleet_home, fake, reap_interval_s=1, terminate_retry_max_s=0.4, stuck_alert_after_s=0
     )
     name = start(ctx, "stubborn", RunState.SUCCEEDED, section())  # one_shot: its node should be gone
     # Two terminates fail outright, the third is "OK" but the pod stays listed for two more looks.
