@@ -209,17 +209,20 @@ class LocalHeads:
         return meta
 
     def processes(self, meta: HeadMeta) -> list[psutil.Process]:
-        """Every live process of this head (found by its temp dir, or as the `ray start` process)."""
+        """Every live process of this head: those that name its temp dir (the `ray start` process, raylet,
+        workers...) and everything they started, such as a Ray job's driver (`python -m trainer ...`),
+        which runs in a session of its own and names no temp dir, but dies with the machine on a real node."""
         found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["cmdline", "status"]):
             try:
                 if proc.info["status"] == psutil.STATUS_ZOMBIE:
                     continue
                 cmdline = " ".join(proc.info["cmdline"] or [])
+                if meta.temp_dir in cmdline:
+                    found[proc.pid] = proc
+                    found.update((child.pid, child) for child in proc.children(recursive=True))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            if meta.temp_dir in cmdline:
-                found[proc.pid] = proc
         return list(found.values())
 
     def head_alive(self, meta: HeadMeta) -> bool:
