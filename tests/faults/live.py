@@ -44,8 +44,9 @@ class FaultWorker(Worker):
         """SIGKILL the worker's whole process group (main process, pool children, embedded beat) at once,
         then anything of it that left the group."""
         self.killed = True
-        procs = [psutil.Process(self.proc.pid)]
+        procs: list[psutil.Process] = []
         with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(self.proc.pid))
             procs += procs[0].children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
