@@ -91,6 +91,7 @@ class Case:
     redis_urls: list[Callable[[], str]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     discords: list[FakeDiscord] = field(default_factory=list)
+    published: list[Path] = field(default_factory=list)
     samplers: list[HeadSampler] = field(default_factory=list)
     reaper: Reaper | None = None
     end_timeout_s: float = 300.0
@@ -127,6 +128,10 @@ class Case:
     def watch_log(self, path: Path) -> None:
         """A process's log, scanned for secrets (I4) and for crash points hit."""
         self.logs.append(path)
+
+    def watch_published(self, folder: Path) -> None:
+        """Files the fleet published (a fake Hub's store): scanned for secrets (I4)."""
+        self.published.append(folder)
 
     def watch_discord(self, fake: FakeDiscord) -> None:
         """A fake Discord the events are posted to: its messages are scanned for secrets (I4)."""
