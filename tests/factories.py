@@ -146,6 +146,15 @@ class Script:
 
 
 LOCAL_SECTION = "local:\n  one_shot: true\n"
+# The fake clouds' cheapest fits: RunPod's RTX A5000 (an interruptible pod at its minimum bid) and vast.ai's
+# offer 1001 (an RTX A5000 community host: 8 vCPUs, 32 GB).
+RUNPOD_SECTION = (
+    "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+)
+VASTAI_SECTION = (
+    "vastai:\n  gpu: RTX_A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n"
+    "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n  one_shot: true\n"
+)
 
 
 def light_job_file(folder: Path, section: str = LOCAL_SECTION, extra: str = "") -> Path:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -27,6 +27,8 @@ from tests.fakes import FakeCloud, FakeDiscord
 from tests.faults.canaries import CANARIES
 
 Reaper = Callable[[], object]
+F = TypeVar("F", bound=FakeCloud)
+CLOUD_KEYS = {"runpod": "RUNPOD_API_KEY", "vastai": "VAST_API_KEY"}
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Case:
     redis_urls: list[Callable[[], str]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     discords: list[FakeDiscord] = field(default_factory=list)
+    published: list[Path] = field(default_factory=list)
     samplers: list[HeadSampler] = field(default_factory=list)
     reaper: Reaper | None = None
     end_timeout_s: float = 300.0
@@ -101,9 +104,15 @@ class Case:
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     # -- what the case sets up ---------------------------------------------------------------------
-    def watch_cloud(self, fake: FakeCloud) -> FakeCloud:
+    def cloud(self, kind: type[F], home: Path, **options: Any) -> F:
+        """Start a fake cloud for this case (its canary key, stopped after the check) and watch it."""
+        fake = kind(api_key=CANARIES[CLOUD_KEYS[kind.vendor]], home=home, **options)
+        return self.watch_cloud(self.stack.enter_context(fake))
+
+    def watch_cloud(self, fake: F) -> F:
         """A fake cloud: its live instances (I2), its most-live per name (I1), its served faults."""
-        self.clouds.append(fake)
+        if fake not in self.clouds:
+            self.clouds.append(fake)
         return fake
 
     def watch_home(self, home: Path) -> None:
@@ -119,6 +128,10 @@ class Case:
     def watch_log(self, path: Path) -> None:
         """A process's log, scanned for secrets (I4) and for crash points hit."""
         self.logs.append(path)
+
+    def watch_published(self, folder: Path) -> None:
+        """Files the fleet published (a fake Hub's store): scanned for secrets (I4)."""
+        self.published.append(folder)
 
     def watch_discord(self, fake: FakeDiscord) -> None:
         """A fake Discord the events are posted to: its messages are scanned for secrets (I4)."""

@@ -5,8 +5,9 @@
 - I2 leaked: no live instance once the runs ended plus a reap cycle (fake clouds' lists, local heads).
 - I3 not_terminal: every run ends SUCCEEDED, FAILED or CANCELLED, and in the state the case expects.
 - I4 secret_hits: no canary secret in any Redis key or value (Celery messages decoded), any log or file
-  of the fleet, or any Discord message. The fake clouds' own records are not searched: they are the
-  vendor, which legitimately receives the keys.
+  of the fleet (its home, the Redis AOF included; a node's own token file excepted), anything published
+  to the Hub, or any Discord message. The fake clouds' own records are not searched: they are the
+  vendor, which legitimately receives the keys (and a node legitimately holds HF_TOKEN in its env).
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def secret_hits(case: Case, clients: list[redis.Redis[str]]) -> list[str]:
     files = set(case.logs)
     for home in case.homes:
         files |= {p for p in home.rglob("*") if p.is_file() and p.name != "token"}
+    for folder in case.published:
+        files |= {p for p in folder.rglob("*") if p.is_file()}
     for path in sorted(files):
         with contextlib.suppress(OSError):
             data = path.read_bytes()

@@ -44,8 +44,9 @@ class FaultWorker(Worker):
         """SIGKILL the worker's whole process group (main process, pool children, embedded beat) at once,
         then anything of it that left the group."""
         self.killed = True
-        procs = [psutil.Process(self.proc.pid)]
+        procs: list[psutil.Process] = []
         with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(self.proc.pid))
             procs += procs[0].children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -84,8 +85,13 @@ class LiveFleet:
         self.restarts = 0  # workers the supervisor started again after they exited by themselves
         case.watch_home(home)
         case.watch_redis(self.url)
+        case.watch_published(home.parent / "hub")
         for fake in clouds:
             case.watch_cloud(fake)
+        # Long enough for the orphan grace and a few reap passes (each case's run has ended by then).
+        case.settle_s = (
+            float(self.env["FLEET_ORPHAN_GRACE_S"]) + 5 * float(self.env["FLEET_REAP_INTERVAL_S"]) + 5
+        )
         case.stack.callback(self.close)
 
     def url(self) -> str:

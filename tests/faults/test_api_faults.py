@@ -14,7 +14,6 @@ not. Every run must reach RUNNING on one instance, end CANCELLED, and leave noth
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,17 @@ import pytest
 import redis
 
 from broker.models import InstanceState, RunState
-from tests.factories import light_job_file
+from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, FakeVastAI
 from tests.faults import invariants
-from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
 from tests.faults.direct import DirectFleet, up
 from workers.reap import reap_once
 
 pytestmark = pytest.mark.faults
 
-SECTIONS = {
-    "runpod": "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n",
-    "vastai": (
-        "vastai:\n  gpu: RTX_A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n"
-        "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n  one_shot: true\n"
-    ),
-}
-FAKES: dict[str, tuple[type[FakeCloud], str]] = {
-    "runpod": (FakeRunPod, "RUNPOD_API_KEY"),
-    "vastai": (FakeVastAI, "VAST_API_KEY"),
-}
+SECTIONS = {"runpod": RUNPOD_SECTION, "vastai": VASTAI_SECTION}
+FAKES: dict[str, type[FakeCloud]] = {"runpod": FakeRunPod, "vastai": FakeVastAI}
 CLIENT_TIMEOUT_S = 1.0
 PAST_TIMEOUT_S = 1.5  # how long "timeout" and "hang" faults hold a request or its answer
 
@@ -89,19 +78,9 @@ def served_by(rules: list[dict[str, Any]]) -> int:
     return sum(1 if r["kind"] == "terminate_ok_but_listed" else r.get("times", 1) for r in rules)
 
 
-@pytest.fixture
-def cloud(case: Case, tmp_path: Path) -> Iterator[Any]:
-    def start(vendor: str) -> FakeCloud:
-        cls, key = FAKES[vendor]
-        return case.stack.enter_context(cls(api_key=CANARIES[key], home=tmp_path / "fake", nodes="stub"))
-
-    yield start
-
-
 @pytest.mark.parametrize(("vendor", "script"), CASES)
 def test_api_faults_during_provision_and_teardown(
     case: Case,
-    cloud: Any,
     vendor: str,
     script: str,
     redis_client: redis.Redis[str],
@@ -109,7 +88,7 @@ def test_api_faults_during_provision_and_teardown(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fake: FakeCloud = cloud(vendor)
+    fake = case.cloud(FAKES[vendor], tmp_path / "fake", nodes="stub")
     fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [fake], monkeypatch)
     fleet.client_timeout(vendor, CLIENT_TIMEOUT_S)
     fake.add_faults(SCRIPTS[script])
@@ -154,14 +133,13 @@ LATE_CREATE_BUG = (
 @pytest.mark.xfail(strict=True, raises=SecondInstanceFromALateCreate, reason=LATE_CREATE_BUG)
 def test_a_create_carried_out_after_the_timeout_and_the_retry(
     case: Case,
-    cloud: Any,
     redis_client: redis.Redis[str],
     redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """RunPod's create held 3 s, past the client's 1 s timeout and Celery's first retry (0 or 1 s later)."""
-    fake: FakeCloud = cloud("runpod")
+    fake = case.cloud(FakeRunPod, tmp_path / "fake", nodes="stub")
     fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [fake], monkeypatch)
     fleet.client_timeout("runpod", CLIENT_TIMEOUT_S)
     fake.add_faults([{"op": "create", "kind": "timeout", "delay": 3.0}])

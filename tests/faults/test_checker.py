@@ -31,8 +31,7 @@ def test_every_invariant_broken_on_purpose_is_reported(
 ) -> None:
     probe = Case("checker self-test", end_timeout_s=0, settle_s=0)
     with probe.stack:
-        fake = probe.stack.enter_context(FakeRunPod(api_key="k", home=tmp_path / "fake", nodes="none"))
-        probe.watch_cloud(fake)
+        fake = probe.cloud(FakeRunPod, tmp_path / "fake", nodes="none")
         for ident in ("a", "b"):  # two live instances of one name: a duplicate, and both leaked
             fake.add_instance(Instance(ident, "tf-dup-1", "NVIDIA RTX A5000", 1, 0.27, None, {}))
         probe.watch_redis(lambda: redis_url)

@@ -16,28 +16,22 @@ import pytest
 
 from broker.models import RunState
 from fleet.crashpoints import CRASH_ENV, CrashPoint
-from tests.factories import light_job_file
+from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
-from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
 from tests.faults.live import LiveFleet
 from tests.integration.fleetproc import fleet_json, wait_until
 
 pytestmark = pytest.mark.faults
-RUNPOD = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
 
 
 def test_a_crash_between_the_create_call_and_the_ledger_is_adopted_by_name(
     case: Case, tmp_path: Path
 ) -> None:
-    fake = case.stack.enter_context(
-        FakeRunPod(
-            api_key=CANARIES["RUNPOD_API_KEY"], home=tmp_path / "fake", nodes="stub", ready_delay_s=3600
-        )
-    )
+    fake = case.cloud(FakeRunPod, tmp_path / "fake", nodes="stub", ready_delay_s=3600)
     fleet = LiveFleet(case, tmp_path / "fleet", [fake])
     crashing = fleet.worker(**{CRASH_ENV: CrashPoint.AFTER_CREATE_CALL.value})
-    run_id = fleet.enqueue(light_job_file(tmp_path / "job", RUNPOD))
+    run_id = fleet.enqueue(light_job_file(tmp_path / "job", RUNPOD_SECTION))
     case.expect(run_id, RunState.CANCELLED)
 
     log = case.logs[-1]

@@ -32,7 +32,7 @@ from fleet.settings import load_settings
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.models import RunPodSection
 from providers.runpod.provider import RunPodProvider
-from tests.factories import light_job_file
+from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, Instance
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
@@ -42,15 +42,11 @@ from tests.integration.fleetproc import wait_until
 from workers.reap import Report, reap_once
 
 pytestmark = pytest.mark.faults
-RUNPOD = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
 
 
 def stub_runpod(case: Case, tmp_path: Path) -> FakeCloud:
     """The fake RunPod with nodes that never get ready (nothing here needs them to)."""
-    fake = FakeRunPod(
-        api_key=CANARIES["RUNPOD_API_KEY"], home=tmp_path / "fake", nodes="stub", ready_delay_s=3600
-    )
-    return case.stack.enter_context(fake)
+    return case.cloud(FakeRunPod, tmp_path / "fake", nodes="stub", ready_delay_s=3600)
 
 
 def make_orphans(fake: FakeCloud, home: Path, count: int, prefix: str = "orphan") -> list[str]:
@@ -177,7 +173,7 @@ def test_two_fleets_ups_with_their_beats_reap_once(case: Case, tmp_path: Path) -
     fake = stub_runpod(case, tmp_path)
     orphans = make_orphans(fake, tmp_path / "maker", 4)
     fleet = LiveFleet(case, tmp_path / "fleet", [fake], FLEET_ORPHAN_GRACE_S="0")
-    runs = stuck_runs(case, fleet, light_job_file(tmp_path / "job", RUNPOD), 3)
+    runs = stuck_runs(case, fleet, light_job_file(tmp_path / "job", RUNPOD_SECTION), 3)
     # Slow terminate calls (0.5 s each): a pass takes about a reap interval, so the beats' passes overlap.
     fake.add_faults([{"op": "terminate", "kind": "timeout", "delay": 0.5, "times": len(orphans)}])
     fleet.worker()

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from broker.models import RunState
-from tests.factories import light_job_file
+from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
-from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
 from tests.faults.live import LiveFleet
 from tests.integration.fleetproc import fleet_json, wait_until
@@ -32,7 +31,6 @@ RESTART_AFTER = [
     ("train.checkpoint", None),
     ("stage.started", "finalize"),
 ]
-RUNPOD = "runpod:\n  gpu: NVIDIA RTX A5000\n  gpu_count: 1\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
 CELERY_BUG = (
     "celery 5.7.0 / kombu 5.7.0: on a broker connection loss while the worker holds an unacked message (a "
     "task running under acks_late, or a countdown message waiting), "
@@ -74,14 +72,10 @@ class WorkerDiedOfTheCeleryBug(AssertionError):
 def test_an_unsupervised_worker_survives_a_redis_restart(case: Case, tmp_path: Path) -> None:
     """Redis goes while a provision task is in the middle of a (slow) cloud call, so the worker holds an
     unacked message for sure; the worker must still be there once Redis is back, and the run go on."""
-    fake = case.stack.enter_context(
-        FakeRunPod(
-            api_key=CANARIES["RUNPOD_API_KEY"], home=tmp_path / "fake", nodes="stub", ready_delay_s=3600
-        )
-    )
+    fake = case.cloud(FakeRunPod, tmp_path / "fake", nodes="stub", ready_delay_s=3600)
     fleet = LiveFleet(case, tmp_path / "fleet", [fake])
     worker = fleet.worker()
-    run_id = fleet.enqueue(light_job_file(tmp_path / "job", RUNPOD))
+    run_id = fleet.enqueue(light_job_file(tmp_path / "job", RUNPOD_SECTION))
     case.expect(run_id, RunState.CANCELLED)
     fleet.wait_event(run_id, "instance.requested")
     fake.add_faults([{"op": "list", "kind": "timeout", "delay": 4.0}])  # the next poll's list call: 4 s

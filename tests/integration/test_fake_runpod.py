@@ -232,7 +232,7 @@ def test_command_line_serve(tmp_path: Path) -> None:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
         state = requests.get(f"{url}/_fake/state", timeout=5).json()
-        assert state == {"instances": [], "requests": {}}
+        assert state == {"instances": [], "requests": {}, "most_live": {}, "faults_served": {}}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
@@ -242,3 +242,39 @@ def test_command_line_serve(tmp_path: Path) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+PODS = "query Pods { myself { pods { id name } } }"
+DEPLOY = """
+mutation Deploy($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { id } }
+"""
+
+
+def deploy(fake: FakeRunPod, name: str, timeout: float = 10) -> requests.Response:
+    spec = {"name": name, "imageName": "x", "gpuTypeId": GPU, "gpuCount": 1, "cloudType": "SECURE"}
+    return requests.post(
+        f"{fake.url}/graphql",
+        json={"query": DEPLOY, "variables": {"input": spec}},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=timeout,
+    )
+
+
+def test_the_fault_suites_witnesses_every_nth_fault_and_a_hang(fake: FakeRunPod) -> None:
+    """What tests/faults relies on: `every`, "hang", and the fake's record of served faults and of the
+    most instances of one name ever live at once."""
+    fake.add_faults([{"op": "list", "kind": "500", "times": 2, "every": 3}])
+    statuses = [gql(fake, PODS).status_code for _ in range(7)]
+    assert statuses == [200, 200, 500, 200, 200, 500, 200]
+
+    fake.add_faults([{"op": "create", "kind": "hang", "delay": 1.0}])
+    with pytest.raises(requests.Timeout):
+        deploy(fake, "tf-twice-1", timeout=0.3)  # carried out, the answer withheld past the timeout
+    first = fake.state()["instances"]
+    assert [row["name"] for row in first] == ["tf-twice-1"]
+    second = deploy(fake, "tf-twice-1").json()["data"]["podFindAndDeployOnDemand"]["id"]
+    runpod.terminate_pod(second)
+    state = fake.state()
+    assert [row["id"] for row in state["instances"]] == [first[0]["id"]]
+    assert state["most_live"] == {"tf-twice-1": 2}  # the most ever at once, not the count now
+    assert state["faults_served"] == {"list:500": 2, "create:hang": 1}
