@@ -28,7 +28,7 @@ typecheck:
 	$(BIN)/mypy
 
 test:
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 test-unit:
 	$(BIN)/pytest -q tests/unit

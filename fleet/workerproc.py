@@ -53,6 +53,11 @@ def served_queues(client: redis.Redis[str]) -> set[str]:
     return served
 
 
+# Beat keeps its schedule in memory: the reaper's one entry is an interval, so there is nothing worth a file,
+# and two beats on one home (two `fleet up`) no longer fight over one shelve file (which killed both).
+BEAT_SCHEDULER = "celery.beat:Scheduler"
+
+
 def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrency: int, beat: bool) -> None:
     """Run a Celery worker in this process until it is told to stop."""
     from workers import context
@@ -79,8 +84,7 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
 
     argv = ["worker", "-Q", ",".join(queues), "-c", str(concurrency), "-n", hostname, "--loglevel", "INFO"]
     if beat:
-        settings.home.mkdir(parents=True, exist_ok=True)
-        argv += ["-B", "-s", str(settings.home / "celerybeat-schedule")]
+        argv += ["-B", "-S", BEAT_SCHEDULER]
     app.worker_main(argv)
 
 
@@ -91,8 +95,7 @@ def _import_ray_client() -> None:
 def run_beat(settings: Settings, redis_url: str) -> None:
     """Run celery beat (the reaper's clock) in this process."""
     configure(settings, redis_url)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    app.start(["beat", "--loglevel", "INFO", "-s", str(settings.home / "celerybeat-schedule")])
+    app.start(["beat", "--loglevel", "INFO", "-S", BEAT_SCHEDULER])
 
 
 class SpawnedWorker:

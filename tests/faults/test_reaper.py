@@ -6,9 +6,9 @@ at a time (the Redis lock with a TTL):
 - the worker killed -9 twice in the middle of a reap (inside the list call, then inside a terminate):
   the dead reaper's lock expires and the next one finishes the job;
 - two `fleet up` (each with its own beat) on one fleet: orphans terminated once each, and runs whose chain
-  of tasks died kicked once each. They run as two machines do, each with its own home: two `fleet up` on
-  one home share its celerybeat-schedule file, and their beats can die of it (seen, not reliably: a race;
-  see the fault suite's notes in the report), so that setup could not be a reliable case.
+  of tasks died kicked once each. They run as two machines do, each with its own home. (Two `fleet up` on
+  one home used to share a celerybeat-schedule file, and their beats could die of it; beat now keeps its
+  schedule in memory.)
 """
 
 from __future__ import annotations
