@@ -61,7 +61,9 @@ def test_a_runpod_run_through_api_faults(case: Case, tmp_path: Path) -> None:
     assert sum(state["faults_served"].values()) >= len(rules) + 1, state["faults_served"]  # list 500 x2
     assert state["requests"]["create"] == 2  # again only after the 429, which made nothing
     kinds = fleet.kinds(run_id)
-    assert kinds.count("instance.requested") == 1 and "instance.adopted" not in kinds, kinds
+    # One node: recorded when the create's own lookup found the pod, or adopted by name on the next try
+    # when that lookup itself met a list fault.
+    assert kinds.count("instance.requested") + kinds.count("instance.adopted") == 1, kinds
     assert "train.finished" in kinds and kinds.count("run.succeeded") == 1, kinds
 
 
