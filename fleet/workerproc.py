@@ -84,7 +84,7 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
 
     argv = ["worker", "-Q", ",".join(queues), "-c", str(concurrency), "-n", hostname, "--loglevel", "INFO"]
     if beat:
-        argv += ["-B", "-S", BEAT_SCHEDULER]
+        argv += ["-B", "--scheduler", BEAT_SCHEDULER]  # (the worker's -S is its state db, not this)
     app.worker_main(argv)
 
 
@@ -95,7 +95,7 @@ def _import_ray_client() -> None:
 def run_beat(settings: Settings, redis_url: str) -> None:
     """Run celery beat (the reaper's clock) in this process."""
     configure(settings, redis_url)
-    app.start(["beat", "--loglevel", "INFO", "-S", BEAT_SCHEDULER])
+    app.start(["beat", "--loglevel", "INFO", "--scheduler", BEAT_SCHEDULER])
 
 
 class SpawnedWorker:
