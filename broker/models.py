@@ -117,6 +117,17 @@ class Run(BaseModel):
     progress: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
     event_seq: int = 0
+    sweep_id: str | None = Field(None, description="The sweep this run is a child of.")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="The keys a sweep set for this child (key -> value)."
+    )
+    held: bool = Field(
+        False, description="A sweep child waiting (QUEUED) for a free slot under the sweep's max_parallel."
+    )
+    origin: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Where the job came from beyond its file, e.g. a git commit: {kind, repo, commit, path}.",
+    )
 
     def stage(self, name: Stage) -> StageTiming:
         for timing in self.stages:

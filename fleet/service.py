@@ -93,12 +93,25 @@ def check_budget(fleet: Fleet) -> None:
         )
 
 
-def submit(fleet: Fleet, job: LoadedJob) -> Run:
-    """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error."""
+def submit(
+    fleet: Fleet,
+    job: LoadedJob,
+    *,
+    run_id: str | None = None,
+    sweep_id: str | None = None,
+    params: dict[str, Any] | None = None,
+    held: bool = False,
+    origin: dict[str, Any] | None = None,
+) -> Run:
+    """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error.
+
+    A `held` run (a sweep's child waiting for a slot) is recorded but not sent: its sweep releases it.
+    `origin` records where the job came from (a git commit); it must hold no secret.
+    """
     spec = job.spec
     check_submittable(fleet.settings, job)
     check_budget(fleet)
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     run_dir = (fleet.settings.runs_dir / run_id).resolve()
     output_dir = (run_dir / spec.train.output_dir).resolve()
     if run_dir not in output_dir.parents and output_dir != run_dir:
@@ -114,15 +127,24 @@ def submit(fleet: Fleet, job: LoadedJob) -> Run:
             spec=spec.model_dump(mode="json"),
             run_dir=str(run_dir),
             output_dir=str(output_dir),
+            sweep_id=sweep_id,
+            params=params or {},
+            held=held,
+            origin=origin or {},
         )
         (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
-        queued = {"source": job.source, "provider": run.provider, "warnings": job.warnings}
+        queued: dict[str, Any] = {"source": job.source, "provider": run.provider, "warnings": job.warnings}
+        if sweep_id is not None:
+            queued.update(sweep_id=sweep_id, params=run.params, held=held)
+        if origin:
+            queued["origin"] = run.origin
         drafts: list[Draft] = [(EventType.RUN_QUEUED, queued)]
         fleet.ledger.create_run(run, drafts)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    fleet.dispatcher.send(Stage.PROVISION, run_id, after=None)
+    if not held:
+        fleet.dispatcher.send(Stage.PROVISION, run_id, after=None)
     return run
 
 
@@ -171,6 +193,10 @@ def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
         "failure_reason": run.failure_reason.value if run.failure_reason else None,
         "failure_message": run.failure_message,
         "cancel_requested": run.cancel_requested,
+        "sweep_id": run.sweep_id,
+        "params": run.params,
+        "held": run.held,
+        "origin": run.origin,
         "progress": run.progress,
         "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
         "cost_usd": run_cost(fleet.ledger, run),

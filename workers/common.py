@@ -96,6 +96,9 @@ def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Con
     if run.cancel_requested:
         teardown(ctx, run, RunState.CANCELLED, FailureReason.CANCELLED_BY_USER, "cancelled by request")
         return
+    if run.held:  # a sweep's child waiting for a slot: its sweep sends provision when it releases it
+        log.info("run %s: held by sweep %s; %s task %s stands down", run_id, run.sweep_id, stage, task_id)
+        return
     cap = ctx.settings.max_dollars_per_run
     if cap is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
         why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"

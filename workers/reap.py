@@ -87,7 +87,7 @@ def reap_once(ctx: context.Context) -> Report | None:
         for run in ctx.ledger.list_runs(limit=500):
             stage = run.state.stage
             # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
-            if stage is not None and ctx.dispatcher.send(stage, run.run_id, after=None):
+            if stage is not None and not run.held and ctx.dispatcher.send(stage, run.run_id, after=None):
                 report.kicked.append(run.run_id)
                 ctx.ledger.update_run(run.run_id, _kicked_event(stage))
     finally:
