@@ -28,6 +28,8 @@ RUNS_INDEX = f"{PREFIX}:runs"  # sorted set: run id -> created_at
 INSTANCES_INDEX = f"{PREFIX}:instances"  # set of instance names ever recorded and not yet settled
 EVENTS_STREAM = f"{PREFIX}:events"  # every event of the fleet
 REAP_LOCK = f"{PREFIX}:lock:reap"
+SWEEPS_INDEX = f"{PREFIX}:sweeps"  # sorted set: sweep id -> created_at
+SWEEPS_ACTIVE = f"{PREFIX}:sweeps:active"  # set of sweeps not yet finished (the reaper advances them)
 WORKERS_PREFIX = f"{PREFIX}:worker:"
 
 
@@ -42,6 +44,15 @@ def instance_key(name: str) -> str:
 def run_events_key(run_id: str) -> str:
     """One stream per run, so `fleet logs RUN` reads only its own events."""
     return f"{PREFIX}:events:{run_id}"
+
+
+def sweep_key(sweep_id: str) -> str:
+    return f"{PREFIX}:sweep:{sweep_id}"
+
+
+def sweep_lock_key(sweep_id: str) -> str:
+    """Held while one process releases a sweep's waiting children (so max_parallel holds)."""
+    return f"{PREFIX}:lock:sweep:{sweep_id}"
 
 
 def tick_key(run_id: str) -> str:

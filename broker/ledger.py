@@ -14,8 +14,16 @@ from typing import Any, TypeVar, cast
 import redis
 
 from broker import events
-from broker.constants import INSTANCES_INDEX, RUNS_INDEX, instance_key, run_key
-from broker.models import Event, EventType, Instance, Run
+from broker.constants import (
+    INSTANCES_INDEX,
+    RUNS_INDEX,
+    SWEEPS_ACTIVE,
+    SWEEPS_INDEX,
+    instance_key,
+    run_key,
+    sweep_key,
+)
+from broker.models import Event, EventType, Instance, Run, Sweep
 from fleet.errors import NotFound
 
 Draft = tuple[EventType, dict[str, Any]]
@@ -63,6 +71,12 @@ class Ledger:
         raws = self.client.mget([run_key(str(i)) for i in ids]) if ids else []
         return [Run.model_validate_json(raw) for raw in raws if raw is not None]
 
+    def get_runs(self, run_ids: list[str]) -> dict[str, Run]:
+        """The runs that exist among `run_ids`, by id (one round trip)."""
+        raws = self.client.mget([run_key(i) for i in run_ids]) if run_ids else []
+        found = [Run.model_validate_json(raw) for raw in raws if raw is not None]
+        return {run.run_id: run for run in found}
+
     def update_run(self, run_id: str, change: RunChange) -> Run:
         """Apply `change` to the stored run atomically (retried on conflict); returns the new run."""
 
@@ -102,6 +116,62 @@ class Ledger:
             run.event_seq += 1
             out.append(Event(id=f"{run.run_id}-{run.event_seq}", type=type_, run_id=run.run_id, data=data))
         return out
+
+    # sweeps -------------------------------------------------------------------------------------
+    def create_sweep(self, sweep: Sweep, event: Event) -> Sweep:
+        with self.client.pipeline(transaction=True) as pipe:
+            events.append(pipe, event, self.events_maxlen)
+            pipe.set(sweep_key(sweep.sweep_id), sweep.model_dump_json())
+            pipe.zadd(SWEEPS_INDEX, {sweep.sweep_id: sweep.created_at})
+            pipe.sadd(SWEEPS_ACTIVE, sweep.sweep_id)
+            pipe.execute()
+        return sweep
+
+    def get_sweep(self, sweep_id: str) -> Sweep:
+        raw = self.client.get(sweep_key(sweep_id))
+        if raw is None:
+            raise NotFound(f"no sweep {sweep_id!r}")
+        return Sweep.model_validate_json(raw)
+
+    def find_sweep(self, prefix: str) -> Sweep:
+        """A sweep by its id or an unambiguous prefix of it."""
+        try:
+            return self.get_sweep(prefix)
+        except NotFound:
+            matches = [s for s in self.client.zrange(SWEEPS_INDEX, 0, -1) if str(s).startswith(prefix)]
+            if len(matches) == 1:
+                return self.get_sweep(str(matches[0]))
+            if matches:
+                raise NotFound(f"{prefix!r} matches {len(matches)} sweeps; give more of the id") from None
+            raise
+
+    def list_sweeps(self, limit: int = 50) -> list[Sweep]:
+        ids = self.client.zrevrange(SWEEPS_INDEX, 0, limit - 1)
+        raws = self.client.mget([sweep_key(str(i)) for i in ids]) if ids else []
+        return [Sweep.model_validate_json(raw) for raw in raws if raw is not None]
+
+    def active_sweeps(self) -> list[str]:
+        return sorted(str(s) for s in self.client.smembers(SWEEPS_ACTIVE))
+
+    def update_sweep(self, sweep_id: str, change: Callable[[Sweep], Event | None]) -> Sweep:
+        """Apply `change` to the stored sweep atomically; the event it returns (if any) is written with it,
+        and a sweep that `change` marks finished leaves the active set in the same transaction."""
+
+        def body(raw: str | None, pipe: redis.client.Pipeline[str]) -> Sweep:
+            if raw is None:
+                raise NotFound(f"no sweep {sweep_id!r}")
+            sweep = Sweep.model_validate_json(raw)
+            event = change(sweep)
+            sweep.updated_at = time.time()
+            pipe.multi()
+            pipe.set(sweep_key(sweep_id), sweep.model_dump_json())
+            if event is not None:
+                events.append(pipe, event, self.events_maxlen)
+            if sweep.finished_at is not None:
+                pipe.srem(SWEEPS_ACTIVE, sweep_id)
+            return sweep
+
+        return self._optimistic(sweep_key(sweep_id), body)
 
     # instances ----------------------------------------------------------------------------------
     def put_instance(self, instance: Instance) -> None:

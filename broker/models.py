@@ -172,6 +172,25 @@ class Instance(BaseModel):
     next_terminate_at: float = Field(0.0, description="No terminate call again before this (back-off).")
 
 
+class Sweep(BaseModel):
+    """A set of runs from one job file with different values for some keys; at most `max_parallel` of
+    them are active at once, the others wait (held) in order. Stored as JSON; never holds a secret."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sweep_id: str
+    source: str = Field(description="The job file (and the sweep file, when separate).")
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    max_parallel: int
+    metric: str = "eval_loss"
+    goal: str = Field("minimize", description="minimize or maximize the metric")
+    keys: list[str] = Field(default_factory=list, description="The keys the sweep sets, in order.")
+    runs: list[str] = Field(default_factory=list, description="The children's run ids, in order.")
+    cancel_requested: bool = False
+    finished_at: float | None = None
+
+
 class EventType(StrEnum):
     """What an event reports. Events carry these values and structured data, never prose alone."""
 
@@ -209,6 +228,9 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     RUN_KICKED = "run.kicked"
     RUN_PREEMPTED = "run.preempted"  # its node was lost (preempted): a new one is coming, training resumes
+    RUN_RELEASED = "run.released"  # a sweep's waiting child got a slot: it goes to provision now
+    SWEEP_STARTED = "sweep.started"
+    SWEEP_FINISHED = "sweep.finished"  # every child ended: the table of parameters against the metric
     REAP_TERMINATED = "reap.terminated"
     BOT_REFUSED = "bot.refused"  # audit: an interaction the access check or a cap refused
     BOT_COMMAND = "bot.command"  # audit: a command that changed something (train, cancel, terminate)

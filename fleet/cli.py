@@ -18,12 +18,13 @@ from rich.table import Table
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import cli_nodes, service
+from fleet import cli_nodes, cli_sweep, service
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
 from fleet.live import LiveView, describe
 from fleet.settings import Settings
 from fleet.spec import LoadedJob, format_problems, load_job
+from fleet.sweeps import SWEEP_PREFIX
 
 cli = typer.Typer(
     help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
@@ -187,12 +188,15 @@ def _summary(run: Run) -> None:
 
 @cli.command()
 def status(
-    run_id: Annotated[str | None, typer.Argument(help="A run id (or a unique prefix).")] = None,
+    run_id: Annotated[str | None, typer.Argument(help="A run or sweep id (or a unique prefix).")] = None,
     as_json: JsonOpt = False,
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
-    """Show one run, or list runs newest first."""
+    """Show one run or sweep (its table of parameters against the metric), or list runs newest first."""
     fleet = connect_or_exit(settings_or_exit())
+    if run_id is not None and run_id.startswith(SWEEP_PREFIX):
+        cli_sweep.status(fleet, run_id, as_json)
+        return
     if run_id is not None:
         run = _find(fleet, run_id)
         if as_json:
@@ -257,13 +261,16 @@ def logs(
 
 @cli.command()
 def cancel(
-    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix).")],
+    run_id: Annotated[str, typer.Argument(help="A run or sweep id (or a unique prefix).")],
     wait: Annotated[bool, typer.Option(help="Wait until the run has ended.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 120.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a run: its Ray job is stopped and its node terminated."""
+    """Cancel a run (its Ray job is stopped and its node terminated), or every run of a sweep."""
     fleet = connect_or_exit(settings_or_exit())
+    if run_id.startswith(SWEEP_PREFIX):
+        cli_sweep.cancel(fleet, run_id, as_json)
+        return
     run = _find(fleet, run_id)
     run = service.cancel(fleet, run.run_id)
     if wait and not run.state.is_terminal():
@@ -400,6 +407,7 @@ def down() -> None:
 
 
 cli_nodes.register(cli)
+cli_sweep.register(cli)
 
 
 def main() -> None:

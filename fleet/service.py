@@ -58,6 +58,9 @@ def new_run_id() -> str:
 def check_submittable(settings: Settings, job: LoadedJob) -> None:
     """Refuse (ConfigError) a valid job this fleet cannot run: its provider is not available, or has no
     credential (named, never shown)."""
+    if job.sweep is not None:
+        message = "this file is a sweep: submit it with `fleet sweep FILE` (or /sweep in Discord)"
+        raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
     provider = job.spec.provider.value
     secrets = load_secrets()
     try:

@@ -15,7 +15,7 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
@@ -97,6 +97,10 @@ class LoadedJob:
     warnings: list[str]
     source: str
     text: str
+    sweep: Any = None
+    """The file's `sweep:` section as written (validated by fleet.sweeps), or None."""
+    lines: Mapping[str, int] = field(default_factory=dict)
+    """The line of each key path in the file, for errors about the sweep section."""
 
 
 def load_job(
@@ -151,11 +155,12 @@ def parse_job(
         lines = {p: n for p, n in lines.items() if p != key and not p.startswith((f"{key}.", f"{key}["))}
 
     problems: list[Problem] = []
+    sweep = ({} if (value := raw.pop("sweep")) is None else value) if "sweep" in raw else None
     provider, section_data = _take_provider_section(raw, lines, fallback, problems)
     problems += _misspelled_sections(raw, lines)
     problems += _resolve_datasets(raw, lines, base_dir)
-    train = _validate(TrainConfig, raw, "", lines, problems)
-    section = _validate(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
+    train = validate_mapping(TrainConfig, raw, "", lines, problems)
+    section = validate_mapping(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
@@ -166,7 +171,9 @@ def parse_job(
             f"{len(extra)} key(s) that trainfleet does not use are kept and passed through unchanged: "
             + ", ".join(extra)
         )
-    return LoadedJob(spec=spec, warnings=warnings, source=source, text=doc.text)
+    return LoadedJob(
+        spec=spec, warnings=warnings, source=source, text=doc.text, sweep=sweep, lines=MappingProxyType(lines)
+    )
 
 
 def format_problems(err: ConfigError) -> str:
@@ -262,7 +269,7 @@ def _exists(path: Path) -> bool:
         return False
 
 
-def _validate(
+def validate_mapping(
     model: type[BaseModel], data: Any, prefix: str, lines: Mapping[str, int], problems: list[Problem]
 ) -> Any:
     """`model.model_validate(data)`, or None with the errors appended to `problems` as YAML key paths."""

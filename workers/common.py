@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
 from pydantic import SecretStr
 
+from broker import sweeps
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.ledger import Draft
@@ -84,7 +86,24 @@ NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that wo
 
 
 def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
-    """The body of every stage task."""
+    """The body of every stage task; when it ends a sweep's child, the sweep gives its slot to the next."""
+    try:
+        _run_stage(task, run_id, stage, step)
+    finally:
+        _after_sweep_child(run_id)
+
+
+def _after_sweep_child(run_id: str) -> None:
+    ctx = context.get()
+    try:
+        run = ctx.ledger.get_run(run_id)
+        if run.sweep_id is not None and run.state.is_terminal():
+            sweeps.advance(ctx.ledger, ctx.dispatcher, run.sweep_id)
+    except (FleetError, redis.RedisError) as exc:  # the reaper's pass advances the sweep in any case
+        log.warning("run %s: could not advance its sweep: %s", run_id, exc)
+
+
+def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
     ctx = context.get()
     task_id = str(task.request.id)
     if not ctx.dispatcher.claim(run_id, task_id):

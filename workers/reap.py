@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker import sweeps
 from broker.app import app
 from broker.constants import REAP_LOCK, REAP_TASK, Stage
 from broker.events import new_event
@@ -66,6 +67,7 @@ class Report:
     lost: list[str] = field(default_factory=list)  # not listed several looks in a row: LOST
     failed: list[str] = field(default_factory=list)  # runs failed because their node hit its deadline
     kicked: list[str] = field(default_factory=list)  # runs whose stage task was sent again
+    released: list[str] = field(default_factory=list)  # sweep children given a free slot
 
     def any(self) -> bool:
         return any(vars(self).values())
@@ -90,6 +92,8 @@ def reap_once(ctx: context.Context) -> Report | None:
             if stage is not None and not run.held and ctx.dispatcher.send(stage, run.run_id, after=None):
                 report.kicked.append(run.run_id)
                 ctx.ledger.update_run(run.run_id, _kicked_event(stage))
+        for sweep_id in ctx.ledger.active_sweeps():  # a slot freed while its advance failed, or a crash
+            report.released += sweeps.advance(ctx.ledger, ctx.dispatcher, sweep_id)
     finally:
         if ctx.redis.get(REAP_LOCK) == owner:
             ctx.redis.delete(REAP_LOCK)

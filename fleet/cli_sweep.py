@@ -1,0 +1,157 @@
+"""`fleet sweep`: one job file, many runs; and the sweep's table for `fleet status SWEEP`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from fleet import sweeps
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.errors import ConfigError, FleetError
+from fleet.service import Fleet
+from fleet.spec import format_problems
+
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def register(cli: typer.Typer) -> None:
+    """Add `fleet sweep` to the `fleet` app."""
+    cli.command()(sweep)
+
+
+def sweep(
+    file: Annotated[Path, typer.Argument(help="A job YAML (its `sweep:` unless SWEEPFILE).")],
+    sweep_file: Annotated[
+        Path | None,
+        typer.Argument(metavar="[SWEEPFILE]", help="A sweep file in axolotl's --sweep format."),
+    ] = None,
+    max_parallel: Annotated[
+        int | None, typer.Option(min=1, max=sweeps.MAX_PARALLEL, help="Children active at once.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Show the table live until the sweep ends.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a sweep: one run per combination of values, at most --max-parallel at once.
+
+    Every child is validated before anything is queued. `fleet status SWEEP` shows the table of parameters
+    against the final metric (the best run marked); `fleet cancel SWEEP` cancels every child."""
+    settings = settings_or_exit()
+    try:
+        plan = sweeps.load_sweep(
+            file, sweep_file, default_provider=settings.default_provider, max_parallel=max_parallel
+        )
+    except ConfigError as exc:
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    for warning in plan.warnings:
+        err.print(f"[yellow]warning[/yellow] {plan.source}: {warning}", highlight=False)
+    fleet = connect_or_exit(settings)
+    try:
+        found = sweeps.submit_sweep(fleet, plan)
+    except ConfigError as exc:
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    from fleet.workerproc import missing_queues
+
+    if missing := missing_queues(fleet.redis):
+        err.print(
+            f"[yellow]no worker serves {', '.join(missing)} yet: start `fleet up` or `fleet worker`[/yellow]"
+        )
+    if not wait:
+        if as_json:
+            out.print_json(json.dumps(sweeps.sweep_view(fleet, found)))
+        else:
+            line = f"{found.sweep_id}: {len(found.runs)} runs, at most {found.max_parallel} at once"
+            out.print(line, highlight=False)
+            for run_id in found.runs:
+                print(run_id)
+        return
+    view = follow(fleet, found.sweep_id, live=not as_json and out.is_terminal)
+    if as_json:
+        out.print_json(json.dumps(view))
+    else:
+        show(view)
+    raise typer.Exit(0 if view["state"] == "SUCCEEDED" else 1)
+
+
+def follow(fleet: Fleet, sweep_id: str, live: bool, every_s: float = 2.0) -> dict[str, Any]:
+    """Poll the sweep until it ends (a live table on a terminal); returns its final view."""
+    view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
+    if not live:
+        while view["state"] not in FINAL_STATES:
+            time.sleep(every_s)
+            view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
+        return view
+    with Live(render(view), console=out, refresh_per_second=2) as screen:
+        while view["state"] not in FINAL_STATES:
+            time.sleep(every_s)
+            view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
+            screen.update(render(view))
+    return view
+
+
+def status(fleet: Fleet, sweep_id: str, as_json: bool) -> None:
+    """`fleet status SWEEP`."""
+    try:
+        found = fleet.ledger.find_sweep(sweep_id)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    view = sweeps.sweep_view(fleet, found)
+    if as_json:
+        out.print_json(json.dumps(view))
+    else:
+        show(view)
+
+
+def cancel(fleet: Fleet, sweep_id: str, as_json: bool) -> None:
+    """`fleet cancel SWEEP`: every child that has not ended is cancelled (waiting ones never start)."""
+    try:
+        found = sweeps.cancel_sweep(fleet, sweep_id)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    view = sweeps.sweep_view(fleet, found)
+    if as_json:
+        out.print_json(json.dumps(view))
+    else:
+        out.print(f"{found.sweep_id} {view['state']}", highlight=False)
+
+
+def show(view: dict[str, Any]) -> None:
+    out.print(render(view))
+    best = view["best"]
+    out.print(
+        f"{view['sweep_id']} {view['state']} · best {best or '-'} ({view['goal']} {view['metric']}) · "
+        f"cost ${view['cost_usd']:.2f}",
+        highlight=False,
+    )
+
+
+def render(view: dict[str, Any]) -> Table:
+    """The sweep's table: one row per child, its values and its final metric; the best row marked."""
+    title = f"sweep {view['sweep_id']} · {view['state']} · {view['source']}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("", no_wrap=True)
+    table.add_column("run", no_wrap=True, min_width=18)
+    table.add_column("state")
+    for key in view["keys"]:
+        table.add_column(key, justify="right")
+    table.add_column(view["metric"], justify="right")
+    for row in view["rows"]:
+        values = [sweeps.format_value(row["params"].get(k)) for k in view["keys"]]
+        table.add_row(
+            "★ best" if row["best"] else "",
+            row["run_id"],
+            row["state"],
+            *values,
+            sweeps.format_value(row["metric"]),
+            style="bold green" if row["best"] else None,
+        )
+    return table
