@@ -18,11 +18,19 @@ import discord
 from discord import app_commands
 
 from bot.access import Caller, Caps, audit, refusal
-from bot.render import COLOURS, DESCRIPTION_MAX, RUNNING_COLOUR, Scrubber, fit_embed, status_embed
+from bot.render import (
+    COLOURS,
+    DESCRIPTION_MAX,
+    RUNNING_COLOUR,
+    Scrubber,
+    fit_embed,
+    status_embed,
+    sweep_embed,
+)
 from broker import events
 from broker.cost import run_cost
 from broker.models import EventType, Run, RunState
-from fleet import service
+from fleet import service, sweeps
 from fleet.errors import ConfigError, FleetError, Problem
 from fleet.live import describe
 from fleet.service import Fleet
@@ -190,6 +198,92 @@ def register(tree: FleetTree) -> None:
             f"provider **{run.provider}** · from `{run.source}`\nIts status message follows in the channel."
         )
         await tree.say(interaction, _embed(f"Run {run.run_id} queued", text))
+
+    @tree.command(name="sweep", description="Start a sweep: one run per combination of values.")
+    @app_commands.describe(
+        file="A job YAML with a sweep: section (or with sweep_file).",
+        config="A config by name.",
+        sweep_file="A sweep in axolotl's --sweep format (key: [values], _: paired settings).",
+        max_parallel="Children active at once (overrides the file).",
+    )
+    async def sweep(
+        interaction: discord.Interaction[Any],
+        file: discord.Attachment | None = None,
+        config: str | None = None,
+        sweep_file: discord.Attachment | None = None,
+        max_parallel: app_commands.Range[int, 1, sweeps.MAX_PARALLEL] | None = None,
+    ) -> None:
+        caller = Caller.of(interaction)
+        try:
+            plan = await load_sweep(file, config, sweep_file, max_parallel)
+            for job in plan.jobs:
+                await tree.run(service.check_submittable, settings, job)
+        except ConfigError as exc:
+            await tree.refuse(interaction, "Invalid sweep", f"```\n{format_problems(exc)}\n```")
+            return
+        await tree.run(service.check_budget, fleet)
+        tokens: list[str] = []
+        for _ in plan.jobs:  # a sweep counts as one run per child against the caller's caps
+            token, why = await tree.run(tree.caps.reserve, caller.user_id)
+            if token is None:
+                for held in tokens:
+                    await tree.run(tree.caps.release, caller.user_id, held)
+                reason = f"a sweep of {len(plan.jobs)} runs counts as {len(plan.jobs)} runs: {why}"
+                await tree.audit(EventType.BOT_REFUSED, caller, command="sweep", kind="cap", reason=reason)
+                await tree.refuse(interaction, "Over your cap", reason)
+                return
+            tokens.append(token)
+        await interaction.response.defer(thinking=True)
+        try:
+            found = await tree.run(sweeps.submit_sweep, fleet, plan)
+        except BaseException:
+            for held in tokens:
+                await tree.run(tree.caps.release, caller.user_id, held)
+            raise
+        for token, run_id in zip(tokens, found.runs, strict=True):
+            await tree.run(tree.caps.confirm, caller.user_id, token, run_id)
+        await tree.audit(EventType.BOT_COMMAND, caller, command="sweep", sweep_id=found.sweep_id)
+        view = await tree.run(sweeps.sweep_view, fleet, found)
+        await tree.say(interaction, sweep_embed(view))
+
+    async def load_sweep(
+        file: discord.Attachment | None,
+        config: str | None,
+        sweep_file: discord.Attachment | None,
+        max_parallel: int | None,
+    ) -> sweeps.SweepPlan:
+        if (file is None) == (config is None):
+            raise ConfigError("/sweep", [Problem("", "give either a YAML file or the name of a config")])
+        for attached in (file, sweep_file):
+            if attached is not None and attached.size > MAX_BYTES:
+                message = f"file is {attached.size} bytes; the limit is {MAX_BYTES}"
+                raise ConfigError(attached.filename, [Problem("", message)])
+        sweep_data = await sweep_file.read() if sweep_file is not None else None
+        sweep_source = sweep_file.filename if sweep_file is not None else None
+        if config is not None:
+            path = _config_path(settings.bot_configs_dir, config)
+            data, source, base_dir = path.read_bytes(), config, path.parent
+        else:
+            assert file is not None
+            data, source, base_dir = await file.read(), file.filename, settings.bot_configs_dir.resolve()
+        return await tree.run(
+            lambda: sweeps.parse_sweep(
+                data,
+                source=source,
+                base_dir=base_dir,
+                sweep_data=sweep_data,
+                sweep_source=sweep_source,
+                default_provider=settings.default_provider,
+                max_parallel=max_parallel,
+            )
+        )
+
+    @sweep.autocomplete("config")
+    async def sweep_config(
+        interaction: discord.Interaction[Any], current: str
+    ) -> list[app_commands.Choice[str]]:
+        names = await tree.run(_config_names, settings.bot_configs_dir, current)
+        return [app_commands.Choice(name=n, value=n) for n in names]
 
     @train.autocomplete("config")
     async def train_config(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.models import Event, EventType, Instance, Run, RunState
+from fleet.sweeps import format_value, table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
 TITLE_MAX = 256
@@ -40,6 +41,8 @@ SEPARATE = frozenset(
         EventType.INSTANCE_REMINDER,
         EventType.INSTANCE_STUCK,
         EventType.INSTANCE_LOST,
+        EventType.SWEEP_STARTED,
+        EventType.SWEEP_FINISHED,
     }
 )
 
@@ -157,6 +160,14 @@ def separate_message(event: Event) -> str | None:
         if hub := _url(data.get("hub")):
             text += f"\nhub: {hub}"
         return text + _cost(data)
+    if event.type == EventType.SWEEP_STARTED:
+        runs = data.get("runs") or []
+        return (
+            f"🧪 Sweep {data.get('sweep_id')} queued from {data.get('source')}: {len(runs)} runs over "
+            f"{', '.join(data.get('keys') or [])}, at most {data.get('max_parallel')} at once"
+        )
+    if event.type == EventType.SWEEP_FINISHED:
+        return sweep_text(data, CONTENT_MAX)
     if event.type == EventType.WANDB_RUN:
         return f"📈 W&B for run {run}: {data['url']}" if data.get("url") else None
     if event.type == EventType.INSTANCE_KEPT:
@@ -195,3 +206,38 @@ def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None
             f"❓ Instance {inst} of run {run} is no longer listed by its provider ({data.get('looks')} looks)"
         )
     return None
+
+
+def sweep_text(view: dict[str, Any], limit: int) -> str:
+    """A sweep's summary and its table (parameters against the metric, the best row starred) in a code
+    block, cut to `limit` characters by dropping rows (the best one is always kept)."""
+    rows = view.get("rows") or []
+    best = next((r for r in rows if r.get("best")), None)
+    headline = f"🧪 Sweep {view.get('sweep_id')} {view.get('state')} · {view.get('source')}"
+    if best is not None:
+        metric = format_value(best.get("metric"))
+        headline += f"\nbest: {best['run_id']} ({view.get('goal')} {view.get('metric')}: {metric})"
+    keys, metric_name = list(view.get("keys") or []), str(view.get("metric"))
+    shown = list(rows)
+    while True:
+        lines = table_lines(keys, shown, metric_name)
+        more = len(rows) - len(shown)
+        tail = f"\n… {more} more: fleet status {view.get('sweep_id')}" if more else ""
+        text = f"{headline}\n```\n" + "\n".join(lines) + "\n```" + tail
+        if len(text) <= limit or not shown:
+            return truncate(text, limit)
+        cut = next((i for i in range(len(shown) - 1, -1, -1) if not shown[i].get("best")), None)
+        if cut is None:
+            return truncate(text, limit)
+        shown.pop(cut)
+
+
+def sweep_embed(view: dict[str, Any]) -> dict[str, Any]:
+    """A sweep as an embed: its table in the description."""
+    state = str(view.get("state"))
+    colour = {"SUCCEEDED": COLOURS[RunState.SUCCEEDED], "FAILED": COLOURS[RunState.FAILED]}.get(
+        state, COLOURS[RunState.CANCELLED] if state == "CANCELLED" else RUNNING_COLOUR
+    )
+    text = sweep_text(view, DESCRIPTION_MAX)
+    title, _, description = text.partition("\n")
+    return {"title": truncate(title, TITLE_MAX), "description": description, "color": colour}

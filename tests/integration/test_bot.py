@@ -23,7 +23,9 @@ import pytest
 import redis
 
 from bot.app import FleetBot
-from broker.models import EventType, Instance, InstanceState
+from bot.render import separate_message
+from broker import sweeps as sweep_slots
+from broker.models import Event, EventType, Instance, InstanceState, Run, RunState
 from fleet.errors import ConfigError
 from fleet.secrets import load_secrets
 from fleet.service import Fleet
@@ -46,6 +48,7 @@ CANARY = "canary-secret-value-77ab3c"
 # Valid options for every command, so a refusal can only come from the access check.
 OPTIONS: dict[str, dict[str, Any]] = {
     "train": {"file": ("tiny-lora.yml", TINY)},
+    "sweep": {"file": ("tiny-lora.yml", TINY), "sweep_file": ("sweep.yml", b"lora_r: [4, 8]\n")},
     "status": {"run": "nope"},
     "runs": {},
     "logs": {"run": "nope"},
@@ -364,6 +367,56 @@ def test_train_from_discord_end_to_end(
     assert result["content"].startswith(f"✅ Run {found['view']['run_id']} succeeded: eval_loss")
     assert result["created"]["at"] >= status["edits"][-1]["at"]
     assert not any(m["embeds"] for m in others), "one status message per run"
+
+
+def test_sweep_from_discord_validates_queues_and_shows_its_table(
+    fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    """/sweep: a bad value is named where the sweep file wrote it and nothing is queued; a good sweep queues
+    one run per combination, sends only max_parallel of them, counts each against the caller's caps, and
+    answers with the table. When the sweep ends, the notifier's message is that table with the best
+    starred."""
+    bad = b"lora_r: [4, eight]\n"
+
+    async def scenario(h: Harness) -> None:
+        options: dict[str, Any] = {"file": ("tiny-lora.yml", TINY), "sweep_file": ("s.yml", bad)}
+        kind, data = _reply(await h.invoke("sweep", options))
+        assert kind == 4 and data["flags"] & EPHEMERAL and data["embeds"][0]["title"] == "Invalid sweep"
+        assert "s.yml:1: lora_r[1]: must be a whole number" in data["embeds"][0]["description"]
+        assert fleet.ledger.list_runs() == [] and _queued(redis_client) == 0
+
+        good = b"learning_rate: [0.01, 0.02]\nlora_r: [4, 8]\n"
+        options = {"config": "tiny-lora.yml", "sweep_file": ("s.yml", good), "max_parallel": 2}
+        kind, data = _reply(await h.invoke("sweep", options))
+        assert kind == 5
+        runs = fleet.ledger.list_runs()
+        assert len(runs) == 4 and _queued(redis_client) == 2
+        (sweep,) = fleet.ledger.list_sweeps()
+        embed = data["embeds"][0]
+        assert embed["title"] == f"🧪 Sweep {sweep.sweep_id} RUNNING · tiny-lora.yml"
+        assert embed["description"].count("WAITING") == 2 and "learning_rate" in embed["description"]
+        kind, data = _reply(await h.invoke("budget"))
+        assert "**4** of 5" in data["embeds"][0]["description"]
+        kind, data = _reply(await h.invoke("sweep", options))  # 4 more would pass the cap of 5 an hour
+        refused = data["embeds"][0]
+        assert refused["title"] == "Over your cap" and "counts as 4 runs" in refused["description"]
+        assert len(fleet.ledger.list_runs()) == 4
+
+    run_bot(fleet, fake_discord, scenario)
+    (sweep,) = fleet.ledger.list_sweeps()
+    for loss, run_id in zip([1.3, 1.1, 1.2, 1.4], sweep.runs, strict=True):
+
+        def succeed(r: Run, loss: float = loss) -> None:
+            r.state, r.metrics["eval_loss"] = RunState.SUCCEEDED, loss
+
+        fleet.ledger.update_run(run_id, succeed)
+    sweep_slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
+    everything = [Event.model_validate_json(f["event"]) for _sid, f in redis_client.xrange("tf:events")]
+    (finished,) = [e for e in everything if e.type == EventType.SWEEP_FINISHED]
+    text = separate_message(finished)
+    assert text is not None and text.startswith(f"🧪 Sweep {sweep.sweep_id} SUCCEEDED")
+    (starred,) = [line for line in text.splitlines() if line.startswith("*")]
+    assert sweep.runs[1] in starred and "1.1" in starred
 
 
 def test_fleet_bot_starts_and_registers_its_commands(

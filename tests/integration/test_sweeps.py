@@ -1,0 +1,203 @@
+"""A sweep's slots on a real Redis: at most max_parallel children active however many processes advance it at
+once, waiting ones released in order as others end, one `sweep.finished` with the table, and cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker import events
+from broker import sweeps as slots
+from broker.constants import EVENTS_STREAM, sweep_lock_key, tick_key
+from broker.models import Event, EventType, FailureReason, Run, RunState
+from fleet import sweeps
+from fleet.service import Fleet
+from fleet.settings import Settings
+from tests.factories import light_job_file
+from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, wait_until
+from tests.integration.fleetproc import fleet as fleet_cli
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fleet(redis_client: redis.Redis[str], redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    home = tmp_path / "home"
+    home.mkdir()
+    connected = Fleet.connect(Settings(redis_url=redis_url, home=home))
+    yield connected
+    connected.redis.close()
+
+
+def plan_of(tmp_path: Path, max_parallel: int = 2) -> sweeps.SweepPlan:
+    job = light_job_file(tmp_path / "job")
+    job.write_text(
+        job.read_text() + "sweep:\n  grid:\n    learning_rate: [0.01, 0.02]\n    lora_r: [4, 8, 16]\n"
+    )
+    return sweeps.load_sweep(job, max_parallel=max_parallel)
+
+
+def runs_of(fleet: Fleet, sweep_id: str) -> list[Run]:
+    sweep = fleet.ledger.get_sweep(sweep_id)
+    found = fleet.ledger.get_runs(sweep.runs)
+    return [found[r] for r in sweep.runs]
+
+
+def active(runs: list[Run]) -> list[str]:
+    return [r.run_id for r in runs if not r.held and not r.state.is_terminal()]
+
+
+def end(fleet: Fleet, run_id: str, state: RunState, loss: float | None = None) -> None:
+    def change(r: Run) -> None:
+        r.state = state
+        if loss is not None:
+            r.metrics["eval_loss"] = loss
+        if state == RunState.FAILED:
+            r.failure_reason = FailureReason.TRAINING_FAILED
+
+    fleet.ledger.update_run(run_id, change)
+
+
+def test_at_most_max_parallel_active_and_the_rest_released_in_order(fleet: Fleet, tmp_path: Path) -> None:
+    sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path))
+    runs = runs_of(fleet, sweep.sweep_id)
+    assert len(runs) == 6
+    assert active(runs) == [runs[0].run_id, runs[1].run_id]  # the first two were sent to provision
+    assert all(fleet.redis.get(tick_key(r)) for r in active(runs))
+    assert all(r.held and fleet.redis.get(tick_key(r.run_id)) is None for r in runs[2:])
+    assert [r.params for r in runs[:2]] == [
+        {"learning_rate": 0.01, "lora_r": 4},
+        {"learning_rate": 0.01, "lora_r": 8},
+    ]
+
+    # Eight processes advancing at once release nothing while both slots are taken...
+    threads = [
+        threading.Thread(target=slots.advance, args=(fleet.ledger, fleet.dispatcher, sweep.sweep_id))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(active(runs_of(fleet, sweep.sweep_id))) == 2
+
+    # ...and exactly one more when one child ends, however many of them race for it.
+    end(fleet, runs[0].run_id, RunState.SUCCEEDED, loss=1.5)
+    released: list[list[str]] = []
+    threads = [
+        threading.Thread(
+            target=lambda: released.append(slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id))
+        )
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r for batch in released for r in batch] == [runs[2].run_id]
+    now = runs_of(fleet, sweep.sweep_id)
+    assert active(now) == [runs[1].run_id, runs[2].run_id]
+    kinds = [e.type for _sid, e in events.read_run(fleet.redis, runs[2].run_id)]
+    assert kinds == [EventType.RUN_QUEUED, EventType.RUN_RELEASED]
+
+
+def test_the_sweep_finishes_once_with_its_table_and_the_best_run(fleet: Fleet, tmp_path: Path) -> None:
+    sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path, max_parallel=6))
+    runs = runs_of(fleet, sweep.sweep_id)
+    losses = [1.4, 1.1, None, 1.3, 0.9, 1.2]
+    for run, loss in zip(runs, losses, strict=True):
+        end(fleet, run.run_id, RunState.FAILED if loss is None else RunState.SUCCEEDED, loss)
+    for _ in range(3):
+        slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
+    everything = [Event.model_validate_json(f["event"]) for _sid, f in fleet.redis.xrange(EVENTS_STREAM)]
+    finished = [e for e in everything if e.type == EventType.SWEEP_FINISHED]
+    assert len(finished) == 1
+    data = finished[0].data
+    assert data["state"] == "FAILED"  # one child failed
+    assert [r["metric"] for r in data["rows"]] == losses
+    assert [r["best"] for r in data["rows"]] == [False, False, False, False, True, False]
+    view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))
+    assert view["best"] == runs[4].run_id and view["finished_at"] is not None
+    assert sweep.sweep_id not in fleet.ledger.active_sweeps()
+
+
+def test_cancel_flags_every_child_and_releases_no_more(fleet: Fleet, tmp_path: Path) -> None:
+    sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path))
+    runs = runs_of(fleet, sweep.sweep_id)
+    sweeps.cancel_sweep(fleet, sweep.sweep_id)
+    assert all(r.cancel_requested for r in runs_of(fleet, sweep.sweep_id))
+    end(fleet, runs[0].run_id, RunState.CANCELLED)
+    assert slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id) == []
+    view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))
+    assert view["state"] == "CANCELLING"
+    for run in runs[1:]:
+        end(fleet, run.run_id, RunState.CANCELLED)
+    slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
+    assert sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))["state"] == "CANCELLED"
+
+
+def test_a_lock_left_by_a_dead_process_only_delays_the_sweep(fleet: Fleet, tmp_path: Path) -> None:
+    sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path))
+    runs = runs_of(fleet, sweep.sweep_id)
+    end(fleet, runs[0].run_id, RunState.SUCCEEDED, loss=1.0)
+    fleet.redis.set(sweep_lock_key(sweep.sweep_id), "dead", px=300)
+    started = time.monotonic()
+    assert slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id) == [runs[2].run_id]
+    assert time.monotonic() - started >= 0.25
+
+
+def test_a_four_run_grid_with_two_at_once_end_to_end(home: Path, tmp_path: Path) -> None:
+    """The must-show: the tiny job swept over learning_rate x lora_r on the local provider by a real
+    `fleet up`; all four succeed, never more than two are active at once, and the table marks the best."""
+    job = light_job_file(tmp_path / "job", extra="max_steps: 12\n")  # a few steps: the sweep is the point
+    job.write_text(
+        job.read_text()
+        + "sweep:\n  grid:\n    learning_rate: [0.003, 0.03]\n    lora_r: [4, 8]\n  max_parallel: 2\n"
+    )
+    env = fleet_env(home)
+    worker = Worker(env, tmp_path / "worker.log")
+    try:
+        submitted = fleet_json(env, "sweep", str(job))
+        sweep_id = submitted["sweep_id"]
+        assert [r["state"] for r in submitted["rows"]] == ["QUEUED", "QUEUED", "WAITING", "WAITING"]
+        view = wait_until(
+            lambda: (v := fleet_json(env, "status", sweep_id))["state"] not in ("RUNNING",) and v,
+            600,
+            "the sweep to end",
+            every=3,
+        )
+    finally:
+        worker.stop()
+    assert view["state"] == "SUCCEEDED", view
+    for row in view["rows"]:
+        stages = fleet_json(env, "status", row["run_id"])["stages"]
+        print(row["run_id"], {s["name"]: s["seconds"] for s in stages})
+    rows = view["rows"]
+    assert [r["state"] for r in rows] == ["SUCCEEDED"] * 4
+    assert all(isinstance(r["metric"], float) for r in rows)
+    best = min(rows, key=lambda r: r["metric"])
+    assert [r["best"] for r in rows] == [r is best for r in rows] and view["best"] == best["run_id"]
+
+    # Each child was active from its first stage to its end; at no moment were more than two active (and
+    # two were, at some moment: the sweep did run in parallel).
+    spans = []
+    for row in rows:
+        times = {e["type"]: e["time"] for e in reversed(events_of(home, row["run_id"]))}
+        spans.append((times["stage.started"], times["run.succeeded"]))
+    edges = sorted([(start, 1) for start, _ in spans] + [(stop, -1) for _, stop in spans])
+    running, most = 0, 0
+    for _t, step in edges:
+        running += step
+        most = max(most, running)
+    assert most == 2, spans
+
+    # The table as people read it: the best run's row is marked.
+    shown = fleet_cli(env, "status", sweep_id)
+    assert shown.returncode == 0, shown.stderr
+    marked = [line for line in shown.stdout.splitlines() if "★" in line]
+    assert len(marked) == 1 and best["run_id"] in marked[0], shown.stdout
