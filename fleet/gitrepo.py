@@ -73,7 +73,10 @@ class GitRepo:
         """The repository that holds `path`; GitError when it is none (or git is missing)."""
         if not path.is_dir():
             raise GitError(f"{path} is not a directory")
-        top = _git(path, "rev-parse", "--show-toplevel").strip()
+        try:
+            top = _git(path, "rev-parse", "--show-toplevel").strip()
+        except GitError as exc:
+            raise GitError(f"{path} is not in a git repository ({exc})") from None
         if not top:  # a bare repository: no working tree to find datasets in
             raise GitError(f"{path} has no working tree (a bare repository)")
         return cls(Path(top))
