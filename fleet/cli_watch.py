@@ -61,14 +61,33 @@ def watch(
         _fail(exc)
     trigger = Trigger(connect_or_exit(settings), git, git.repo_id(REMOTE), glob)
     stop = threading.Event()
-    _stop_on_signals(stop)
+    previous = _stop_on_signals(stop)
+    try:
+        failed = _follow(trigger, branch, once, interval, fetch, since, as_json, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    raise typer.Exit(1 if once and failed else 0)
+
+
+def _follow(
+    trigger: Trigger,
+    branch: str,
+    once: bool,
+    interval: float,
+    fetch: bool,
+    since: str | None,
+    as_json: bool,
+    stop: threading.Event,
+) -> bool:
+    """Look until stopped (or once); True if a config was invalid or refused."""
     shown: set[tuple[str, str]] = set()  # refusals already printed: once each, not at every look
     failed, first = False, True
     while True:
         try:
             if fetch and not first:
-                git.fetch(REMOTE)
-            head = gitwatch.branch_head(git, branch, REMOTE if fetch else None)
+                trigger.repo.fetch(REMOTE)
+            head = gitwatch.branch_head(trigger.repo, branch, REMOTE if fetch else None)
             result = gitwatch.look(trigger, branch, head, since if first else None, stop)
         except (GitError, redis.RedisError) as exc:
             if once or first:
@@ -78,8 +97,7 @@ def watch(
             failed |= _report(result, as_json, shown, label=f"{branch} of {trigger.repo_id}")
         first = False
         if once or stop.wait(interval):
-            break
-    raise typer.Exit(1 if once and failed else 0)
+            return failed
 
 
 def enqueue_changed(repo: Path, ref: str, globs: list[str], use_ray: bool, as_json: bool) -> NoReturn:
@@ -167,16 +185,16 @@ def _report_config(r: ConfigResult, as_json: bool, shown: set[tuple[str, str]], 
     return r.outcome in (Outcome.INVALID, Outcome.REFUSED)
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM or a first Ctrl-C: stop after the current commit; a second Ctrl-C: at once."""
+def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM or a first Ctrl-C: stop after the current commit; a second Ctrl-C: at once. Returns the
+    handlers it replaced."""
 
     def on_signal(signum: int, _frame: Any) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _fail(exc: Exception) -> NoReturn:
