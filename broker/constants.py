@@ -62,3 +62,23 @@ def tick_key(run_id: str) -> str:
 
 def worker_key(hostname: str) -> str:
     return f"{WORKERS_PREFIX}{hostname}"
+
+
+# The git trigger (fleet/gitwatch.py). `repo` is a repository id (host/owner/name, or a working tree's path).
+GIT_INVALID = "invalid"  # a claim's value for a config that was invalid at its commit (seen; never enqueued)
+
+
+def git_watermark_key(repo: str, branch: str) -> str:
+    """The last commit of `branch` the watcher has looked at completely."""
+    return f"{PREFIX}:git:seen:{repo}:{branch}"
+
+
+def git_claim_key(repo: str, commit: str, path: str) -> str:
+    """Who enqueues the config at `path` as of `commit`: the run id chosen for it (or GIT_INVALID). Set once
+    (SET NX), kept forever: one run per (commit, path)."""
+    return f"{PREFIX}:git:claim:{repo}:{commit}:{path}"
+
+
+def git_lease_key(run_id: str) -> str:
+    """Held (with a TTL) by the one process submitting a claimed run right now."""
+    return f"{PREFIX}:git:lease:{run_id}"

@@ -18,9 +18,10 @@ from rich.table import Table
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import cli_nodes, cli_sweep, service
+from fleet import cli_nodes, cli_sweep, cli_watch, service
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
+from fleet.gitwatch import DEFAULT_GLOB
 from fleet.live import LiveView, describe
 from fleet.settings import Settings
 from fleet.spec import LoadedJob, format_problems, load_job
@@ -73,11 +74,25 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Job YAML files.")
 
 @cli.command()
 def enqueue(
-    files: Annotated[list[Path], typer.Argument(help="Job YAML files.")],
+    files: Annotated[list[Path] | None, typer.Argument(help="Job YAML files.")] = None,
     use_ray: UseRay = False,
     as_json: JsonOpt = False,
+    changed_since: Annotated[
+        str | None,
+        typer.Option(metavar="REF", help="Instead of FILES: the configs changed in REF..HEAD of --repo."),
+    ] = None,
+    repo: Annotated[Path, typer.Option(help="The git repository for --changed-since.")] = Path("."),
+    glob: cli_watch.GlobOpt = [DEFAULT_GLOB],  # noqa: B006 - typer copies it
 ) -> None:
-    """Validate all files, then queue one run per file and print the run ids."""
+    """Validate all files, then queue one run per file and print the run ids.
+
+    With --changed-since REF: the configs matching --glob that REF..HEAD added or modified, read as of
+    HEAD, each queued once per (HEAD, path) however often this runs (see docs/git-trigger.md)."""
+    if changed_since is not None and not files:
+        cli_watch.enqueue_changed(repo, changed_since, glob, use_ray, as_json)
+    if not files or changed_since is not None:
+        err.print("give job FILES, or --changed-since REF (not both)", style="red")
+        raise typer.Exit(2)
     settings = settings_or_exit()
     jobs = _load(files, settings, use_ray)
     fleet = connect_or_exit(settings)
@@ -206,6 +221,8 @@ def status(
         table = Table(show_header=False, box=None)
         for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
             table.add_row(key, str(view[key]))
+        if run.origin:
+            table.add_row("origin", cli_watch.origin_text(run.origin))
         for stage in view["stages"]:
             table.add_row(
                 f"stage {stage['name']}", f"{stage['seconds']}s" if stage["seconds"] is not None else "..."
@@ -408,6 +425,7 @@ def down() -> None:
 
 cli_nodes.register(cli)
 cli_sweep.register(cli)
+cli_watch.register(cli)
 
 
 def main() -> None:

@@ -76,6 +76,10 @@ class AuthFailed(ProviderError):
     """The provider refused the credential."""
 
 
+class GitError(FleetError):
+    """A git command failed: not a repository, an unknown branch or commit, a fetch that did not work."""
+
+
 class NodeError(FleetError):
     """The node's Ray head did not answer or refused a request."""
 
