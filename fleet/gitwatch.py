@@ -281,10 +281,14 @@ def _load(trigger: Trigger, commit: str, path: str) -> LoadedJob:
     size = repo.size(commit, path)
     if size > MAX_BYTES:
         raise ConfigError(source, [Problem("", f"file is {size} bytes; the limit is {MAX_BYTES} bytes")])
-    return parse_job(
+    job = parse_job(
         repo.read(commit, path),
         source=source,
         base_dir=(repo.root / path).parent,
         default_provider=trigger.fleet.settings.default_provider,
         overrides=trigger.overrides,
     )
+    if job.sweep is not None:  # never "refused, retried": the file will not change at that commit
+        message = "the git trigger starts single runs; start a sweep with `fleet sweep FILE`"
+        raise ConfigError(source, [Problem("sweep", message, job.lines.get("sweep"))])
+    return job

@@ -131,6 +131,7 @@ def test_invalid_config_is_reported_and_marked_seen_the_valid_one_still_enqueued
     repo.write("good.yml", 1)
     bad_text = repo.template.replace("micro_batch_size: 8", "micro_batch_size: 0")
     repo.write("bad.yml", 0, bad_text)
+    repo.write("sweep.yml", 2, repo.template + "sweep:\n  grid: {lora_r: [4, 8]}\n")  # never retried
     sha = repo.commit("one good, one bad")
     result = runner.invoke(cli, ["watch", str(repo.root), "--once"], env=env)
     assert result.exit_code == 1, result.output
@@ -139,6 +140,8 @@ def test_invalid_config_is_reported_and_marked_seen_the_valid_one_still_enqueued
     assert "Traceback" not in result.output
     assert set(_queued(redis_client)) == {(sha, "tasks/good.yml")}
     assert redis_client.get(git_claim_key(str(repo.root), sha, "tasks/bad.yml")) == GIT_INVALID
+    assert f"tasks/sweep.yml@{sha[:7]}" in result.output and "starts single runs" in result.output
+    assert redis_client.get(git_claim_key(str(repo.root), sha, "tasks/sweep.yml")) == GIT_INVALID
 
     again = runner.invoke(cli, ["watch", str(repo.root), "--once"], env=env)
     assert again.exit_code == 0 and "micro_batch_size" not in again.output, again.output
