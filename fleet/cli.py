@@ -18,7 +18,7 @@ from rich.table import Table
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import cli_nodes, service
+from fleet import cli_nodes, cli_ops, service
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
 from fleet.live import LiveView, describe
@@ -400,6 +400,7 @@ def down() -> None:
 
 
 cli_nodes.register(cli)
+cli_ops.register(cli)
 
 
 def main() -> None:
