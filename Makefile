@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup lint format typecheck test test-unit test-integration faults check bench demo clean
+.PHONY: setup lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
@@ -53,6 +53,10 @@ bench:
 
 demo:
 	$(BIN)/fleet run configs/examples/tiny-lora.yml
+
+# Flower on this machine's fleet: http://127.0.0.1:5555 (its API too, at /api/tasks).
+flower:
+	$(BIN)/fleet flower
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -18,7 +18,7 @@ from rich.table import Table
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import cli_nodes, cli_sweep, cli_watch, service
+from fleet import cli_nodes, cli_ops, cli_sweep, cli_watch, service
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
 from fleet.gitwatch import DEFAULT_GLOB
@@ -426,6 +426,7 @@ def down() -> None:
 cli_nodes.register(cli)
 cli_sweep.register(cli)
 cli_watch.register(cli)
+cli_ops.register(cli)
 
 
 def main() -> None:

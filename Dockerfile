@@ -1,0 +1,30 @@
+# The trainfleet control plane: the `fleet` CLI for the workers, beat, Flower, the bot and the notifier
+# (see docker-compose.yml). It never trains: the rented GPU nodes do. So torch, which the package needs,
+# is the CPU build, installed first from PyTorch's CPU index so that nothing pulls CUDA into the image.
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY fleet ./fleet
+COPY broker ./broker
+COPY workers ./workers
+COPY providers ./providers
+COPY trainer ./trainer
+COPY bot ./bot
+RUN pip install .
+# The example configs: the bot's /train finds configs by name under ./configs (FLEET_BOT_CONFIGS_DIR).
+COPY configs ./configs
+
+RUN useradd --create-home --uid 1000 fleet && mkdir -p /data/fleet && chown fleet /data/fleet
+USER fleet
+ENV FLEET_HOME=/data/fleet
+
+CMD ["fleet", "--help"]
