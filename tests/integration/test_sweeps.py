@@ -3,17 +3,19 @@ once, waiting ones released in order as others end, one `sweep.finished` with th
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from broker import events
 from broker import sweeps as slots
-from broker.constants import EVENTS_STREAM, sweep_lock_key, tick_key
+from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_lock_key, tick_key
 from broker.models import Event, EventType, FailureReason, Run, RunState
 from fleet import sweeps
 from fleet.service import Fleet
@@ -21,8 +23,11 @@ from fleet.settings import Settings
 from tests.factories import light_job_file
 from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, wait_until
 from tests.integration.fleetproc import fleet as fleet_cli
+from tests.integration.flowerproc import api_tasks, flower
 
 pytestmark = pytest.mark.integration
+CANARY = "canary-flower-credential-5f1e9a"
+STAGE_TASKS = [stage.task_name for stage in Stage]
 
 
 @pytest.fixture
@@ -151,32 +156,45 @@ def test_a_lock_left_by_a_dead_process_only_delays_the_sweep(fleet: Fleet, tmp_p
     assert time.monotonic() - started >= 0.25
 
 
-def test_a_four_run_grid_with_two_at_once_end_to_end(home: Path, tmp_path: Path) -> None:
-    """The must-show: the tiny job swept over learning_rate x lora_r on the local provider by a real
-    `fleet up`; all four succeed, never more than two are active at once, and the table marks the best."""
+def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Path, tmp_path: Path) -> None:
+    """The must-shows of sweeps and Flower, on one fleet (each run costs a Ray head and a training): the tiny
+    job swept over learning_rate x lora_r on the local provider by a real `fleet up`; all four succeed, never
+    more than two are active at once, and the table marks the best. `fleet flower`, started first, lists each
+    run's four stage tasks by name with the run id, and no credential of the fleet."""
     job = light_job_file(tmp_path / "job", extra="max_steps: 12\n")  # a few steps: the sweep is the point
     job.write_text(
         job.read_text()
         + "sweep:\n  grid:\n    learning_rate: [0.003, 0.03]\n    lora_r: [4, 8]\n  max_parallel: 2\n"
     )
-    env = fleet_env(home)
-    worker = Worker(env, tmp_path / "worker.log")
-    try:
-        submitted = fleet_json(env, "sweep", str(job))
-        sweep_id = submitted["sweep_id"]
-        assert [r["state"] for r in submitted["rows"]] == ["QUEUED", "QUEUED", "WAITING", "WAITING"]
-        view = wait_until(
-            lambda: (v := fleet_json(env, "status", sweep_id))["state"] not in ("RUNNING",) and v,
-            600,
-            "the sweep to end",
-            every=3,
-        )
-    finally:
-        worker.stop()
+    # The credentials a fleet holds, all set (a local run uses none of them). Flower's own periodic "enable
+    # events" broadcast is off: the workers must send their task events by themselves.
+    secrets = {name: CANARY for name in ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "WANDB_API_KEY")}
+    env = fleet_env(home, **secrets, FLOWER_ENABLE_EVENTS="false")
+    flower_log = home / "flower.log"
+    with flower(env, flower_log) as url:  # first: Flower knows only the tasks whose events it saw
+        worker = Worker(env, tmp_path / "worker.log")
+        try:
+            submitted = fleet_json(env, "sweep", str(job))
+            sweep_id = submitted["sweep_id"]
+            assert [r["state"] for r in submitted["rows"]] == ["QUEUED", "QUEUED", "WAITING", "WAITING"]
+            view = wait_until(
+                lambda: (v := fleet_json(env, "status", sweep_id))["state"] != "RUNNING" and v,
+                600,
+                "the sweep to end",
+                every=3,
+            )
+            run_ids = [row["run_id"] for row in view["rows"]]
+
+            def stages_done() -> dict[str, dict[str, Any]] | None:
+                tasks = api_tasks(url)  # events arrive asynchronously: poll briefly
+                done = {(t["name"], t["args"]) for t in tasks.values() if t["state"] == "SUCCESS"}
+                wanted = {(name, repr([run_id])) for name in STAGE_TASKS for run_id in run_ids}
+                return tasks if wanted <= done else None
+
+            tasks = wait_until(stages_done, 15, "every run's four stage tasks SUCCESS in Flower")
+        finally:
+            worker.stop()
     assert view["state"] == "SUCCEEDED", view
-    for row in view["rows"]:
-        stages = fleet_json(env, "status", row["run_id"])["stages"]
-        print(row["run_id"], {s["name"]: s["seconds"] for s in stages})
     rows = view["rows"]
     assert [r["state"] for r in rows] == ["SUCCEEDED"] * 4
     assert all(isinstance(r["metric"], float) for r in rows)
@@ -201,3 +219,10 @@ def test_a_four_run_grid_with_two_at_once_end_to_end(home: Path, tmp_path: Path)
     assert shown.returncode == 0, shown.stderr
     marked = [line for line in shown.stdout.splitlines() if "★" in line]
     assert len(marked) == 1 and best["run_id"] in marked[0], shown.stdout
+
+    # Flower: each stage task (polls included) carries its run id and nothing else; no credential shows.
+    ours = [t for t in tasks.values() if t["name"] in STAGE_TASKS]
+    assert {t["args"] for t in ours} == {repr([run_id]) for run_id in run_ids}
+    assert all(t["kwargs"] == "{}" and t["state"] == "SUCCESS" and t["worker"] for t in ours), ours
+    assert all(t["args"] == "()" for t in tasks.values() if t["name"] == REAP_TASK)  # beat's reaper: none
+    assert CANARY not in json.dumps(tasks) and CANARY not in flower_log.read_text()
