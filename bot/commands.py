@@ -279,14 +279,8 @@ def register(tree: FleetTree) -> None:
         )
 
     @sweep.autocomplete("config")
-    async def sweep_config(
-        interaction: discord.Interaction[Any], current: str
-    ) -> list[app_commands.Choice[str]]:
-        names = await tree.run(_config_names, settings.bot_configs_dir, current)
-        return [app_commands.Choice(name=n, value=n) for n in names]
-
     @train.autocomplete("config")
-    async def train_config(
+    async def config_choices(
         interaction: discord.Interaction[Any], current: str
     ) -> list[app_commands.Choice[str]]:
         names = await tree.run(_config_names, settings.bot_configs_dir, current)

@@ -243,7 +243,9 @@ def status(
         age = f"{(time.time() - r.created_at) / 60:.0f}m"
         loss = r.metrics.get("eval_loss")
         shown = f"{loss:.4g}" if isinstance(loss, float) else "-"
-        table.add_row(r.run_id, r.state.value, r.provider, shown, age, r.source)
+        state = "WAITING" if r.held and not r.state.is_terminal() else r.state.value  # for a sweep's slot
+        source = f"{r.source} ({r.sweep_id})" if r.sweep_id else r.source
+        table.add_row(r.run_id, state, r.provider, shown, age, source)
     out.print(table)
 
 

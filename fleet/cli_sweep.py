@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +12,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from broker.models import Sweep
 from fleet import sweeps
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.errors import ConfigError, FleetError
@@ -97,31 +99,28 @@ def follow(fleet: Fleet, sweep_id: str, live: bool, every_s: float = 2.0) -> dic
 
 
 def status(fleet: Fleet, sweep_id: str, as_json: bool) -> None:
-    """`fleet status SWEEP`."""
-    try:
-        found = fleet.ledger.find_sweep(sweep_id)
-    except FleetError as exc:
-        err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(1) from None
-    view = sweeps.sweep_view(fleet, found)
-    if as_json:
-        out.print_json(json.dumps(view))
-    else:
-        show(view)
+    """`fleet status SWEEP`: the table."""
+    _print(fleet, lambda: fleet.ledger.find_sweep(sweep_id), as_json, brief=False)
 
 
 def cancel(fleet: Fleet, sweep_id: str, as_json: bool) -> None:
     """`fleet cancel SWEEP`: every child that has not ended is cancelled (waiting ones never start)."""
+    _print(fleet, lambda: sweeps.cancel_sweep(fleet, sweep_id), as_json, brief=True)
+
+
+def _print(fleet: Fleet, get: Callable[[], Sweep], as_json: bool, brief: bool) -> None:
     try:
-        found = sweeps.cancel_sweep(fleet, sweep_id)
+        found = get()
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     view = sweeps.sweep_view(fleet, found)
     if as_json:
         out.print_json(json.dumps(view))
-    else:
+    elif brief:
         out.print(f"{found.sweep_id} {view['state']}", highlight=False)
+    else:
+        show(view)
 
 
 def show(view: dict[str, Any]) -> None:

@@ -15,13 +15,13 @@ import redis
 
 from broker import events
 from broker import sweeps as slots
-from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_lock_key, tick_key
+from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
 from broker.models import Event, EventType, FailureReason, Run, RunState
 from fleet import sweeps
 from fleet.service import Fleet
 from fleet.settings import Settings
 from tests.factories import light_job_file
-from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, wait_until
+from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, ledger_of, wait_until
 from tests.integration.fleetproc import fleet as fleet_cli
 from tests.integration.flowerproc import api_tasks, flower
 
@@ -177,12 +177,15 @@ def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Pa
             submitted = fleet_json(env, "sweep", str(job))
             sweep_id = submitted["sweep_id"]
             assert [r["state"] for r in submitted["rows"]] == ["QUEUED", "QUEUED", "WAITING", "WAITING"]
-            view = wait_until(
-                lambda: (v := fleet_json(env, "status", sweep_id))["state"] != "RUNNING" and v,
+            ledger = ledger_of(env)  # polled directly: a `fleet` process per poll would slow the runs
+            wait_until(
+                lambda: json.loads(ledger.get(sweep_key(sweep_id)) or "{}").get("finished_at"),
                 600,
                 "the sweep to end",
-                every=3,
+                every=1,
             )
+            ledger.close()
+            view = fleet_json(env, "status", sweep_id)
             run_ids = [row["run_id"] for row in view["rows"]]
 
             def stages_done() -> dict[str, dict[str, Any]] | None:
