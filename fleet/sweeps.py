@@ -218,6 +218,7 @@ def parse_sweep(
     keys = _check_keys(section, layout)
     children = expand(section, layout)
     jobs = _child_jobs(data, source, base_dir, default_provider, children, layout)
+    _check_distinct(jobs, source, doc.lines)
     warnings = sorted({w for job in jobs for w in job.warnings})
     return SweepPlan(source, section, keys, jobs, [c.params for c in children], warnings)
 
@@ -229,6 +230,24 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+
+
+# Keys that name one thing outside the fleet: children sharing a value would overwrite each other's result.
+MUST_DIFFER = {
+    "hub_model_id": "every run of the sweep would push to the same hub repo",
+    "wandb_run_id": "every run of the sweep would write to the same W&B run",
+}
+
+
+def _check_distinct(jobs: list[LoadedJob], source: str, lines: Mapping[str, int]) -> None:
+    problems = []
+    for key, why in MUST_DIFFER.items():
+        values = [getattr(job.spec.train, key) for job in jobs]
+        if len(values) > 1 and any(values) and len(set(values)) < len(values):
+            message = f"{why}; sweep {key} too (e.g. in paired) or leave it out"
+            problems.append(Problem(key, message, _line(lines, key) or _line(lines, "sweep")))
+    if problems:
+        raise ConfigError(source, problems)
 
 
 def _key_of(path: str) -> str:

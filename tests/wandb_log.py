@@ -58,6 +58,7 @@ class OfflineRun:
 
     run_id: str = ""
     project: str = ""
+    group: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +71,7 @@ def read_run(path: Path) -> OfflineRun:
     for record in records(path):
         which = record.WhichOneof("record_type")
         if which == "run":
-            run.run_id, run.project = record.run.run_id, record.run.project
+            run.run_id, run.project, run.group = record.run.run_id, record.run.project, record.run.run_group
             _items(run.config, record.run.config.update)
         elif which == "config":
             _items(run.config, record.config.update)

@@ -171,6 +171,7 @@ class WandbPlan(BaseModel):
     entity: str | None = None
     name: str | None = None
     mode: Literal["online", "offline"] = "online"
+    group: str | None = Field(None, description="W&B group: the run's sweep, so its runs show together.")
     url: str | None = Field(None, description="The run's page, when it can be known before it starts.")
     lifecycle: list[dict[str, Any]] = Field(
         default_factory=list, description="What happened before training: [{t, event, ...data}]."

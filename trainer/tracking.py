@@ -55,6 +55,7 @@ class Tracker:
             project=plan.project,
             entity=plan.entity,
             name=plan.name or f"trainfleet {self.job.run_id}",
+            group=plan.group,
             mode=plan.mode,
             dir=str(work),
             resume="allow" if plan.mode == "online" else None,

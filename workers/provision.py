@@ -125,7 +125,7 @@ def _emit(ctx: context.Context, run: Run, kind: EventType, data: dict[str, objec
 def _start(ctx: context.Context, run: Run) -> list[Draft]:
     """Enter provision; decide the run's W&B run and announce it at once."""
     drafts = enter(run, Stage.PROVISION)
-    planned = wandb_plan.plan(ctx.settings, job_spec(run), run.run_id)
+    planned = wandb_plan.plan(ctx.settings, job_spec(run), run.run_id, group=run.sweep_id)
     if planned is not None:
         run.progress["wandb"] = planned
         announced = {k: planned[k] for k in ("run_id", "project", "entity", "mode", "url")}

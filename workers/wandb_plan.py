@@ -28,8 +28,9 @@ LIFECYCLE = {
 }
 
 
-def plan(settings: Settings, spec: JobSpec, run_id: str) -> dict[str, Any] | None:
-    """The W&B run of a job that names a `wandb_project` (None otherwise, or when W&B is disabled)."""
+def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = None) -> dict[str, Any] | None:
+    """The W&B run of a job that names a `wandb_project` (None otherwise, or when W&B is disabled); a sweep's
+    runs are grouped under the sweep's id."""
     train = spec.train
     mode = train.wandb_mode or settings.wandb_mode
     if not train.wandb_project or mode == "disabled":
@@ -46,6 +47,7 @@ def plan(settings: Settings, spec: JobSpec, run_id: str) -> dict[str, Any] | Non
         "name": train.wandb_name,
         "mode": mode,
         "url": url,
+        **({"group": group} if group else {}),
     }
 
 

@@ -31,12 +31,13 @@ def test_an_offline_run_holds_the_whole_story(tmp_path: Path) -> None:
     config = train_config(
         max_steps=6, eval_steps=3, logging_steps=2, eval_table_size=2, eval_max_new_tokens=6
     )
-    plan = WandbPlan(run_id="tf-t1", project="tiny", mode="offline", lifecycle=LIFECYCLE)
+    plan = WandbPlan(run_id="tf-t1", project="tiny", mode="offline", group="sw-1", lifecycle=LIFECYCLE)
     job = train_job(tmp_path, config, wandb=plan)
     recipe.run(job, resolve_model(config.base_model, tmp_path / "cache"))
 
     run = offline_run(tmp_path / "work", "tf-t1")
     assert run.run_id == "tf-t1" and run.project == "tiny" and run.exit_code == 0
+    assert run.group == "sw-1"  # a sweep's runs show together
     assert run.config["learning_rate"] == config.learning_rate and run.config["fleet_run_id"] == job.run_id
     # Before training: the lifecycle, as a table and as numbers.
     assert run.summary["lifecycle/instance.requested/price_per_hour"] == 0.2

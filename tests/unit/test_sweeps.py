@@ -171,3 +171,21 @@ def test_the_text_table_marks_the_best_row() -> None:
     assert lines[0].split() == ["run", "state", "lora_r", "eval_loss"]
     assert lines[2].startswith("*") and "r2" in lines[2] and "1.25" in lines[2]
     assert not lines[1].startswith("*") and lines[3].split()[-1] == "-"
+
+
+def test_children_may_not_share_a_hub_repo_or_a_wandb_run(tmp_path: Path) -> None:
+    job = job_with(tmp_path, "hub_model_id: me/tiny\nwandb_run_id: mine\nsweep:\n  grid: {lora_r: [4, 8]}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(job)
+    found = problems(exc)
+    assert [(p, line) for p, _m, line in found] == [
+        ("hub_model_id", line_of(job, "hub_model_id: me/tiny")),
+        ("wandb_run_id", line_of(job, "wandb_run_id: mine")),
+    ]
+    assert "same hub repo" in found[0][1]
+    paired = job_with(
+        tmp_path / "ok",
+        "sweep:\n  paired:\n"
+        "    - {lora_r: 4, hub_model_id: me/tiny-r4}\n    - {lora_r: 8, hub_model_id: me/tiny-r8}\n",
+    )
+    assert [j.spec.train.hub_model_id for j in load_sweep(paired).jobs] == ["me/tiny-r4", "me/tiny-r8"]

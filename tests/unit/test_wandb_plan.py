@@ -33,3 +33,5 @@ def test_one_fleet_run_is_one_wandb_run() -> None:
     offline = plan(Settings(wandb_mode="offline"), spec(wandb_project="p", wandb_run_id="mine"), "r1")
     assert offline is not None and offline["run_id"] == "mine" and offline["url"] is None
     assert plan(Settings(), spec(wandb_project="p"), "r1")["url"] is None  # type: ignore[index]  # no entity
+    grouped = plan(Settings(), spec(wandb_project="p"), "r1", group="sw-1")  # a sweep's run
+    assert grouped is not None and grouped["group"] == "sw-1" and "group" not in (online or {})
