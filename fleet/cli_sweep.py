@@ -31,7 +31,7 @@ def sweep(
     file: Annotated[Path, typer.Argument(help="A job YAML (its `sweep:` unless SWEEPFILE).")],
     sweep_file: Annotated[
         Path | None,
-        typer.Argument(metavar="[SWEEPFILE]", help="A sweep file in axolotl's --sweep format."),
+        typer.Argument(metavar="SWEEPFILE", help="A sweep file in axolotl's --sweep format."),
     ] = None,
     max_parallel: Annotated[
         int | None, typer.Option(min=1, max=sweeps.MAX_PARALLEL, help="Children active at once.")
