@@ -161,6 +161,10 @@ def parse_job(
     problems += _resolve_datasets(raw, lines, base_dir)
     train = validate_mapping(TrainConfig, raw, "", lines, problems)
     section = validate_mapping(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
+    if section is not None and section.num_nodes > 1 and not section.MULTI_NODE.supported:
+        where = join_path(provider.value, "num_nodes")
+        message = f"{provider.value} cannot run on {section.num_nodes} machines: {section.MULTI_NODE.reason}"
+        problems.append(Problem(where, message, _line(lines, where)))
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
@@ -115,10 +116,34 @@ CloudType = Literal["ALL", "COMMUNITY", "SECURE"]
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 
 
+MAX_NODES = 8
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Whether a provider can do something, and why not when it cannot: data that validation reads, so a
+    job that needs it is refused up front with the reason instead of being half-started."""
+
+    supported: bool
+    reason: str = ""
+
+
 class SectionBase(BaseModel):
     """Keys every provider section has. Strict: unknown keys and wrong types are errors."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+    MULTI_NODE: ClassVar[Capability] = Capability(
+        False, "this provider cannot join machines into one cluster"
+    )
+    """Whether `num_nodes` > 1 can run here: several machines on one private network, one Ray cluster."""
+
+    num_nodes: int = Field(
+        1,
+        ge=1,
+        le=MAX_NODES,
+        description="Machines in the run's Ray cluster (node 0 the head, the others join it as workers).",
+    )
 
     one_shot: bool = Field(
         True, description="Terminate the machine when the run ends, whether it succeeded or failed."

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
-from providers.sections import SectionBase
+from providers.sections import Capability, SectionBase
 
 
 class LocalSection(SectionBase):
     """Run on the machine the fleet runs on. Strict: unknown keys are errors."""
+
+    MULTI_NODE: ClassVar[Capability] = Capability(
+        False,
+        "the local provider starts one Ray node on this machine",
+    )
 
     num_cpus: int | None = Field(
         None, ge=1, le=1024, description="CPUs the local Ray node may use; unset means all the machine has."

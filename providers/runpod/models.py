@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints
 
-from providers.sections import AbsolutePath, RemoteSection, Text, Token, matching
+from providers.sections import AbsolutePath, Capability, RemoteSection, Text, Token, matching
 
 GitUrl = Annotated[
     str,
@@ -17,6 +17,12 @@ GitUrl = Annotated[
 
 class RunPodSection(RemoteSection):
     """A RunPod pod. Strict: unknown keys are errors. Shared keys are documented on `RemoteSection`."""
+
+    MULTI_NODE: ClassVar[Capability] = Capability(
+        False,
+        "a run on several RunPod machines needs its Instant Clusters (pods on one private network), which "
+        "trainfleet does not rent yet",
+    )
 
     gpu: Text = Field("NVIDIA RTX A5000", description="RunPod's GPU display name, e.g. 'NVIDIA RTX A5000'.")
     template_id: Token | None = Field(None, description="RunPod template to start the pod from.")

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
-from providers.sections import RemoteSection, Text
+from providers.sections import Capability, RemoteSection, Text
 
 
 class VastAISection(RemoteSection):
     """A vast.ai instance. Strict: unknown keys (including RunPod-only ones such as ``volume_in_gb``) are
     errors. ``pod_type`` INTERRUPTABLE rents by bid; ``cloud_type`` SECURE means datacenter hosts only.
     """
+
+    MULTI_NODE: ClassVar[Capability] = Capability(
+        False,
+        "vast.ai rents single hosts that share no private network (each instance is reachable only through "
+        "its own mapped ports), so its machines cannot form one Ray cluster",
+    )
 
     gpu: Text = Field(
         "RTX_A5000", description="vast.ai's GPU name, e.g. 'RTX_A6000' ('RTX A6000' means the same)."

@@ -151,6 +151,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
     section = parse(HEAD + "runpod: {}\n").spec.section
     assert isinstance(section, RunPodSection)
     assert section.model_dump() == {
+        "num_nodes": 1,  # trainfleet's: one machine, as the proof of concept always had
         "one_shot": True,
         "terminate_after": 86400,
         "env": {},
