@@ -164,7 +164,7 @@ def parse_job(
     if section is not None and section.num_nodes > 1 and not section.MULTI_NODE.supported:
         where = join_path(provider.value, "num_nodes")
         message = f"{provider.value} cannot run on {section.num_nodes} machines: {section.MULTI_NODE.reason}"
-        problems.append(Problem(where, message, _line(lines, where)))
+        problems.append(Problem(where, message, line_of(lines, where)))
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
@@ -189,7 +189,7 @@ def format_problems(err: ConfigError) -> str:
     return "\n".join(out)
 
 
-def _line(lines: Mapping[str, int], path: str) -> int | None:
+def line_of(lines: Mapping[str, int], path: str) -> int | None:
     """The line of `path`, or of its nearest parent that is in the file (a missing key's mapping)."""
     while path in lines or _PARENT.search(path):
         if path in lines:
@@ -279,7 +279,7 @@ def validate_mapping(
     """`model.model_validate(data)`, or None with the errors appended to `problems` as YAML key paths."""
     if not isinstance(data, dict):
         message = "must be a mapping of keys (or empty, for all defaults)"
-        problems.append(Problem(prefix, message, _line(lines, prefix)))
+        problems.append(Problem(prefix, message, line_of(lines, prefix)))
         return None
     try:
         return model.model_validate(data)
@@ -305,7 +305,7 @@ def _problems_from(
             text = "must be " + " or ".join(m.removeprefix("must be ") for m in messages)
         else:
             text = "; ".join(messages)
-        problems.append(Problem(path, text + got, _line(lines, path)))
+        problems.append(Problem(path, text + got, line_of(lines, path)))
     return problems
 
 

@@ -26,7 +26,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,7 +39,7 @@ from broker.models import Event, EventType, Sweep
 from fleet import service
 from fleet.errors import ConfigError, Problem
 from fleet.service import Fleet
-from fleet.spec import LoadedJob, parse_job, validate_mapping
+from fleet.spec import LoadedJob, line_of, parse_job, validate_mapping
 from fleet.yamlsafe import MAX_BYTES, join_path, load_yaml
 from providers.base import ProviderName
 from trainer.config import TrainConfig
@@ -109,33 +109,34 @@ class SweepSection(BaseModel):
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a sweep's values were written: the file and the key path of each kind of value."""
+    """Where a sweep's values were written: the file, and the key path under which each kind of value is."""
 
     source: str
     lines: Mapping[str, int]
-    grid: Callable[[str, int], str]
-    paired: Callable[[int, str], str]
-    random: Callable[[str], str]
+    grid_at: str
+    paired_at: str
+    random_at: str
+
+    def grid_key(self, key: str) -> str:
+        return join_path(self.grid_at, key)
+
+    def grid(self, key: str, j: int) -> str:
+        return join_path(self.grid_key(key), j)
+
+    def paired(self, i: int, key: str) -> str:
+        return join_path(join_path(self.paired_at, i), key)
+
+    def random(self, key: str) -> str:
+        return join_path(self.random_at, key)
 
 
 def _section_layout(source: str, lines: Mapping[str, int]) -> Layout:
-    return Layout(
-        source,
-        lines,
-        grid=lambda key, j: join_path(join_path("sweep.grid", key), j),
-        paired=lambda i, key: join_path(join_path("sweep.paired", i), key),
-        random=lambda key: join_path("sweep.random.space", key),
-    )
+    return Layout(source, lines, "sweep.grid", "sweep.paired", "sweep.random.space")
 
 
 def _axolotl_layout(source: str, lines: Mapping[str, int]) -> Layout:
-    return Layout(
-        source,
-        lines,
-        grid=lambda key, j: join_path(key, j),
-        paired=lambda i, key: join_path(join_path("_", i), key),
-        random=lambda key: key,
-    )
+    """axolotl's file: the grid's keys at the top, the paired sets under `_`, no random search."""
+    return Layout(source, lines, "", "_", "")
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ def _check_distinct(jobs: list[LoadedJob], source: str, lines: Mapping[str, int]
         values = [getattr(job.spec.train, key) for job in jobs]
         if len(values) > 1 and any(values) and len(set(values)) < len(values):
             message = f"{why}; sweep {key} too (e.g. in paired) or leave it out"
-            problems.append(Problem(key, message, _line(lines, key) or _line(lines, "sweep")))
+            problems.append(Problem(key, message, line_of(lines, key) or line_of(lines, "sweep")))
     if problems:
         raise ConfigError(source, problems)
 
@@ -286,7 +287,7 @@ def _check_keys(section: SweepSection, layout: Layout) -> list[str]:
     through unused, and every child would be the same run)."""
     places: dict[str, str] = {}
     for key in section.grid:
-        places.setdefault(key, layout.grid(key, 0).rsplit("[", 1)[0])
+        places.setdefault(key, layout.grid_key(key))
     for i, pairs in enumerate(section.paired):
         for key in pairs:
             if key in section.grid:
@@ -310,16 +311,7 @@ def _check_keys(section: SweepSection, layout: Layout) -> list[str]:
 
 
 def _problem(layout: Layout, path: str, message: str) -> Problem:
-    return Problem(path, message, _line(layout.lines, path))
-
-
-def _line(lines: Mapping[str, int], path: str) -> int | None:
-    while path:
-        if path in lines:
-            return lines[path]
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
-    return None
+    return Problem(path, message, line_of(layout.lines, path))
 
 
 def size(section: SweepSection) -> int:
