@@ -20,8 +20,8 @@ class RunPodSection(RemoteSection):
 
     MULTI_NODE: ClassVar[Capability] = Capability(
         False,
-        "a run on several RunPod machines needs its Instant Clusters (pods on one private network), which "
-        "trainfleet does not rent yet",
+        "a run on several RunPod machines needs pods on one private network (RunPod's global networking "
+        "or its Instant Clusters), which trainfleet does not ask for yet",
     )
 
     gpu: Text = Field("NVIDIA RTX A5000", description="RunPod's GPU display name, e.g. 'NVIDIA RTX A5000'.")
