@@ -32,13 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from broker.ledger import Ledger  # noqa: E402
-from broker.models import Instance, InstanceState, Run, RunState  # noqa: E402
+from broker.models import Instance, InstanceState, RunState  # noqa: E402
 from fleet.embedded import ensure_redis, stop_redis  # noqa: E402
-from fleet.spec import JobSpec  # noqa: E402
-from providers.base import LaunchRequest, ProviderContext, ProviderName  # noqa: E402
+from providers.base import LaunchRequest, ProviderContext  # noqa: E402
 from providers.runpod.models import RunPodSection  # noqa: E402
 from providers.runpod.provider import RunPodProvider  # noqa: E402
-from tests.factories import train_config  # noqa: E402
+from tests.factories import ledger_run  # noqa: E402
 from tests.fakes.runpod import FakeRunPod  # noqa: E402
 
 KEY = "bench-key"
@@ -47,7 +46,6 @@ RATE = 2.0  # $/h
 
 def idle_pod(ledger: Ledger, provider: RunPodProvider, name: str, section: RunPodSection) -> None:
     """A pod left up by a run that just SUCCEEDED with one_shot: false."""
-    spec = JobSpec(train=train_config(), provider=ProviderName.RUNPOD, section=section)
     pod = provider.launch(LaunchRequest(name, name, section))
     ledger.put_instance(
         Instance(
@@ -58,17 +56,7 @@ def idle_pod(ledger: Ledger, provider: RunPodProvider, name: str, section: RunPo
             provider_id=pod.provider_id,
         )
     )
-    run = Run(
-        run_id=name,
-        provider="runpod",
-        source="bench",
-        spec=spec.model_dump(mode="json"),
-        run_dir="/none",
-        output_dir="/none/out",
-        state=RunState.SUCCEEDED,
-        instance=name,
-    )
-    ledger.create_run(run, [])
+    ledger.create_run(ledger_run(name, section, RunState.SUCCEEDED, instance=name), [])
 
 
 def main() -> None:

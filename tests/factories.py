@@ -12,6 +12,8 @@ import yaml
 
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, FailureReason, Instance, Run, RunState
+from fleet.spec import SECTION_MODELS, JobSpec
+from providers.sections import SectionBase
 from trainer.config import TrainConfig, TrainJob
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +50,23 @@ def train_config(**overrides: Any) -> TrainConfig:
     }
     values.update(overrides)
     return TrainConfig.model_validate(values)
+
+
+def ledger_run(run_id: str, section: SectionBase, state: RunState = RunState.QUEUED, **fields: Any) -> Run:
+    """A Run as the ledger holds it: the small `train_config()` job on `section`'s provider, in `state`,
+    with `fields` set (instance, progress, ray_jobs, ...). For tests that put runs in the ledger by hand."""
+    provider = next(name for name, model in SECTION_MODELS.items() if isinstance(section, model))
+    spec = JobSpec(train=train_config(), provider=provider, section=section)
+    return Run(
+        run_id=run_id,
+        provider=provider.value,
+        source="t",
+        spec=spec.model_dump(mode="json"),
+        run_dir="/r",
+        output_dir="/r/o",
+        state=state,
+        **fields,
+    )
 
 
 def train_job(

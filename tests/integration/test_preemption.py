@@ -17,10 +17,9 @@ from broker.events import read_run
 from broker.models import FailureReason, Instance, InstanceState, Run, RunState
 from fleet.errors import NodeError
 from fleet.settings import Settings
-from fleet.spec import JobSpec
-from providers.base import LaunchRequest, ProviderName
+from providers.base import LaunchRequest
 from providers.runpod.models import RunPodSection
-from tests.factories import train_config
+from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
 from workers.common import Next, run_stage
@@ -53,15 +52,10 @@ def task(task_id: str = "t1", retries: int = 0) -> Any:
 
 def training_run(ctx: context.Context, **fields: Any) -> str:
     """Run r1 TRAINING on its live pod tf-r1-<attempt>; returns the pod's id at the fake."""
-    spec = JobSpec(train=train_config(), provider=ProviderName.RUNPOD, section=SECTION)
-    run = Run(
-        run_id="r1",
-        provider="runpod",
-        source="t",
-        spec=spec.model_dump(mode="json"),
-        run_dir="/r",
-        output_dir="/r/o",
-        state=RunState.TRAINING,
+    run = ledger_run(
+        "r1",
+        SECTION,
+        RunState.TRAINING,
         progress={"step": 40, "finished": False},
         ray_jobs={"train": "r1-1-train"},
         **fields,

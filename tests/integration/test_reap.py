@@ -12,12 +12,11 @@ import redis
 from broker.constants import Stage, tick_key
 from broker.models import Instance, InstanceState, Run, RunState
 from fleet.settings import Settings
-from fleet.spec import JobSpec
 from providers import failsafe
-from providers.base import LaunchRequest, NodeState, ProviderName
+from providers.base import LaunchRequest, NodeState
 from providers.local.models import LocalSection
 from providers.runpod.models import RunPodSection
-from tests.factories import train_config
+from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
 from workers.reap import reap_once
@@ -48,16 +47,7 @@ def start_head(ctx: context.Context, name: str) -> None:
 
 
 def make_run(run_id: str, state: RunState) -> Run:
-    spec = JobSpec(train=train_config(), provider=ProviderName.LOCAL, section=LocalSection())
-    return Run(
-        run_id=run_id,
-        provider="local",
-        source="t",
-        spec=spec.model_dump(mode="json"),
-        run_dir="/r",
-        output_dir="/r/o",
-        state=state,
-    )
+    return ledger_run(run_id, LocalSection(), state)
 
 
 def test_reaper_terminates_orphans_and_spares_live_runs(ctx: context.Context) -> None:

@@ -13,12 +13,11 @@ import pytest
 import redis
 
 from broker.events import read_run
-from broker.models import Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, RunState
 from fleet.settings import Settings
-from fleet.spec import JobSpec
-from providers.base import LaunchRequest, ProviderName
+from providers.base import LaunchRequest
 from providers.runpod.models import RunPodSection
-from tests.factories import train_config
+from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod
 from workers import context
@@ -59,18 +58,7 @@ def section(**keys: Any) -> RunPodSection:
 def start(ctx: context.Context, run_id: str, state: RunState, node: RunPodSection, **record: Any) -> str:
     """A run in `state` on a live pod tf-<run>-1 (launched at the fake), both in the ledger."""
     name = f"tf-{run_id}-1"
-    spec = JobSpec(train=train_config(), provider=ProviderName.RUNPOD, section=node)
-    run = Run(
-        run_id=run_id,
-        provider="runpod",
-        source="t",
-        spec=spec.model_dump(mode="json"),
-        run_dir="/r",
-        output_dir="/r/o",
-        state=state,
-        instance=name,
-    )
-    ctx.ledger.create_run(run, [])
+    ctx.ledger.create_run(ledger_run(run_id, node, state, instance=name), [])
     inst = ctx.provider("runpod").launch(LaunchRequest(name, run_id, node))
     values: dict[str, Any] = {"state": InstanceState.RUNNING, "provider_id": inst.provider_id}
     values.update(record)
