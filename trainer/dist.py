@@ -1,9 +1,9 @@
 """Where a recipe runs: one plain process, or one Ray Train worker of several (gloo on CPU, NCCL on GPU).
 
 The recipe talks to this module instead of to Ray or torch.distributed directly, so that the same loop
-runs in both places. Under Ray every collective here (`all_reduce_sum`, `all_reduce_max`, `all_true`,
-`same_everywhere`, `report`) is a barrier: every worker must call it the same number of times, in the same
-order.
+runs in both places. Under Ray every collective here (`all_reduce_sum`, `all_reduce_max`, `gather_text`,
+`all_true`, `same_everywhere`, `report`) is a barrier: every worker must call it the same number of times,
+in the same order.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ class Worker:
     world_size: int
     device: torch.device
     under_ray: bool
+    node_id: str = "local"
+    """The Ray node this worker runs on (Ray's own id for it), or "local" without Ray."""
 
     @property
     def is_main(self) -> bool:
@@ -43,7 +45,8 @@ def current_worker(use_gpu: bool, under_ray: bool) -> Worker:
         import ray.train.torch
 
         ctx = ray.train.get_context()
-        return Worker(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(), True)
+        node = ray.get_runtime_context().get_node_id()
+        return Worker(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(), True, node)
     if use_gpu and not torch.cuda.is_available():
         from trainer.errors import TrainingFailed
 
@@ -74,6 +77,17 @@ def all_reduce_max(values: list[float], worker: Worker) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=worker.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [float(v) for v in tensor.tolist()]
+
+
+def gather_text(value: str, worker: Worker) -> list[str]:
+    """Every worker's `value`, in rank order; every worker gets the list (one collective)."""
+    if worker.world_size == 1:
+        return [value]
+    import torch.distributed as dist
+
+    values: list[Any] = [None] * worker.world_size
+    dist.all_gather_object(values, value)
+    return [str(v) for v in values]
 
 
 def all_true(flag: bool, worker: Worker) -> bool:

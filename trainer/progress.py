@@ -23,7 +23,8 @@ class Kind(StrEnum):
     # base model and datasets resolved on the node: {model_path, examples, dataset_files,
     # download: {bytes, files, seconds, mb_per_s, connections, bytes_skipped, repos}}
     FETCHED = "fetched"
-    STARTED = "started"  # {total_steps, num_workers, train_examples, eval_examples}
+    # {total_steps, num_workers, nodes (the Ray node of each rank), num_nodes, train_examples, eval_examples}
+    STARTED = "started"
     STEP = "step"  # {step, total_steps, loss, learning_rate, epoch}
     EVAL = "eval"  # {step, eval_loss}
     CHECKPOINT = "checkpoint"  # {step, path}

@@ -186,10 +186,13 @@ class _Run:
 
     def train(self) -> dict[str, Any]:
         cfg, w = self.config, self.worker
+        nodes = dist.gather_text(w.node_id, w)  # where each rank runs, as Ray says (a collective)
         self.say(
             Kind.STARTED,
             total_steps=self.total,
             num_workers=w.world_size,
+            nodes=nodes,
+            num_nodes=len(set(nodes)),
             train_examples=len(self.data.train),
             eval_examples=len(self.data.eval),
         )

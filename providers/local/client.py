@@ -33,11 +33,14 @@ PORT_NAMES = (
     "metrics_export_port",
     "runtime_env_agent_port",
 )
+# A node that joins a head's cluster runs no GCS, dashboard or Ray client server of its own.
+HEAD_ONLY_PORTS = ("port", "dashboard_port", "ray_client_server_port")
+WORKER_PORT_NAMES = tuple(p for p in PORT_NAMES if p not in HEAD_ONLY_PORTS)
 
 
 @dataclass
 class HeadMeta:
-    """What we know of one local head, kept in <node dir>/meta.json."""
+    """What we know of one local Ray node (a head, or a node that joined one), in <node dir>/meta.json."""
 
     name: str
     temp_dir: str
@@ -48,6 +51,7 @@ class HeadMeta:
     created_at: float
     pid: int = 0
     terminated_at: float | None = None
+    head: str | None = None  # the head whose cluster this node joined; None for a head
 
     @property
     def dashboard_url(self) -> str:
@@ -160,35 +164,53 @@ class LocalHeads:
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh."""
+        return self._launch(name, num_cpus, num_gpus, env, token or secrets.token_hex(32), head=None)
+
+    def join(self, name: str, head_name: str, num_cpus: int, num_gpus: int, env: dict[str, str]) -> HeadMeta:
+        """Start node `name` as a worker of `head_name`'s cluster (`ray start --address`, the head's token):
+        one more Ray node on this machine, with a temp dir and ports of its own, so it can be stopped (or
+        fail) alone. Returns once the process exists; the head lists it once it has joined."""
+        head = self.read(head_name)
+        if head is None or head.head is not None:
+            raise ValueError(f"{head_name!r} is not a head started here")
+        return self._launch(name, num_cpus, num_gpus, env, self.token(head_name), head=head)
+
+    def _launch(
+        self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str], token: str, head: HeadMeta | None
+    ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
         token_path = node_dir / "token"
         fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            handle.write(token or secrets.token_hex(32))
+            handle.write(token)
         # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
         digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
+        names = PORT_NAMES if head is None else WORKER_PORT_NAMES
         meta = HeadMeta(
             name=name,
             temp_dir=f"/tmp/tfray-{digest}",
-            ports=dict(zip(PORT_NAMES, _free_ports(len(PORT_NAMES)), strict=True)),
+            ports=dict(zip(names, _free_ports(len(names)), strict=True)),
             worker_ports=_worker_port_window(),
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             created_at=time.time(),
+            head=None if head is None else head.name,
         )
         bin_dir = Path(sys.executable).parent
+        if head is None:
+            role = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
+        else:
+            role = [f"--address=127.0.0.1:{head.ports['port']}"]
         argv = [
             str(bin_dir / "ray"),
             "start",
-            "--head",
+            *role,
             "--block",
             f"--temp-dir={meta.temp_dir}",
             f"--num-cpus={num_cpus}",
             f"--num-gpus={num_gpus}",
             "--node-ip-address=127.0.0.1",
-            "--dashboard-host=127.0.0.1",
-            "--include-dashboard=true",
             "--disable-usage-stats",
             f"--min-worker-port={meta.worker_ports[0]}",
             f"--max-worker-port={meta.worker_ports[1]}",

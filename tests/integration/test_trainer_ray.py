@@ -7,7 +7,6 @@ command, and kills any it finds.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -23,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.factories import REPO_ROOT, example_config, train_job
+from tests.factories import example_config, train_job
 from trainer import faults, progress
 from trainer.config import TrainJob
 
@@ -98,39 +97,6 @@ def train_with_ray(
     assert proc.returncode == 0, output[-4000:]
     assert not leftovers, f"Ray processes outlived the command: {[p.pid for p in leftovers]}"
     return output, elapsed
-
-
-def test_example_job_trains_with_two_ray_workers(tmp_path: Path, ray_tmpdir: Path) -> None:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from trainer.tiny import resolve_model
-
-    job = train_job(tmp_path, example_config())
-    assert job.config.use_ray and job.config.ray_num_workers == 2
-    output, elapsed = train_with_ray(tmp_path, ray_tmpdir, job)
-
-    records = list(progress.parse(output))
-    kinds = [r["kind"] for r in records]
-    assert kinds[0] == "started" and kinds[-1] == "finished", kinds
-    assert kinds.count("checkpoint") == 2  # steps 40 and 80 of 90
-    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 20, 40, 60, 80, 90]
-    metrics = records[-1]["metrics"]
-    assert metrics["num_workers"] == 2 and metrics["global_step"] == metrics["total_steps"] == 90
-    assert metrics["eval_loss"] < 0.6 * metrics["eval_loss_first"], metrics
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == metrics
-    assert (tmp_path / "work" / "ray").is_dir()  # Ray Train's storage stays inside the run's work_dir
-    print(
-        f"trainer train (use_ray, 2 workers): {elapsed:.1f} s; eval loss {metrics['eval_loss_first']:.3f}"
-        f" -> {metrics['eval_loss']:.3f}"
-    )
-
-    base = AutoModelForCausalLM.from_pretrained(
-        resolve_model(job.config.base_model, Path(job.cache_dir or ""))
-    )
-    model = PeftModel.from_pretrained(base, job.output_dir)
-    assert any("lora_A" in name for name, _ in model.named_parameters())
-    assert str(REPO_ROOT) not in (tmp_path / "out" / "README.md").read_text()
 
 
 def short_ray_job(tmp_path: Path, **overrides: Any) -> TrainJob:

@@ -46,6 +46,8 @@ def test_short_run_writes_results(
         "kind": "started",
         "total_steps": 4,
         "num_workers": 1,
+        "nodes": ["local"],  # no Ray: one process
+        "num_nodes": 1,
         "train_examples": 792,
         "eval_examples": 8,
     }
