@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from broker.ledger import Draft, Ledger
 from broker.models import EventType, FailureReason, Instance, Run, RunState
 from fleet.spec import SECTION_MODELS, JobSpec
 from providers.sections import SectionBase
+from trainer import faults, progress
 from trainer.config import TrainConfig, TrainJob
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +85,20 @@ def train_job(
     }
     values.update(fields)
     return TrainJob.model_validate(values)
+
+
+def trainer_command(root: Path, job: TrainJob, **env: str) -> tuple[list[str], dict[str, str]]:
+    """`python -m trainer train --job FILE` for `job` (FILE written under `root`) and its environment: this
+    process's, without Ray's or the fleet's variables (a test sets those it means), plus `env`."""
+    job_file = root / "job.json"
+    job_file.write_text(job.to_env(), encoding="utf-8")
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RAY_") and k not in (progress.ENV_VAR, faults.ENV_VAR)
+    }
+    clean.update(PYTHONUNBUFFERED="1", **env)
+    return [sys.executable, "-m", "trainer", "train", "--job", str(job_file)], clean
 
 
 def write_completion_data(path: Path, count: int) -> Path:

@@ -7,9 +7,7 @@ the whole example (90 steps), so this is also the test that the example trains w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ import pytest
 
 from providers.base import jobs_api_answers
 from providers.local.client import HeadMeta, LocalHeads
-from tests.factories import REPO_ROOT, example_config, train_job
+from tests.factories import REPO_ROOT, example_config, train_job, trainer_command
 from tests.integration.fleetproc import wait_until
-from trainer import faults, progress
+from trainer import progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -57,21 +55,15 @@ def test_the_example_job_trains_with_two_workers_on_two_ray_nodes(tmp_path: Path
 
         job = train_job(tmp_path, example_config())
         assert job.config.use_ray and job.config.ray_num_workers == 2
-        job_file = tmp_path / "job.json"
-        job_file.write_text(job.to_env(), encoding="utf-8")
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("RAY_") and k not in (progress.ENV_VAR, faults.ENV_VAR)
-        }
-        env.update(
+        argv, env = trainer_command(
+            tmp_path,
+            job,
             RAY_ADDRESS=f"127.0.0.1:{head.ports['port']}",  # join the cluster, as a Ray job's driver does
             RAY_AUTH_MODE="token",
             RAY_AUTH_TOKEN_PATH=str(heads.node_dir("head") / "token"),
-            PYTHONUNBUFFERED="1",
         )
         done = subprocess.run(
-            [sys.executable, "-m", "trainer", "train", "--job", str(job_file)],
+            argv,
             cwd=tmp_path,
             env=env,
             capture_output=True,

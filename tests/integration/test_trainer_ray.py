@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.factories import example_config, train_job
+from tests.factories import example_config, train_job, trainer_command
 from trainer import faults, progress
 from trainer.config import TrainJob
 
@@ -62,20 +61,13 @@ def train_with_ray(
     """Run `python -m trainer train --job FILE` for `job` (use_ray: it starts its own private Ray cluster)
     with FLEET_INJECT=`inject` if given; return its output and how long it took. Fails the test when it
     exits non-zero, takes over 240 s, or leaves a Ray process behind."""
-    job_file = tmp_path / "job.json"
-    job_file.write_text(job.to_env(), encoding="utf-8")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("RAY_") and k not in (progress.ENV_VAR, faults.ENV_VAR)
-    }
-    env.update(RAY_TMPDIR=str(ray_tmpdir), PYTHONUNBUFFERED="1")
+    argv, env = trainer_command(tmp_path, job, RAY_TMPDIR=str(ray_tmpdir))
     if inject is not None:
         env[faults.ENV_VAR] = inject  # reaches the Train workers through the local cluster's environment
 
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "train", "--job", str(job_file)],
+        argv,
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
