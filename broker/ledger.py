@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import redis
+from pydantic import BaseModel
 
 from broker import events
 from broker.constants import (
@@ -29,6 +30,7 @@ from fleet.errors import NotFound
 Draft = tuple[EventType, dict[str, Any]]
 RunChange = Callable[[Run], list[Draft] | None]
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Ledger:
@@ -56,20 +58,10 @@ class Ledger:
 
     def find_run(self, prefix: str) -> Run:
         """A run by its id or an unambiguous prefix of it."""
-        try:
-            return self.get_run(prefix)
-        except NotFound:
-            matches = [r for r in self.client.zrange(RUNS_INDEX, 0, -1) if str(r).startswith(prefix)]
-            if len(matches) == 1:
-                return self.get_run(str(matches[0]))
-            if matches:
-                raise NotFound(f"{prefix!r} matches {len(matches)} runs; give more of the id") from None
-            raise
+        return self._find(prefix, RUNS_INDEX, self.get_run, "runs")
 
     def list_runs(self, limit: int = 50) -> list[Run]:
-        ids = self.client.zrevrange(RUNS_INDEX, 0, limit - 1)
-        raws = self.client.mget([run_key(str(i)) for i in ids]) if ids else []
-        return [Run.model_validate_json(raw) for raw in raws if raw is not None]
+        return self._newest(RUNS_INDEX, run_key, Run, limit)
 
     def get_runs(self, run_ids: list[str]) -> dict[str, Run]:
         """The runs that exist among `run_ids`, by id (one round trip)."""
@@ -94,6 +86,24 @@ class Ledger:
             return run
 
         return self._optimistic(run_key(run_id), body)
+
+    def _find(self, prefix: str, index: str, get: Callable[[str], T], what: str) -> T:
+        """`get(prefix)`, or the one id in `index` that starts with `prefix` (NotFound when none or many)."""
+        try:
+            return get(prefix)
+        except NotFound:
+            matches = [str(i) for i in self.client.zrange(index, 0, -1) if str(i).startswith(prefix)]
+            if len(matches) == 1:
+                return get(matches[0])
+            if matches:
+                raise NotFound(f"{prefix!r} matches {len(matches)} {what}; give more of the id") from None
+            raise
+
+    def _newest(self, index: str, key: Callable[[str], str], model: type[M], limit: int) -> list[M]:
+        """The newest `limit` documents of `index` (a sorted set by creation time), newest first."""
+        ids = self.client.zrevrange(index, 0, limit - 1)
+        raws = self.client.mget([key(str(i)) for i in ids]) if ids else []
+        return [model.model_validate_json(raw) for raw in raws if raw is not None]
 
     def _optimistic(self, key: str, body: Callable[[str | None, redis.client.Pipeline[str]], T]) -> T:
         """Run `body(current value, pipeline)` under WATCH `key`, retried until no one else wrote the key
@@ -135,20 +145,10 @@ class Ledger:
 
     def find_sweep(self, prefix: str) -> Sweep:
         """A sweep by its id or an unambiguous prefix of it."""
-        try:
-            return self.get_sweep(prefix)
-        except NotFound:
-            matches = [s for s in self.client.zrange(SWEEPS_INDEX, 0, -1) if str(s).startswith(prefix)]
-            if len(matches) == 1:
-                return self.get_sweep(str(matches[0]))
-            if matches:
-                raise NotFound(f"{prefix!r} matches {len(matches)} sweeps; give more of the id") from None
-            raise
+        return self._find(prefix, SWEEPS_INDEX, self.get_sweep, "sweeps")
 
     def list_sweeps(self, limit: int = 50) -> list[Sweep]:
-        ids = self.client.zrevrange(SWEEPS_INDEX, 0, limit - 1)
-        raws = self.client.mget([sweep_key(str(i)) for i in ids]) if ids else []
-        return [Sweep.model_validate_json(raw) for raw in raws if raw is not None]
+        return self._newest(SWEEPS_INDEX, sweep_key, Sweep, limit)
 
     def active_sweeps(self) -> list[str]:
         return sorted(str(s) for s in self.client.smembers(SWEEPS_ACTIVE))

@@ -18,6 +18,7 @@ from broker import sweeps as slots
 from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
 from broker.models import Event, EventType, FailureReason, Run, RunState
 from fleet import sweeps
+from fleet.errors import NotFound
 from fleet.service import Fleet
 from fleet.settings import Settings
 from tests.factories import light_job_file
@@ -134,7 +135,10 @@ def test_the_sweep_finishes_once_with_its_table_and_the_best_run(fleet: Fleet, t
 def test_cancel_flags_every_child_and_releases_no_more(fleet: Fleet, tmp_path: Path) -> None:
     sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path))
     runs = runs_of(fleet, sweep.sweep_id)
-    sweeps.cancel_sweep(fleet, sweep.sweep_id)
+    assert fleet.ledger.find_sweep(sweep.sweep_id[:-2]).sweep_id == sweep.sweep_id  # a unique prefix
+    with pytest.raises(NotFound, match="no sweep"):
+        fleet.ledger.find_sweep("sw-nope")
+    sweeps.cancel_sweep(fleet, sweep.sweep_id[:-2])
     assert all(r.cancel_requested for r in runs_of(fleet, sweep.sweep_id))
     end(fleet, runs[0].run_id, RunState.CANCELLED)
     assert slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id) == []
