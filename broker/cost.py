@@ -24,13 +24,15 @@ def instance_cost(instance: Instance, now: float, since: float = 0.0) -> float:
 
 
 def run_cost(ledger: Ledger, run: Run, now: float | None = None) -> float:
-    """Dollars a run's instances have cost so far: every attempt's (tf-<run>-1, -2, ...), rounded to 0.1 ¢."""
+    """Dollars a run's instances have cost so far: every node of every attempt (tf-<run>-1, -2, ...),
+    rounded to 0.1 ¢."""
     now = time.time() if now is None else now
     total = 0.0
     for attempt in range(1, run.attempt + 1):
-        instance = ledger.get_instance(f"tf-{run.run_id}-{attempt}")
-        if instance is not None:
-            total += instance_cost(instance, now)
+        for name in run.instance_names_of(attempt):
+            instance = ledger.get_instance(name)
+            if instance is not None:
+                total += instance_cost(instance, now)
     return round(total, 3)
 
 

@@ -138,9 +138,25 @@ class Run(BaseModel):
         return timing
 
     @property
+    def num_nodes(self) -> int:
+        """Machines in the run's Ray cluster (its provider section's `num_nodes`)."""
+        return int((self.spec.get("section") or {}).get("num_nodes") or 1)
+
+    def instance_names_of(self, attempt: int) -> list[str]:
+        """The deterministic names of an attempt's instances, node 0 (the Ray head) first: tf-<run>-<attempt>
+        for a one-node run, tf-<run>-<attempt>-<k> (k = 0 .. num_nodes-1) for a cluster."""
+        base = f"tf-{self.run_id}-{attempt}"
+        return [base] if self.num_nodes == 1 else [f"{base}-{k}" for k in range(self.num_nodes)]
+
+    @property
+    def instance_names(self) -> list[str]:
+        """This attempt's instances, the head first."""
+        return self.instance_names_of(self.attempt)
+
+    @property
     def instance_name(self) -> str:
-        """The deterministic name of this attempt's instance: tf-<run>-<attempt>."""
-        return f"tf-{self.run_id}-{self.attempt}"
+        """This attempt's node 0: the instance whose Ray head the fleet talks to."""
+        return self.instance_names[0]
 
 
 class Instance(BaseModel):
@@ -151,6 +167,9 @@ class Instance(BaseModel):
     name: str
     provider: str
     run_id: str
+    head: str | None = Field(
+        None, description="A cluster's worker node: the instance whose Ray head it joins (None: a head)."
+    )
     state: InstanceState = InstanceState.REQUESTED
     provider_id: str | None = None
     price_per_hour: float | None = None
@@ -208,6 +227,7 @@ class EventType(StrEnum):
     INSTANCE_REMINDER = "instance.reminder"  # a kept instance ends soon
     INSTANCE_STUCK = "instance.stuck"  # alert: asked to terminate, still listed (every reap cycle)
     INSTANCE_LOST = "instance.lost"  # the provider stopped listing it (several looks in a row)
+    NODE_JOINED = "node.joined"  # a Ray node joined the run's cluster (its head's State API lists it ALIVE)
     PREPARE_SUBMITTED = "prepare.submitted"
     PREPARE_FETCHED = "prepare.fetched"
     TRAIN_SUBMITTED = "train.submitted"

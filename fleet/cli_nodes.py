@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,11 +11,14 @@ import typer
 from rich.table import Table
 
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.errors import ConfigError, FleetError, NodeError
+from fleet.errors import ConfigError, FleetError, NodeError, NotFound
 from fleet.secrets import provider_context
+from fleet.service import Fleet
 from fleet.spec import format_problems, load_job
+from providers.base import INSTANCE_PREFIX, NodeEndpoint
 from providers.offers import Choice
 from providers.registry import get_provider
+from workers.node import cluster_nodes, cluster_status, node_summary
 
 
 def register(cli: typer.Typer) -> None:
@@ -127,16 +128,21 @@ def offers(
 
 
 def node(
-    name: Annotated[str, typer.Argument(help="An instance name, see `fleet instances`.")],
+    ident: Annotated[
+        str,
+        typer.Argument(metavar="ID", help="A run id (or prefix) or an instance name, see `fleet instances`."),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
-    """The node's Ray cluster as its head sees it (what `ray status` shows): nodes, resources, usage."""
+    """The Ray cluster of a run or instance as its head sees it (what `ray status` shows): every node, head
+    and workers, with CPUs, GPUs, memory and what is in use."""
     from fleet.instances import find_provider
 
     fleet = connect_or_exit(settings_or_exit())
     try:
+        name = _head_of(fleet, ident)
         endpoint = find_provider(fleet, name).endpoint(name)
-        status, nodes = _cluster_status(endpoint.jobs_url, endpoint.headers)
+        status, nodes = _cluster_status(endpoint)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -145,27 +151,46 @@ def node(
                                    "status": status}))  # fmt: skip
         return
     out.print(f"{name}  dashboard {endpoint.dashboard_url}", highlight=False)
+    table = Table("node", "ip", "role", "state", "CPUs", "GPUs", "memory GiB", "accelerator")
+    for n in nodes:
+        table.add_row(
+            str(n["node_id"])[:12],
+            str(n["node_ip"]),
+            "head" if n["head"] else "worker",
+            str(n["state"]),
+            f"{n['cpus']:g}",
+            f"{n['gpus']:g}",
+            f"{n['memory_gb']:g}",
+            n["accelerator"] or "-",
+        )
+    out.print(table)
     print(status)
 
 
-def _get(url: str, headers: dict[str, str]) -> Any:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
-            return json.loads(reply.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise NodeError(f"the node's Ray head did not answer: {exc}") from None
+def _head_of(fleet: Fleet, ident: str) -> str:
+    """The instance whose Ray head serves `ident`: the instance itself, the head a cluster's worker node
+    joined, or the head of a run's current attempt."""
+    record = fleet.ledger.get_instance(ident)
+    if record is not None:
+        return record.head or ident
+    if not ident.startswith(INSTANCE_PREFIX):
+        try:
+            run = fleet.ledger.find_run(ident)
+        except NotFound:
+            pass
+        else:
+            if run.instance is None:
+                raise NodeError(f"run {run.run_id} has no node yet ({run.state.value})")
+            return run.instance
+    return ident
 
 
-def _cluster_status(
-    url: str, headers: dict[str, str], wait_s: float = 15.0
-) -> tuple[str, list[dict[str, Any]]]:
+def _cluster_status(endpoint: NodeEndpoint, wait_s: float = 15.0) -> tuple[str, list[dict[str, Any]]]:
     """`ray status`'s text and the node list, from the head's dashboard (waits while it warms up)."""
     deadline = time.monotonic() + wait_s
     while True:
-        status = str(_get(f"{url}/api/cluster_status?format=1", headers)["data"]["clusterStatus"])
-        listed = _get(f"{url}/api/v0/nodes", headers)["data"]["result"]["result"]
+        status, listed = cluster_status(endpoint), cluster_nodes(endpoint)
         if (listed and not status.startswith("No cluster status")) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
-    keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
-    return status, [{k: n.get(k) for k in keep} for n in listed]
+    return status, [node_summary(n) | {"state": n.get("state")} for n in listed]

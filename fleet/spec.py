@@ -165,6 +165,10 @@ def parse_job(
         where = join_path(provider.value, "num_nodes")
         message = f"{provider.value} cannot run on {section.num_nodes} machines: {section.MULTI_NODE.reason}"
         problems.append(Problem(where, message, line_of(lines, where)))
+    elif section is not None and section.num_nodes > 1:
+        for key, message in section.multi_node_problems():
+            where = join_path(provider.value, key)
+            problems.append(Problem(where, message, line_of(lines, where)))
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 

@@ -1,7 +1,8 @@
 """The provider contract: what every GPU cloud (and this machine) must do for the fleet.
 
-A provider rents nodes whose name is the fleet's deterministic instance name `tf-<run>-<attempt>`, so a
-lookup by name finds what an earlier, interrupted attempt created. Every call here is short: none waits
+A provider rents nodes whose name is the fleet's deterministic instance name `tf-<run>-<attempt>` (a
+cluster's: `tf-<run>-<attempt>-<k>`), so a lookup by name finds what an earlier, interrupted attempt
+created. Every call here is short: none waits
 for a node to come up (the provision stage polls). `terminate` is idempotent. Providers raise only the
 errors of fleet.errors (ProviderError and its subclasses), translated from their vendor's.
 """
@@ -37,7 +38,8 @@ class NodeState(StrEnum):
     """An instance as its provider reports it."""
 
     PENDING = "PENDING"  # created, not ready yet
-    RUNNING = "RUNNING"  # up, and its Ray head answers
+    RUNNING = "RUNNING"  # up, and its Ray head answers (a worker node: its container runs; its head's
+    # cluster says whether it joined)
     FAILED = "FAILED"  # will never become ready (exited, crashed)
     STOPPED = "STOPPED"  # stopped or preempted; may still bill storage
 
@@ -87,13 +89,15 @@ class LaunchRequest:
     credentials the node needs itself (HF_TOKEN, WANDB_API_KEY), and how long the node's failsafe waits for
     the fleet's heartbeat before it gives the node back (None: it does not). The credentials go into the
     node's environment at start, and nowhere else: not in a Ray job's runtime_env, which Ray writes to its
-    own logs."""
+    own logs. `head` names the instance whose Ray head this one joins as a worker node (a cluster's node
+    k > 0, over the provider's private network, with the head's token); None: it runs a head itself."""
 
     name: str
     run_id: str
     section: BaseModel
     secrets: Mapping[str, SecretStr] = field(default_factory=dict)
     heartbeat_timeout_s: float | None = None
+    head: str | None = None
 
     def node_env(self, section_env: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: the section's `env`, then the secrets (which win)."""

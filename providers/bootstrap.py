@@ -1,5 +1,6 @@
 """What a rented node runs when it starts: its failsafe, a Ray head with token auth, its Jobs API on port
-8265, then the user's `entry` if the section has one. Runs keep their files under FLEET_NODE_ROOT. Built from
+8265 (or, for a cluster's node k > 0, a Ray node that joins the head), then the user's `entry` if the
+section has one. Runs keep their files under FLEET_NODE_ROOT. Built from
 argv lists and quoted with shlex; the only values that vary are ports and the entry, and the token is read
 from the environment, never inlined.
 """
@@ -20,6 +21,9 @@ from trainer.config import NODE_ROOT_ENV
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
 DEFAULT_NODE_ROOT = "/workspace/trainfleet"  # runs, the model cache and outputs on a rented node
+HEAD_ADDRESS_ENV = "FLEET_RAY_HEAD_ADDRESS"  # a worker node joins the Ray head at this host:port
+GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
+JOIN_RETRY_S = 5
 
 
 def head_argv() -> list[str]:
@@ -73,11 +77,25 @@ def failsafe_env(deadline_s: int | None, heartbeat_timeout_s: float | None) -> d
     return env
 
 
-def start_script(entry: str | None, vendor: ProviderName | None = None) -> str:
+def worker_argv() -> list[str]:
+    """`ray start` for a node that joins the head at $FLEET_RAY_HEAD_ADDRESS (appended by the script)."""
+    return ["ray", "start", "--block", "--disable-usage-stats"]
+
+
+def start_script(
+    entry: str | None,
+    vendor: ProviderName | None = None,
+    worker: bool = False,
+    private_host: str | None = None,
+) -> str:
     """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
     whose start goes wrong later goes too), token auth on, the node's root directory for runs
     (FLEET_NODE_ROOT, unless the section's env names another), the user's entry (split with shlex, run as
-    argv, in the background), then the head in the foreground."""
+    argv, in the background), then Ray in the foreground: the head, or for a `worker` node a `ray start
+    --address` that joins the head at $FLEET_RAY_HEAD_ADDRESS, tried again every few seconds while the
+    head is not up yet (or restarts). `private_host` (a constant of the provider's, such as
+    `$RUNPOD_POD_ID.runpod.internal`) is this node's name on the private network: Ray then advertises
+    that address, which the cluster's other nodes can reach, instead of the one it would guess."""
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
@@ -86,12 +104,25 @@ def start_script(entry: str | None, vendor: ProviderName | None = None) -> str:
         f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-{DEFAULT_NODE_ROOT}}}"',
         f'mkdir -p "${NODE_ROOT_ENV}"',
     ]
+    node_ip = ""
+    if private_host:
+        lines.append(f'NODE_IP="$(getent hosts "{private_host}" | awk \'{{print $1; exit}}\')" || NODE_IP=""')
+        node_ip = ' ${NODE_IP:+"--node-ip-address=$NODE_IP"}'
     if entry:
         lines.append(shlex.join(shlex.split(entry)) + " &")
-    lines.append("exec " + shlex.join(head_argv()))
+    if worker:
+        join = shlex.join(worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
+        lines.append(f"while true; do {join} || true; sleep {JOIN_RETRY_S}; done")
+    else:
+        lines.append("exec " + shlex.join(head_argv()) + node_ip)
     return "\n".join(lines)
 
 
-def container_command(entry: str | None, vendor: ProviderName | None = None) -> list[str]:
+def container_command(
+    entry: str | None,
+    vendor: ProviderName | None = None,
+    worker: bool = False,
+    private_host: str | None = None,
+) -> list[str]:
     """The container's command as argv (`sh -c SCRIPT`)."""
-    return ["sh", "-c", start_script(entry, vendor)]
+    return ["sh", "-c", start_script(entry, vendor, worker, private_host)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import time
 import urllib.error
@@ -35,6 +36,7 @@ HEARTBEAT_ENV = "FLEET_HEARTBEAT_TIMEOUT_S"
 RAY_TEMP_ENV = "FLEET_RAY_TEMP_DIR"
 VAST_URL_ENV = "FLEET_VAST_URL"  # the API the fleet uses (a fake's in tests)
 RUNPOD_URL_ENV = "FLEET_RUNPOD_URL"
+HEAD_ENV = "FLEET_RAY_HEAD_ADDRESS"  # on a cluster's worker node: the head it joined (host:port)
 USER_AGENT = "trainfleet/{version} heartbeat"  # what the fleet sends; the pattern below matches it
 POLL_S = 1.0
 MAX_RETRY_S = 60.0
@@ -178,19 +180,36 @@ GIVE_BACK: dict[str, Callable[[Mapping[str, str]], Callable[[], None]]] = {
 }
 
 
-def watch(tail: LogTail, deadline_s: float | None, timeout_s: float | None) -> str:
-    """Wait until the node has to go; say why."""
+def head_answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether the Ray head at `host:port` accepts a connection."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def watch(
+    heard: Callable[[], bool],
+    deadline_s: float | None,
+    timeout_s: float | None,
+    silence: str = "no heartbeat from the fleet",
+    never: str = "the fleet never reached it",
+) -> str:
+    """Wait until the node has to go; say why. `heard` says whether a heartbeat came since it was last
+    asked; `silence` names what did not come, `never` what it means when none ever came."""
     started = last = time.monotonic()
-    heard = False
+    ever = False
     while True:
-        if any(is_heartbeat(line) for line in tail.lines()):
-            last, heard = time.monotonic(), True
+        if heard():
+            last, ever = time.monotonic(), True
         now = time.monotonic()
         if deadline_s is not None and now - started >= deadline_s:
             return f"the node's maximum lifetime of {deadline_s:g} s is over"
         if timeout_s is not None and now - last >= timeout_s:
-            since = "" if heard else " (the fleet never reached it)"
-            return f"no heartbeat from the fleet for {timeout_s:g} s{since}"
+            since = "" if ever else f" ({never})"
+            return f"{silence} for {timeout_s:g} s{since}"
         time.sleep(POLL_S)
 
 
@@ -226,7 +245,13 @@ def main(argv: list[str], env: Mapping[str, str]) -> int:
     except KeyError as exc:
         log(f"off: {exc.args[0]} is not set")
         return 2
-    reason = watch(LogTail(dashboard_log(env)), deadline_s, timeout_s)
+    head = env.get(HEAD_ENV)
+    if head:  # a worker node: it lives as long as its cluster's head answers (the fleet talks to the head)
+        silence = f"no answer from the Ray head at {head}"
+        reason = watch(lambda: head_answers(head), deadline_s, timeout_s, silence, "it never answered")
+    else:
+        tail = LogTail(dashboard_log(env))
+        reason = watch(lambda: any(is_heartbeat(line) for line in tail.lines()), deadline_s, timeout_s)
     log(f"{reason}: giving this {vendor} instance back")
     give_back_until_done(give_back)
     return 0

@@ -57,6 +57,9 @@ class RemoteProvider(Provider):
         return None if token is None else {"Authorization": f"Bearer {token}"}
 
     def _ready(self, record: Record) -> bool:
+        if self.tokens.head_of(self._name(record)) is not None:
+            return True  # a worker node serves no Jobs API: up once its container runs; its head's cluster
+            # says whether it joined (the provision stage asks the head)
         url, headers = self._jobs_url(record), self._headers(self._name(record))
         return bool(url and headers and jobs_api_answers(url, headers))
 

@@ -145,6 +145,11 @@ class SectionBase(BaseModel):
         description="Machines in the run's Ray cluster (node 0 the head, the others join it as workers).",
     )
 
+    def multi_node_problems(self) -> list[tuple[str, str]]:
+        """What else a run on `num_nodes` > 1 machines of this provider needs and the section lacks, as
+        (key, message); none by default."""
+        return []
+
     one_shot: bool = Field(
         True, description="Terminate the machine when the run ends, whether it succeeded or failed."
     )

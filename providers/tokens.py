@@ -1,12 +1,15 @@
 """The Ray tokens of rented nodes: one fresh token per instance, in an owner-only file under the fleet's
 home. The ledger and events hold only the instance name (the reference); the token travels in the
-instance's environment at create time and in request headers, never anywhere else."""
+instance's environment at create time and in request headers, never anywhere else. The nodes of one
+cluster share its head's token."""
 
 from __future__ import annotations
 
 import os
 import secrets
 from pathlib import Path
+
+HEAD_SUFFIX = ".head"  # beside a worker node's token: the name of the head it joined
 
 
 class NodeTokens:
@@ -25,12 +28,33 @@ class NodeTokens:
         existing = self.get(name)
         if existing is not None:
             return existing
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         token = secrets.token_hex(32)
-        fd = os.open(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token)
+        self._write(self._path(name), token)
         return token
+
+    def join(self, name: str, head: str) -> str:
+        """The token of a worker node that joins `head`'s cluster: the head's own (Ray's token auth lets
+        only holders of the cluster's token join). Records that `name` is a worker of `head`."""
+        token = self.get(head)
+        if token is None:
+            raise KeyError(f"no token for the head {head!r}")
+        if self.get(name) != token:
+            self._path(name).unlink(missing_ok=True)
+            self._write(self._path(name), token)
+        if self.head_of(name) != head:
+            self._path(name + HEAD_SUFFIX).unlink(missing_ok=True)
+            self._write(self._path(name + HEAD_SUFFIX), head)
+        return token
+
+    def head_of(self, name: str) -> str | None:
+        """The head whose cluster `name` joined as a worker node; None for a head (or an unknown name)."""
+        return self.get(name + HEAD_SUFFIX)
+
+    def _write(self, path: Path, text: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
 
     def get(self, name: str) -> str | None:
         try:
@@ -40,3 +64,4 @@ class NodeTokens:
 
     def forget(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
+        self._path(name + HEAD_SUFFIX).unlink(missing_ok=True)

@@ -251,50 +251,77 @@ def node(ctx: context.Context, run: Run) -> NodeClient:
 
 
 def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
-    """Terminate the run's instance and confirm it is gone; returns the events that says."""
+    """Terminate the run's instances (every node of its attempt: a cluster goes as one) and confirm they
+    are gone; returns the events that say so. One failed call does not spare the others: each is recorded
+    TERMINATING first, so the reaper retries what this could not end; the first error is raised after."""
     if run.instance is None:
         return []
-    provider = ctx.provider(run.provider)
-    inst = ctx.ledger.get_instance(run.instance)
+    drafts: list[Draft] = []
+    failed: FleetError | None = None
+    for name in run.instance_names:
+        try:
+            drafts += _terminate_one(ctx, run.provider, name)
+        except FleetError as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return drafts
+
+
+def _terminate_one(ctx: context.Context, provider_name: str, name: str) -> list[Draft]:
+    provider = ctx.provider(provider_name)
+    inst = ctx.ledger.get_instance(name)
     if inst is not None and inst.state.is_terminal():
         return []
     now = time.time()
     ctx.ledger.update_instance(
-        run.instance,
+        name,
         state=InstanceState.TERMINATING,
         terminate_requested_at=now,
         terminate_attempts=1,
         next_terminate_at=now + ctx.settings.reap_interval_s / 2,  # the next reap pass calls again
     )
-    provider.terminate(run.instance)
-    if provider.get(run.instance) is None:
-        ctx.ledger.update_instance(run.instance, state=InstanceState.TERMINATED)
-        return [(EventType.INSTANCE_TERMINATED, {"instance": run.instance})]
+    provider.terminate(name)
+    if provider.get(name) is None:
+        ctx.ledger.update_instance(name, state=InstanceState.TERMINATED)
+        return [(EventType.INSTANCE_TERMINATED, {"instance": name})]
     # Not gone yet: the reaper confirms (and retries) until the provider no longer lists it.
-    return [(EventType.INSTANCE_TERMINATING, {"instance": run.instance})]
+    return [(EventType.INSTANCE_TERMINATING, {"instance": name})]
 
 
 def node_lost(ctx: context.Context, run: Run) -> str | None:
-    """Why the run's node is gone for good (stopped, preempted, failed, or unlisted `lost_after_misses`
-    looks in a row), or None when it is there, or may be (the provider did not answer: ask again later)."""
+    """Why the run's node (or one node of its cluster: the cluster is no use without it) is gone for good,
+    or None when they are all there, or may be (see `instance_lost`)."""
     if run.instance is None:
         return None
+    for name in run.instance_names:
+        if (why := instance_lost(ctx, run, name)) is not None:
+            return why
+    return None
+
+
+def instance_lost(ctx: context.Context, run: Run, name: str) -> str | None:
+    """Why instance `name` of the run is gone for good (stopped, preempted, failed, or unlisted
+    `lost_after_misses` looks in a row), or None when it is there, or may be (the provider did not answer:
+    ask again later)."""
     try:
-        found = ctx.provider(run.provider).get(run.instance)
+        found = ctx.provider(run.provider).get(name)
     except FleetError:
         return None
+    record = ctx.ledger.get_instance(name)
     if found is not None:
-        if run.instance and (record := ctx.ledger.get_instance(run.instance)) and record.missed:
-            ctx.ledger.update_instance(run.instance, missed=0)
+        if record is not None and record.missed:
+            ctx.ledger.update_instance(name, missed=0)
         if found.state in (NodeState.STOPPED, NodeState.FAILED):
-            return f"instance {run.instance}: {found.message or found.state.value.lower()}"
+            return f"instance {name}: {found.message or found.state.value.lower()}"
         return None
-    record = ctx.ledger.get_instance(run.instance)
-    missed = (record.missed if record is not None else 0) + 1
-    ctx.ledger.update_instance(run.instance, missed=missed)
+    if record is None:
+        return None  # never asked for (a cluster's node whose create has not gone out yet)
+    missed = record.missed + 1
+    ctx.ledger.update_instance(name, missed=missed)
     if missed < ctx.settings.lost_after_misses:
         return None
-    return f"instance {run.instance}: not listed by {run.provider} ({missed} looks in a row)"
+    return f"instance {name}: not listed by {run.provider} ({missed} looks in a row)"
 
 
 def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None:
@@ -323,6 +350,7 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None
         r.preemptions += 1
         r.instance, r.ray_jobs, r.log_offset = None, {}, 0
         r.progress.pop("finished", None)
+        r.progress.pop("cluster", None)  # the new attempt's nodes join a new cluster
         data = {
             "instance": lost,
             "why": why[:300],
@@ -363,11 +391,13 @@ def teardown(
         # Kept for debugging, but never without an end: terminate_after from now, at most a day.
         lifetime = spec.section.terminate_after
         keep_until = time.time() + (KEEP_MAX_S if lifetime == -1 else min(lifetime, KEEP_MAX_S))
-        ctx.ledger.update_instance(run.instance, keep_until=keep_until)
+        for name in run.instance_names:
+            ctx.ledger.update_instance(name, keep_until=keep_until)
         drafts.append(
             (
                 EventType.INSTANCE_KEPT,
-                {"instance": run.instance, "why": "one_shot is false", "until": keep_until},
+                {"instance": run.instance, "why": "one_shot is false", "until": keep_until}
+                | ({"instances": run.instance_names} if run.num_nodes > 1 else {}),
             )
         )
     else:

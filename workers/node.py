@@ -7,6 +7,9 @@ fleet's heartbeat: a node that hears none for `node_heartbeat_timeout_s` gives i
 from __future__ import annotations
 
 import functools
+import json
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import version
@@ -54,6 +57,52 @@ def ping(endpoint: NodeEndpoint, timeout_s: float = 5.0) -> bool:
     """A heartbeat to the node's failsafe (GET /api/version with the node's token); whether the head
     answered. Never raises: an unreachable node is the caller's to judge."""
     return jobs_api_answers(endpoint.jobs_url, fleet_headers(endpoint), timeout_s)
+
+
+def _get_json(endpoint: NodeEndpoint, path: str, timeout_s: float = 10.0) -> Any:
+    request = urllib.request.Request(
+        f"{endpoint.jobs_url.rstrip('/')}{path}", headers=fleet_headers(endpoint)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise NodeError(f"the node's Ray head did not answer {path}: {exc}") from None
+
+
+def cluster_nodes(endpoint: NodeEndpoint) -> list[dict[str, Any]]:
+    """The Ray nodes of the head's cluster, as its State API lists them (`ray list nodes`): node_id, node_ip,
+    is_head_node, state (ALIVE, DEAD), resources_total..."""
+    body = _get_json(endpoint, "/api/v0/nodes")
+    try:
+        return [dict(n) for n in body["data"]["result"]["result"]]
+    except (KeyError, TypeError):
+        raise NodeError("the node's Ray head answered /api/v0/nodes without a node list") from None
+
+
+def cluster_status(endpoint: NodeEndpoint) -> str:
+    """What `ray status` prints for the head's cluster (nodes, resources in use, pending demands)."""
+    body = _get_json(endpoint, "/api/cluster_status?format=1")
+    try:
+        return str(body["data"]["clusterStatus"])
+    except (KeyError, TypeError):
+        raise NodeError("the node's Ray head answered /api/cluster_status without a status") from None
+
+
+def node_summary(node: dict[str, Any]) -> dict[str, Any]:
+    """One Ray node in a few fields: its id and address, whether it is the head, CPUs, GPUs, memory and the
+    accelerator type Ray detected (the `accelerator_type:<type>` resource a job may ask for)."""
+    total = node.get("resources_total") or {}
+    accelerators = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
+    return {
+        "node_id": node.get("node_id"),
+        "node_ip": node.get("node_ip"),
+        "head": bool(node.get("is_head_node")),
+        "cpus": total.get("CPU", 0),
+        "gpus": total.get("GPU", 0),
+        "memory_gb": round(float(total.get("memory", 0)) / 2**30, 1),
+        "accelerator": accelerators[0] if accelerators else None,
+    }
 
 
 class NodeClient:

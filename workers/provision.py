@@ -1,5 +1,7 @@
 """provision: find or create the run's node (intent first, lookup by name before any create), then
-poll until its Ray head answers."""
+poll until its Ray head answers. A run on several nodes gets all of them, or none: node 0 runs the Ray
+head, the others join its cluster, and the run goes on once the head lists every node; at the deadline, or
+when one node fails, every one of them is terminated (teardown) and the run fails, saying which."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from broker.ledger import Draft
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from fleet.crashpoints import CrashPoint, crash_point
 from fleet.errors import FleetError, ProviderUnavailable
-from providers.base import LaunchRequest, NodeState
+from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from workers import context, wandb_plan
 from workers.common import (
     RETRY_POLICY,
@@ -21,49 +23,108 @@ from workers.common import (
     NodeLost,
     StageFailed,
     enter,
+    instance_lost,
     job_spec,
-    node_lost,
     node_secrets,
     run_stage,
 )
+from workers.node import cluster_nodes, node_summary
 
 
 def step(ctx: context.Context, run: Run) -> Next:
     if run.state == RunState.QUEUED:
         run = ctx.ledger.update_run(run.run_id, lambda r: _start(ctx, r))
     provider = ctx.provider(run.provider)
-    name = run.instance_name
-    if ctx.ledger.get_instance(name) is None:
-        # The intent is written before the create call, so a crash in between leaves a name to look up.
-        ctx.ledger.put_instance(Instance(name=name, provider=run.provider, run_id=run.run_id))
-    if run.instance != name:
+    names = run.instance_names
+    head = names[0]
+    if run.instance != head:
 
         def attach(r: Run) -> list[Draft]:
-            r.instance = name
+            r.instance = head
             return []
 
         run = ctx.ledger.update_run(run.run_id, attach)
+    # All or nothing: every node is asked for now (a worker once its head exists: it joins the head's
+    # address); the run goes on when all are up and joined, or fails (terminating all) at the deadline.
+    nodes: dict[str, NodeInstance] = {}
+    for k, name in enumerate(names):
+        if k > 0 and head not in nodes:
+            break  # the workers join the head: they are asked for once it exists
+        found = _bring_up(ctx, run, provider, name, k, head if k else None)
+        if found is not None:
+            nodes[name] = found
+    for name, found in nodes.items():
+        if found.state == NodeState.STOPPED:  # preempted or outbid before it came up
+            raise NodeLost(f"instance {name}: {found.message}")
+        if found.state == NodeState.FAILED:
+            raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
+    up = [name for name in names if name in nodes and nodes[name].state == NodeState.RUNNING]
+    for name in up:
+        record = ctx.ledger.get_instance(name)
+        if record is not None and record.state != InstanceState.RUNNING:
+            url = provider.endpoint(name).dashboard_url if name == head else None
+            ctx.ledger.update_instance(name, state=InstanceState.RUNNING, dashboard_url=url)
+    if len(up) == len(names):
+        endpoint = provider.endpoint(head)
+        joined = len(names) == 1 or _joined(ctx, run, endpoint)
+        if joined:
+            ready: dict[str, object] = {"instance": head, "dashboard_url": endpoint.dashboard_url}
+            if len(names) > 1:
+                ready.update(instances=names, num_nodes=len(names))
+
+            def go(r: Run) -> list[Draft]:
+                return [(EventType.INSTANCE_READY, ready), *enter(r, Stage.PREPARE)]
+
+            ctx.ledger.update_run(run.run_id, go)
+            return Next.advance(Stage.PREPARE)
+    started = run.stage(Stage.PROVISION).started or run.created_at
+    if time.time() - started > ctx.settings.node_ready_timeout_s:
+        late = [name for name in names if name not in up]
+        what = f"instance {', '.join(late)}" if late else "the cluster's nodes"
+        joined_now = len(run.progress.get("cluster") or [])
+        tally = (
+            f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
+            if len(names) > 1
+            else ""
+        )
+        raise StageFailed(
+            FailureReason.NODE_TIMEOUT,
+            f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
+            + (tally if len(names) > 1 else ""),
+        )
+    return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+
+
+def _bring_up(
+    ctx: context.Context, run: Run, provider: Provider, name: str, k: int, head: str | None
+) -> NodeInstance | None:
+    """Find or create instance `name` (node `k`; `head`: the instance whose cluster it joins). None while
+    it cannot be known yet: a create call without a clear answer may still show, a listing may lag."""
     record = ctx.ledger.get_instance(name)
-    assert record is not None
+    if record is None:
+        # The intent is written before the create call, so a crash in between leaves a name to look up.
+        record = Instance(name=name, provider=run.provider, run_id=run.run_id, head=head)
+        ctx.ledger.put_instance(record)
     found = provider.get(name)
     if found is None and record.state != InstanceState.REQUESTED:
         # Created, but not listed (now): lists lag, so it is lost only after several looks in a row;
         # never created again under this name.
-        if (lost := node_lost(ctx, run)) is not None:
+        if (lost := instance_lost(ctx, run, name)) is not None:
             raise NodeLost(f"{lost} while starting")
-        return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+        return None
     if found is None:
         called = record.create_called_at
         if called is not None and time.time() - called < ctx.settings.create_settle_s:
             # An earlier create call had no clear answer (a timeout, a 5xx): the vendor may still carry
             # it out. Look it up by name until it has had time to show, rather than create a second one.
-            return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+            return None
         request = LaunchRequest(
             name,
             run.run_id,
             job_spec(run).section,
             node_secrets(ctx),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
+            head=head,
         )
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:
@@ -80,34 +141,41 @@ def step(ctx: context.Context, run: Run) -> Next:
             price_per_hour=found.price_per_hour,
         )
         requested = {"instance": name, "provider": run.provider, "price_per_hour": found.price_per_hour}
+        if run.num_nodes > 1:
+            requested.update(node=k, num_nodes=run.num_nodes)
         _emit(ctx, run, EventType.INSTANCE_REQUESTED, requested)
     elif record.state == InstanceState.REQUESTED:
         ctx.ledger.update_instance(name, state=InstanceState.STARTING, provider_id=found.provider_id)
         _emit(ctx, run, EventType.INSTANCE_ADOPTED, {"instance": name, "provider": run.provider})
+    return found
 
-    if found.state == NodeState.RUNNING:
-        endpoint = provider.endpoint(name)
-        ctx.ledger.update_instance(name, state=InstanceState.RUNNING, dashboard_url=endpoint.dashboard_url)
 
-        def ready(r: Run) -> list[Draft]:
-            return [
-                (EventType.INSTANCE_READY, {"instance": name, "dashboard_url": endpoint.dashboard_url}),
-                *enter(r, Stage.PREPARE),
-            ]
+def _joined(ctx: context.Context, run: Run, endpoint: NodeEndpoint) -> bool:
+    """Whether every node has joined the head's Ray cluster, as the head's State API lists them (ALIVE);
+    each node's arrival is an event, once."""
+    try:
+        alive = [n for n in cluster_nodes(endpoint) if n.get("state") == "ALIVE"]
+    except FleetError:
+        return False  # the head's State API is not up yet: ask again at the next poll
+    known = list(run.progress.get("cluster") or [])
+    new = [n for n in alive if n.get("node_id") not in known]
+    if new:
 
-        ctx.ledger.update_run(run.run_id, ready)
-        return Next.advance(Stage.PREPARE)
-    if found.state == NodeState.STOPPED:  # preempted or outbid before it came up
-        raise NodeLost(f"instance {name}: {found.message}")
-    if found.state == NodeState.FAILED:
-        raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
-    started = run.stage(Stage.PROVISION).started or run.created_at
-    if time.time() - started > ctx.settings.node_ready_timeout_s:
-        raise StageFailed(
-            FailureReason.NODE_TIMEOUT,
-            f"instance {name} not ready after {ctx.settings.node_ready_timeout_s:.0f} s",
-        )
-    return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+        def note(r: Run) -> list[Draft]:
+            seen = list(r.progress.get("cluster") or [])
+            drafts: list[Draft] = []
+            for n in new:
+                if n.get("node_id") in seen:
+                    continue
+                seen.append(n.get("node_id"))
+                drafts.append(
+                    (EventType.NODE_JOINED, node_summary(n) | {"nodes": len(seen), "of": r.num_nodes})
+                )
+            r.progress["cluster"] = seen
+            return drafts
+
+        ctx.ledger.update_run(run.run_id, note)
+    return len(alive) >= run.num_nodes
 
 
 def _refused(exc: FleetError) -> bool:

@@ -21,6 +21,9 @@ TERMINATED. One still listed `stuck_alert_after_s` after its first terminate rai
 cycle. A ledger instance the provider does not list is LOST only after `lost_after_misses` looks in a
 row (lists lag), and nothing is ever created again because of that.
 
+The nodes of a run's cluster (tf-<run>-<attempt>-<k>) share their run, job and lifetime, so these rules
+end them together.
+
 Finally, a run that is not finished and whose task chain died (no owner) gets its stage task sent again.
 """
 
@@ -107,12 +110,14 @@ class Pass:
         self.ctx, self.provider, self.report = ctx, provider, report
         self.settings = ctx.settings
         self.now = time.time()
+        self.records: dict[str, Instance] = {}
 
     def run(self) -> None:
         live = {i.name: i for i in self.provider.list_instances() if i.name.startswith(INSTANCE_PREFIX)}
         records = {
             r.name: r for r in self.ctx.ledger.list_instances() if r.provider == self.provider.name.value
         }
+        self.records = records
         for name, inst in live.items():
             try:
                 self.judge(inst, records.get(name))
@@ -150,7 +155,7 @@ class Pass:
         if lifetime != -1 and self.now >= record.created_at + lifetime:
             self.deadline(inst, record, run, lifetime)
             return
-        if not run.state.is_terminal() and inst.name != run.instance_name:
+        if not run.state.is_terminal() and inst.name not in run.instance_names:
             self.terminate(inst.name, record, "replaced")  # a node the run left (it was lost, preempted)
             return
         if not run.state.is_terminal():
@@ -168,7 +173,7 @@ class Pass:
     def deadline(self, inst: NodeInstance, record: Instance, run: Run, lifetime: int) -> None:
         """terminate_after reached: end the node, and the run on it if it is still going."""
         why = f"the node reached terminate_after ({lifetime} s)"
-        if not run.state.is_terminal() and run.instance == inst.name:
+        if not run.state.is_terminal() and run.instance and inst.name in run.instance_names:
             teardown(self.ctx, run, RunState.FAILED, FailureReason.DEADLINE, why, keep=False)
             self.report.failed.append(run.run_id)
             record = self.ctx.ledger.get_instance(inst.name) or record
@@ -216,6 +221,8 @@ class Pass:
     def heartbeat(self, name: str) -> None:
         """Tell a node in use that the fleet is alive (its failsafe ends it when nobody calls for
         FLEET_NODE_HEARTBEAT_TIMEOUT_S; the stages' polls count too, this covers the quiet times)."""
+        if (record := self.records.get(name)) is not None and record.head is not None:
+            return  # a cluster's worker node serves no Jobs API: its failsafe watches its head instead
         if self.settings.node_heartbeat_timeout_s:
             with contextlib.suppress(FleetError):  # no head to reach yet (starting): nothing to tell
                 ping(self.provider.endpoint(name))

@@ -19,11 +19,13 @@ from workers import context
 from workers.common import (
     RETRY_POLICY,
     Next,
+    NodeLost,
     StageFailed,
     enter,
     files_for_node,
     node,
     node_env,
+    node_lost,
     run_stage,
 )
 from workers.node import JobStatus, NodeClient
@@ -66,6 +68,9 @@ def step(ctx: context.Context, run: Run) -> Next:
         return Next.advance(Stage.FINALIZE)
     log = client.logs(sid)
     crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
+    if crashed and run.num_nodes > 1 and (lost := node_lost(ctx, run)) is not None:
+        # A cluster that lost a node cannot place its workers again: the run goes on a new cluster.
+        raise NodeLost(f"{lost} while training")
     if crashed and restarts < ctx.settings.train_restarts:
         # Killed or crashed, not refused by the trainer: run it again; it resumes from its newest
         # checkpoint on the node (trainer.resume), not from step 0.

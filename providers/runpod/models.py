@@ -18,16 +18,31 @@ GitUrl = Annotated[
 class RunPodSection(RemoteSection):
     """A RunPod pod. Strict: unknown keys are errors. Shared keys are documented on `RemoteSection`."""
 
-    MULTI_NODE: ClassVar[Capability] = Capability(
-        False,
-        "a run on several RunPod machines needs pods on one private network (RunPod's global networking "
-        "or its Instant Clusters), which trainfleet does not ask for yet",
-    )
+    # The pods of a cluster are created with RunPod's global networking (a private network between the
+    # account's pods, each reachable at <pod id>.runpod.internal) and all mount the run's network volume.
+    MULTI_NODE: ClassVar[Capability] = Capability(True)
+
+    def multi_node_problems(self) -> list[tuple[str, str]]:
+        if self.num_nodes > 1 and self.network_volume_id is None:
+            return [
+                (
+                    "num_nodes",
+                    f"a run on {self.num_nodes} RunPod pods needs network_volume_id: a network volume that "
+                    "every pod mounts, where the run's checkpoints and results live (one pod cannot reach "
+                    "another's disk)",
+                )
+            ]
+        return []
 
     gpu: Text = Field("NVIDIA RTX A5000", description="RunPod's GPU display name, e.g. 'NVIDIA RTX A5000'.")
     template_id: Token | None = Field(None, description="RunPod template to start the pod from.")
     volume_in_gb: int = Field(200, ge=0, le=10_000, description="Persistent volume in GB; 0 for none.")
     volume_mount_path: AbsolutePath = Field("/content", description="Where the volume is mounted in the pod.")
+    network_volume_id: Token | None = Field(
+        None,
+        description="A RunPod network volume to mount at volume_mount_path instead of a pod volume; runs "
+        "keep their files on it. Needed for num_nodes > 1: every pod of the cluster mounts it.",
+    )
     axolotl_git: GitUrl | None = Field(
         None, description="Git URL of an axolotl to install (POC compatibility)."
     )

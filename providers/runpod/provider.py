@@ -5,10 +5,15 @@ the fleet reaches it exactly as it reaches a local head. RunPod's own `terminate
 so a pod dies at the section's `terminate_after` even if the fleet does not; and the pod's failsafe
 (providers.failsafe) terminates it with the pod's own key once the fleet's heartbeat has stopped for the
 fleet's `node_heartbeat_timeout_s`.
+
+A run on several pods (`num_nodes`) asks for RunPod's global networking on each: node 0 runs the head,
+and every other pod's start script joins it at `<head pod id>.runpod.internal:6379` with the head's token.
+All of them mount the run's network volume, which holds the run's files, checkpoints and results.
 """
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
@@ -32,15 +37,25 @@ from providers.base import (
     ProviderName,
     require_ours,
 )
-from providers.bootstrap import JOBS_PORT, TOKEN_ENV, container_command, failsafe_env
+from providers.bootstrap import (
+    GCS_PORT,
+    HEAD_ADDRESS_ENV,
+    JOBS_PORT,
+    TOKEN_ENV,
+    container_command,
+    failsafe_env,
+)
 from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, choose
 from providers.remote import Record, RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import RunPodSection
+from trainer.config import NODE_ROOT_ENV
 
 DEFAULT_API = "https://api.runpod.io"
 NO_CAPACITY_MARK = "no longer any instances available"
+PRIVATE_DOMAIN = ".runpod.internal"  # global networking: every pod is <pod id>.runpod.internal
+PRIVATE_HOST = "$RUNPOD_POD_ID" + PRIVATE_DOMAIN  # a pod's own private name, as its start script writes it
 
 
 def translate(exc: RunPodAPIError) -> ProviderError:
@@ -116,13 +131,27 @@ class RunPodProvider(RemoteProvider):
             raise NoCapacity(
                 f"no RunPod offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
             )
-        token = self.tokens.ensure(request.name)
         env = {
             **request.node_env(section.env),
             RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
             **failsafe_env(None, request.heartbeat_timeout_s),  # the deadline is RunPod's terminateAfter
         }
+        if section.network_volume_id and NODE_ROOT_ENV not in env:  # runs live on the shared volume
+            env[NODE_ROOT_ENV] = posixpath.join(section.volume_mount_path, "trainfleet")
+        if request.head is None:
+            token = self.tokens.ensure(request.name)
+        else:  # a worker node: it joins the head's cluster at its private address, with its token
+            env[HEAD_ADDRESS_ENV] = self._head_address(request.head)
+            token = self.tokens.join(request.name, request.head)
         spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
+        spec["dockerArgs"] = shlex.join(
+            container_command(
+                section.entry,
+                self.name,
+                worker=request.head is not None,
+                private_host=PRIVATE_HOST if section.num_nodes > 1 else None,
+            )
+        )
         try:
             if best.bid_per_gpu is not None:
                 pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
@@ -151,12 +180,16 @@ class RunPodProvider(RemoteProvider):
             "volumeMountPath": section.volume_mount_path,
             "minVcpuCount": section.min_vcpu_count,
             "minMemoryInGb": section.min_memory_in_gb,
-            "dockerArgs": shlex.join(container_command(section.entry, self.name)),
             "ports": f"{JOBS_PORT}/http",
             "env": [{"key": k, "value": v} for k, v in sorted(env.items())],
             "supportPublicIp": True,
             "startSsh": False,
         }
+        if section.network_volume_id:  # mounted at volumeMountPath, in place of a pod volume
+            spec["networkVolumeId"] = section.network_volume_id
+            del spec["volumeInGb"]
+        if section.num_nodes > 1:  # the cluster's pods reach each other on RunPod's private network
+            spec["globalNetwork"] = True
         if section.template_id:
             spec["templateId"] = section.template_id
         if section.min_download:
@@ -167,6 +200,13 @@ class RunPodProvider(RemoteProvider):
             deadline = datetime.now(UTC) + timedelta(seconds=section.terminate_after)
             spec["terminateAfter"] = deadline.isoformat(timespec="seconds")
         return spec
+
+    def _head_address(self, head: str) -> str:
+        """Where a worker node joins `head`'s cluster: the head pod's name on RunPod's private network."""
+        records = self._records(head)
+        if not records:
+            raise ProvisioningFailed(f"the cluster's head {head} is not there to join")
+        return f"{records[0]['id']}{PRIVATE_DOMAIN}:{GCS_PORT}"
 
     def _records(self, name: str | None = None) -> list[Record]:
         try:

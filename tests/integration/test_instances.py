@@ -71,7 +71,7 @@ def test_list_and_terminate(env: dict[str, str], redis_client: redis.Redis[str],
     assert shown.exit_code == 0, shown.output
     cluster = json.loads(shown.stdout)
     (head,) = cluster["nodes"]  # read from the head's own dashboard, as `ray status` would
-    assert head["is_head_node"] and head["state"] == "ALIVE" and head["resources_total"]["CPU"] == 1.0
+    assert head["head"] and head["state"] == "ALIVE" and head["cpus"] == 1.0 and head["gpus"] == 0
     assert "Resources" in cluster["status"] or "Usage" in cluster["status"]
 
     refused = CliRunner().invoke(cli, ["terminate", "tf-busy-1"], env=env)

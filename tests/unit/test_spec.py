@@ -174,6 +174,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "template_id": None,
         "volume_in_gb": 200,
         "volume_mount_path": "/content",
+        "network_volume_id": None,  # trainfleet's: a network volume instead of the pod's own
         "axolotl_git": None,
         "axolotl_git_branch": None,
         "axolotl_root": None,
