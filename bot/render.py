@@ -41,6 +41,7 @@ SEPARATE = frozenset(
         EventType.INSTANCE_REMINDER,
         EventType.INSTANCE_STUCK,
         EventType.INSTANCE_LOST,
+        EventType.NODE_JOINED,
         EventType.SWEEP_STARTED,
         EventType.SWEEP_FINISHED,
     }
@@ -204,6 +205,14 @@ def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None
     if kind == EventType.INSTANCE_LOST:
         return (
             f"❓ Instance {inst} of run {run} is no longer listed by its provider ({data.get('looks')} looks)"
+        )
+    if kind == EventType.NODE_JOINED:
+        role = "head" if data.get("head") else "worker"
+        accelerator = f", {data['accelerator']}" if data.get("accelerator") else ""
+        return (
+            f"🔗 Run {run}: a Ray {role} node at {data.get('node_ip')} ({data.get('cpus', 0):g} CPUs, "
+            f"{data.get('gpus', 0):g} GPUs{accelerator}) joined its cluster: "
+            f"{data.get('nodes')} of {data.get('of')} nodes"
         )
     return None
 

@@ -191,6 +191,7 @@ def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
         "attempt": run.attempt,
         "preemptions": run.preemptions,
         "instance": run.instance,
+        "instances": run.instance_names if run.instance else [],  # a cluster's: the head first
         "stages": stages,
         "output_dir": run.output_dir,
         "failure_reason": run.failure_reason.value if run.failure_reason else None,

@@ -31,6 +31,13 @@ def test_validate_reports_each_file(env: dict[str, str]) -> None:
     assert f"ok {EXAMPLE_YAML}" in result.output
     good = CliRunner().invoke(cli, ["validate", str(EXAMPLE_YAML)], env=env)
     assert good.exit_code == 0, good.output
+    # A provider that cannot network its machines together refuses a multi-node job, saying why.
+    multi = CliRunner().invoke(cli, ["validate", str(BAD / "vastai_multi_node.yml")], env=env)
+    assert multi.exit_code == 1
+    assert (
+        "vastai_multi_node.yml:6: vastai.num_nodes: vastai cannot run on 2 machines: vast.ai rents single "
+        "hosts that share no private network" in " ".join(multi.output.split())
+    )
 
 
 def test_enqueue_is_all_or_nothing(env: dict[str, str], redis_client: redis.Redis[str]) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable
-from providers.base import LaunchRequest, ProviderContext
+from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable, ProvisioningFailed
+from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.runpod.models import RunPodSection
 from providers.runpod.provider import RunPodProvider
 from tests.fakes.runpod import FakeRunPod
@@ -79,6 +79,43 @@ def test_a_duplicate_under_one_name_is_terminated(fake: FakeRunPod, tmp_path: Pa
     assert len(fake.state()["instances"]) == 2
     assert provider.get("tf-r3-1") is not None
     assert len(fake.state()["instances"]) == 1
+
+
+def test_a_clusters_pods_share_a_private_network_a_volume_and_the_heads_token(
+    fake: FakeRunPod, tmp_path: Path
+) -> None:
+    fake.add_network_volume("vol-1")
+    section = RunPodSection(
+        gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5, num_nodes=2, network_volume_id="vol-1"
+    )
+    provider = provider_for(fake, tmp_path)
+    head = provider.launch(LaunchRequest("tf-r9-1-0", "r9", section))
+    with pytest.raises(ProvisioningFailed, match="tf-r9-2-0 is not there to join"):
+        provider.launch(LaunchRequest("tf-r9-2-1", "r9", section, head="tf-r9-2-0"))
+    worker = provider.launch(LaunchRequest("tf-r9-1-1", "r9", section, head="tf-r9-1-0"))
+    pods = {i.name: i for i in fake.instances.values()}
+    for pod in pods.values():
+        assert pod.extra["globalNetwork"] is True and pod.extra["networkVolumeId"] == "vol-1"
+        assert "volumeInGb" not in pod.extra  # the network volume takes the pod volume's place
+        assert pod.env["FLEET_NODE_ROOT"] == "/content/trainfleet"  # the runs live on the volume
+    head_pod, worker_pod = pods["tf-r9-1-0"], pods["tf-r9-1-1"]
+    assert "FLEET_RAY_HEAD_ADDRESS" not in head_pod.env and "--head" in head_pod.extra["dockerArgs"]
+    assert worker_pod.env["FLEET_RAY_HEAD_ADDRESS"] == f"{head.provider_id}.runpod.internal:6379"
+    assert worker_pod.env["FLEET_RAY_TOKEN"] == head_pod.env["FLEET_RAY_TOKEN"]  # Ray lets only it join
+    assert "--address=" in worker_pod.extra["dockerArgs"] and "--head" not in worker_pod.extra["dockerArgs"]
+    assert "RUNPOD_POD_ID.runpod.internal" in worker_pod.extra["dockerArgs"]  # it advertises its private IP
+    assert provider.tokens.head_of("tf-r9-1-1") == "tf-r9-1-0" and worker.provider_id == worker_pod.id
+
+    # Nothing answers a Jobs API here: the head stays PENDING, but a worker node serves none, so it is up
+    # as soon as its container runs (whether it joined is the head's cluster to say).
+    wait = time.monotonic() + 10
+    while provider.get("tf-r9-1-1").state != NodeState.RUNNING:  # type: ignore[union-attr]
+        assert time.monotonic() < wait, "the worker pod never came up"
+        time.sleep(0.05)
+    assert provider.get("tf-r9-1-0").state == NodeState.PENDING  # type: ignore[union-attr]
+    for name in ("tf-r9-1-0", "tf-r9-1-1"):
+        provider.terminate(name)
+    assert fake.state()["instances"] == [] and provider.tokens.head_of("tf-r9-1-1") is None
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ import ast
 import base64
 import re
 import shlex
+import socket
+import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from fleet.errors import ConfigError
 from fleet.settings import load_settings
 from providers import failsafe
 from providers.base import ProviderName
-from providers.bootstrap import container_command, failsafe_argv, start_script
+from providers.bootstrap import JOIN_RETRY_S, container_command, failsafe_argv, start_script
 from providers.failsafe import LogTail, is_heartbeat
 
 PREFIX = "2026-11-29 23:11:40,497\tINFO web_log.py:229 -- 127.0.0.1 [29/Nov/2026:23:11:40 +0000] "
@@ -119,6 +122,61 @@ def test_the_start_script_starts_the_failsafe_first_and_inlines_no_value() -> No
     sh, dash_c, body = container_command(None, ProviderName.RUNPOD)
     assert (sh, dash_c) == ("sh", "-c") and shlex.split(body.splitlines()[1])[-2:] == ["runpod", "&"]
     assert "python3" not in start_script(None)  # no vendor, no failsafe (a local head)
+
+
+def test_a_worker_nodes_script_joins_its_head_until_it_can_at_the_address_it_resolves(
+    tmp_path: Path,
+) -> None:
+    """The script for real, under sh, with a `ray` that fails its first join and records its argv."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    fake_ray = bin_dir / "ray"
+    fake_ray.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'[ "$(wc -l < {calls})" -ge 2 ] && kill "$PPID"\n'  # the second try: end the script there
+        "exit 1\n"
+    )
+    fake_ray.chmod(0o755)
+    script = start_script(None, None, worker=True, private_host="localhost")
+    assert f"sleep {JOIN_RETRY_S}" in script
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FLEET_RAY_TOKEN": "t0k",
+        "FLEET_NODE_ROOT": str(tmp_path / "root"),
+        "FLEET_RAY_HEAD_ADDRESS": "abc123.runpod.internal:6379",
+    }
+    subprocess.run(["sh", "-c", script.replace(f"sleep {JOIN_RETRY_S}", "sleep 0")], env=env, timeout=30)
+    tries = calls.read_text().splitlines()
+    assert len(tries) == 2  # tried again after a failed join
+    argv = shlex.split(tries[0])
+    assert argv[:3] == ["start", "--block", "--disable-usage-stats"]
+    assert "--address=abc123.runpod.internal:6379" in argv and "--head" not in argv
+    (node_ip,) = [a for a in argv if a.startswith("--node-ip-address=")]
+    assert node_ip.split("=", 1)[1] in ("127.0.0.1", "::1")  # what `localhost` resolves to
+    assert (tmp_path / "root").is_dir()
+
+
+def test_a_worker_nodes_failsafe_lives_as_long_as_its_head_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(failsafe, "POLL_S", 0.05)
+    head = socket.socket()
+    head.bind(("127.0.0.1", 0))
+    head.listen()
+    address = f"127.0.0.1:{head.getsockname()[1]}"
+    assert failsafe.head_answers(address)
+    answers = [True] * 10  # the head answers for a while, then goes (it gave itself back)
+
+    def heard() -> bool:
+        up = bool(answers) and answers.pop()
+        if not up:
+            head.close()
+        return failsafe.head_answers(address) if up else False
+
+    started = time.monotonic()
+    why = failsafe.watch(heard, None, 0.3, f"no answer from the Ray head at {address}")
+    assert why == f"no answer from the Ray head at {address} for 0.3 s"
+    assert time.monotonic() - started >= 0.3 + 10 * 0.05 * 0.9  # not before the head was gone that long
+    assert not failsafe.head_answers(address) and not failsafe.head_answers("nowhere")
 
 
 def test_the_shipped_failsafe_is_the_module_without_its_docstrings() -> None:

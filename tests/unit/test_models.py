@@ -30,6 +30,22 @@ def test_instance_name_is_deterministic() -> None:
         attempt=2,
     )
     assert run.instance_name == "tf-261129-1-ab-2"
+    assert run.num_nodes == 1 and run.instance_names == ["tf-261129-1-ab-2"]
+
+
+def test_a_clusters_instances_are_named_by_node_head_first() -> None:
+    run = Run(
+        run_id="261129-1-ab",
+        provider="runpod",
+        source="x",
+        spec={"section": {"num_nodes": 3}},
+        run_dir="/r",
+        output_dir="/r/o",
+    )
+    assert run.num_nodes == 3
+    assert run.instance_names == ["tf-261129-1-ab-1-0", "tf-261129-1-ab-1-1", "tf-261129-1-ab-1-2"]
+    assert run.instance_name == "tf-261129-1-ab-1-0"  # the head, which the fleet talks to
+    assert run.instance_names_of(2)[1] == "tf-261129-1-ab-2-1"
 
 
 def test_describe_and_live_view_render() -> None:

@@ -182,6 +182,13 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
     }
 
 
+def test_a_runpod_cluster_with_a_network_volume_is_valid() -> None:
+    section = parse(HEAD + "runpod:\n  num_nodes: 2\n  network_volume_id: vol-abc123\n").spec.section
+    assert isinstance(section, RunPodSection)
+    assert section.num_nodes == 2 and section.network_volume_id == "vol-abc123"
+    assert section.MULTI_NODE.supported and section.multi_node_problems() == []
+
+
 def test_every_poc_runpod_key_is_accepted() -> None:
     section = parse(
         HEAD

@@ -1,0 +1,157 @@
+"""One run across two rented nodes, as one Ray cluster: the tiny job with `num_nodes: 2` against the fake
+RunPod, whose pods are real local Ray nodes. Pod 0 runs the head; pod 1's start joins it over the fake's
+private network (RunPod's global networking: `<head pod>.runpod.internal:6379`, the head's token). With
+one CPU on each node, the job's two Ray Train workers must run on two different nodes: the trainer reads
+each worker's node from Ray, and the fleet's `node.joined` events read the cluster from the head's State
+API. Both pods mount the run's network volume, where the run's files and results live.
+
+And the other side of all-or-nothing: a cluster one of whose pods never comes up fails at the deadline,
+and every pod of the run is terminated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.constants import RUNS_INDEX, run_key
+from tests.fakes import FakeRunPod
+from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
+from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env, ledger_of, wait_until
+
+pytestmark = pytest.mark.integration
+VOLUME = "vol-tiny-cluster"
+SECTION = (
+    "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+    f"  num_nodes: 2\n  network_volume_id: {VOLUME}\n"
+)
+
+
+@pytest.fixture
+def cluster_cloud(tmp_path: Path) -> Iterator[FakeRunPod]:
+    """The fake RunPod with real Ray nodes of one CPU each, and the account's network volume."""
+    with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="ray", node_cpus=1) as fake:
+        fake.add_network_volume(VOLUME)
+        yield fake
+
+
+def run_state(env: dict[str, str]) -> tuple[str, str] | None:
+    """(run id, state) of the fleet's one run, once there is one."""
+    client = ledger_of(env)
+    try:
+        ids = client.zrange(RUNS_INDEX, 0, -1)
+        raw = client.get(run_key(ids[0])) if ids else None
+    finally:
+        client.close()
+    return None if raw is None else (ids[0], json.loads(raw)["state"])
+
+
+@pytest.mark.timeout(600)
+def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
+    home: Path, cluster_cloud: FakeRunPod, tmp_path: Path
+) -> None:
+    url = cluster_cloud.url
+    job = job_for(tmp_path, SECTION)
+    env = fleet_env(home, RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=API_KEY, FLEET_NODE_READY_TIMEOUT_S="240")
+    watch = MostLive(url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet", "run", str(job), "--json"],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # While it trains: `fleet node RUN` shows the whole cluster, head and worker, from the head.
+        wait_until(lambda: (home / "redis" / "url").exists(), 60, "the fleet's Redis")
+        run_id, _ = wait_until(
+            lambda: (found := run_state(env)) and found[1] in ("TRAINING", "FAILED", "SUCCEEDED") and found,
+            300,
+            "the run to train",
+        )
+        shown = fleet(env, "node", run_id, "--json", timeout=60)
+        stdout, stderr = proc.communicate(timeout=480)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    view = json.loads(stdout)
+    assert view["state"] == "SUCCEEDED" and view["run_id"] == run_id
+
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    cluster = json.loads(shown.stdout)
+    assert cluster["instance"] == f"tf-{run_id}-1-0"
+    assert sorted(n["head"] for n in cluster["nodes"]) == [False, True]
+    assert all(n["state"] == "ALIVE" and n["cpus"] == 1 for n in cluster["nodes"])
+
+    evs = events_of(home, run_id)
+    names = [f"tf-{run_id}-1-0", f"tf-{run_id}-1-1"]
+    requested = [e["data"] for e in evs if e["type"] == "instance.requested"]
+    assert [(r["instance"], r["node"], r["num_nodes"]) for r in requested] == [
+        (names[0], 0, 2),
+        (names[1], 1, 2),
+    ]
+    # Each node's arrival, as the head's State API listed it; the run went on once both were there.
+    joined = [e["data"] for e in evs if e["type"] == "node.joined"]
+    assert [(j["nodes"], j["of"]) for j in joined] == [(1, 2), (2, 2)]
+    assert sorted(j["head"] for j in joined) == [False, True]
+    types = [e["type"] for e in evs]
+    assert types.index("instance.ready") > max(i for i, t in enumerate(types) if t == "node.joined")
+    # Where each rank ran, as Ray told each worker: both nodes of the cluster, one rank on each.
+    (started,) = [e["data"] for e in evs if e["type"] == "train.started"]
+    assert started["num_workers"] == 2 and started["num_nodes"] == 2, started
+    assert sorted(started["nodes"]) == sorted(j["node_id"] for j in joined)
+    metrics = view["metrics"]
+    assert metrics["num_workers"] == 2 and metrics["global_step"] == metrics["total_steps"] == 90
+    assert metrics["eval_loss"] < 0.6 * metrics["eval_loss_first"], metrics  # it trains well on two nodes
+
+    # Never more than the two pods; both terminated, none left billing.
+    assert watch.stop() == 2
+    state = fake_state(url)
+    assert state["instances"] == [] and state["requests"]["create"] == 2
+    terminated = {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"}
+    assert terminated == set(names)
+    client = ledger_of(env)
+    try:
+        records = [json.loads(client.get(f"tf:instance:{n}") or "{}") for n in names]
+    finally:
+        client.close()
+    assert [(r["state"], r["head"]) for r in records] == [("TERMINATED", None), ("TERMINATED", names[0])]
+    (succeeded,) = [e["data"] for e in evs if e["type"] == "run.succeeded"]
+    assert 0 < succeeded["cost_usd"] < 0.1  # both pods' prices over their time up
+
+    # The run's files lived on the network volume both pods mounted; the results came back from there.
+    on_volume = tmp_path / "fake" / "volumes" / VOLUME / "trainfleet" / "runs" / run_id / "outputs"
+    local = Path(view["output_dir"])
+    for name in ("adapter_model.safetensors", "adapter_config.json", "metrics.json"):
+        assert (local / name).read_bytes() == (on_volume / name).read_bytes(), name
+
+
+def test_a_pod_that_never_comes_up_fails_the_run_and_every_pod_is_terminated(
+    home: Path, tmp_path: Path
+) -> None:
+    with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="stub", ready_delay_s=0.2) as fake:
+        fake.add_network_volume(VOLUME)
+        fake.add_faults([{"op": "create", "kind": "stuck", "every": 2}])  # the second pod never boots
+        env = fleet_env(
+            home, RUNPOD_API_BASE_URL=fake.url, RUNPOD_API_KEY=API_KEY, FLEET_NODE_READY_TIMEOUT_S="6"
+        )
+        done = fleet(env, "run", str(job_for(tmp_path, SECTION)), "--json", timeout=240)
+        state: dict[str, Any] = fake.state()
+    assert done.returncode == 1, done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    run_id = view["run_id"]
+    names = [f"tf-{run_id}-1-0", f"tf-{run_id}-1-1"]
+    assert view["state"] == "FAILED" and view["failure_reason"] == "NODE_TIMEOUT"
+    assert (
+        f"instance {names[1]} not ready after 6 s (1 of 2 instances up, 0 Ray nodes joined)"
+        in view["failure_message"]
+    )
+    # Both pods were made, and both are gone: the one that came up too.
+    assert state["requests"]["create"] == 2 and state["instances"] == []
+    evs = events_of(home, run_id)
+    assert {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"} == set(names)
+    types = [e["type"] for e in evs]
+    assert "node.joined" not in types and "prepare.submitted" not in types
