@@ -166,14 +166,24 @@ class LocalHeads:
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh."""
         return self._launch(name, num_cpus, num_gpus, env, token or secrets.token_hex(32), head=None)
 
-    def join(self, name: str, head_name: str, num_cpus: int, num_gpus: int, env: dict[str, str]) -> HeadMeta:
+    def join(
+        self,
+        name: str,
+        head_name: str,
+        num_cpus: int,
+        num_gpus: int,
+        env: dict[str, str],
+        token: str | None = None,
+    ) -> HeadMeta:
         """Start node `name` as a worker of `head_name`'s cluster (`ray start --address`, the head's token):
         one more Ray node on this machine, with a temp dir and ports of its own, so it can be stopped (or
-        fail) alone. Returns once the process exists; the head lists it once it has joined."""
+        fail) alone. Returns once the process exists; the head lists it once it has joined.
+        `token` is the Ray token the node presents instead of the head's: a fake cloud passes the one its
+        worker was given, so a wrong one really fails to join, as Ray's token auth refuses it."""
         head = self.read(head_name)
         if head is None or head.head is not None:
             raise ValueError(f"{head_name!r} is not a head started here")
-        return self._launch(name, num_cpus, num_gpus, env, self.token(head_name), head=head)
+        return self._launch(name, num_cpus, num_gpus, env, token or self.token(head_name), head=head)
 
     def _launch(
         self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str], token: str, head: HeadMeta | None

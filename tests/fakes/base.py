@@ -4,6 +4,9 @@ A vendor fake (RunPod, vast.ai) subclasses `FakeCloud` and implements `route`, w
 an operation name and a handler. The base class counts requests per operation, applies any scripted
 fault for that operation, and serves the `/_fake/...` control endpoints (state, faults, preempt).
 
+A vendor whose instances share a private network (RunPod's global networking) also says whose Ray cluster
+an instance's node joins (`join_target`) and which root it keeps its runs under (`node_root`).
+
 For fault-injection tests the base also keeps two witnesses in `state()`: `most_live` (per instance name,
 the most instances of that name ever live at once, so a duplicate shows even after one was destroyed) and
 `faults_served` (per "op:kind", the scripted faults actually applied to a request).
@@ -23,11 +26,21 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.faults import FaultRule
-from tests.fakes.nodes import NodeBackend, make_nodes
+from tests.fakes.nodes import Join, NodeBackend, make_nodes
 from tests.fakes.serving import Served
 
 FAULT_KINDS = frozenset(
-    {"500", "429", "quota", "timeout", "hang", "error_after_create", "terminate_ok_but_listed", "not_found"}
+    {
+        "500",
+        "429",
+        "quota",
+        "timeout",
+        "hang",
+        "error_after_create",
+        "terminate_ok_but_listed",
+        "not_found",
+        "stuck",
+    }
 )
 TOKEN_ENV = "FLEET_RAY_TOKEN"
 DASHBOARD_PORT = 8265
@@ -64,7 +77,8 @@ Handler = Callable[[Request], Response]
 class Fault(FaultRule):
     """A cloud's scripted misbehaviour; `delay` is how long a "timeout" holds the request before carrying
     it out and answering, and how long a "hang" withholds the answer of a request it carried out at once;
-    with `every` n, only every n-th request of the operation that reaches the rule is hit."""
+    with `every` n, only every n-th request of the operation that reaches the rule is hit. A "stuck" create
+    is carried out and answered, but its instance never boots (a host that hangs): it is for creates only."""
 
     delay: float = 0.0
     every: int = 1
@@ -74,6 +88,8 @@ class Fault(FaultRule):
 
     def __post_init__(self) -> None:
         self.every = max(1, self.every)
+        if self.kind == "stuck" and self.op != "create":
+            raise ValueError(f"fault kind 'stuck' is for the create op, not {self.op!r}")
 
 
 @dataclass
@@ -94,6 +110,7 @@ class Instance:
     public_port: int | None = None
     ghost_listings: int = 0  # terminate_ok_but_listed: still shown as running this many more times
     gpu_util: float = 0.0  # what the vendor reports as its GPUs' utilization (%) while running
+    stuck: bool = False  # a "stuck" create: its node is never started, so it never becomes ready
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -182,6 +199,7 @@ class FakeCloud(Served):
         node_cpus: int = 1,
     ) -> None:
         self.api_key = api_key
+        self.home = home
         self.port = port
         self.lock = threading.RLock()
         self.instances: dict[str, Instance] = {}
@@ -190,6 +208,7 @@ class FakeCloud(Served):
         self.most_live: dict[str, int] = {}  # name -> most instances of that name live at once
         self.faults_served: dict[str, int] = {}  # "op:kind" -> faults applied to a request
         self.nodes: NodeBackend = make_nodes(nodes, home, ready_delay_s, node_cpus)
+        self._stuck = threading.local()  # `creating_stuck`: this request thread carries out a "stuck" create
 
     # -- lifecycle (start, url, stop, `with`: tests.fakes.serving) ----------------------------------
     def new_server(self) -> _Server:
@@ -235,12 +254,22 @@ class FakeCloud(Served):
         return f"{self.vendor}-{inst.id}"
 
     def add_instance(self, inst: Instance) -> Instance:
-        """Record a new instance and start its node."""
+        """Record a new instance and start its node (unless a "stuck" fault hit the create)."""
+        inst.stuck = inst.stuck or bool(getattr(self._stuck, "creating_stuck", False))
         with self.lock:
             self.instances[inst.id] = inst
             self.note_live(inst.name)
-        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
+        self.start_node(inst)
         return inst
+
+    def start_node(self, inst: Instance) -> None:
+        """Start the instance's node: a head of its own, or a worker of the cluster it joins; none at all
+        for a stuck instance, which therefore stays starting."""
+        if inst.stuck:
+            return
+        with self.lock:
+            join, root = self.join_target(inst), self.node_root(inst)
+        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env, join=join, root=root)
 
     def note_live(self, name: str) -> None:
         """Update `most_live` for `name` after an instance got that name (created or relabelled)."""
@@ -281,9 +310,9 @@ class FakeCloud(Served):
         self.nodes.stop(self.node_name(inst))
 
     def resume(self, inst: Instance) -> None:
-        """Start a stopped instance again (a fresh node)."""
+        """Start a stopped instance again (a fresh node, which joins its head again if it is a worker)."""
         inst.state = "starting"
-        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env)
+        self.start_node(inst)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def take_fault(self, op: str) -> Fault | None:
@@ -327,6 +356,12 @@ class FakeCloud(Served):
             response = handler(request)
             time.sleep(fault.delay)
             return response
+        if fault.kind == "stuck":  # the handler runs in this thread: add_instance sees the flag
+            self._stuck.creating_stuck = True
+            try:
+                return handler(request)
+            finally:
+                self._stuck.creating_stuck = False
         if fault.kind == "429":
             body = self.error_body(429, "Too many requests")
             return Response(429, body, {"Retry-After": f"{fault.retry_after:g}"})
@@ -358,9 +393,23 @@ class FakeCloud(Served):
         if request.path.startswith("/_fake/preempt/") and request.method == "POST":
             ok = self.preempt(request.path.rsplit("/", 1)[-1])
             return Response(200 if ok else 404, {"preempted": ok})
-        return Response(404, {"error": "no such control endpoint"})
+        return self.vendor_control(request) or Response(404, {"error": "no such control endpoint"})
 
     # -- vendor hooks ------------------------------------------------------------------------------
+    def join_target(self, inst: Instance) -> Join | None:
+        """Whose Ray cluster the instance's node joins (None: it runs a head of its own). Called with the
+        lock held. Instances of a vendor without a private network between them (vast.ai) never join."""
+        return None
+
+    def node_root(self, inst: Instance) -> Path | None:
+        """The FLEET_NODE_ROOT the instance's node shares with others (a network volume), None for its own.
+        Called with the lock held."""
+        return None
+
+    def vendor_control(self, request: Request) -> Response | None:
+        """A vendor's own `/_fake/...` control endpoint for `request` (None: there is none)."""
+        return None
+
     def authorized(self, request: Request) -> bool:
         """Whether the request carries the expected key."""
         return self.bearer(request) == self.api_key

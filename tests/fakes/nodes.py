@@ -3,6 +3,10 @@ version call, or a real local Ray head per instance.
 
 A backend is asked to `start` a node (returns at once), whether it is ready (`ready_port`: the local port
 that the instance publishes as its container port 8265, or None while it boots) and to `stop` it.
+
+A node may also be started as a worker of another node's Ray cluster (`join`), as the pods of one run do
+over RunPod's private network; only real Ray nodes act on it, the other backends boot such a node like
+any other. A `root` is the node's FLEET_NODE_ROOT when several nodes share one (a network volume).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,13 +29,34 @@ from trainer.config import NODE_ROOT_ENV
 
 RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token (goes to the head as its token, not its env)
+JOIN_WAIT_S = 180.0  # how long a joining node waits for its head to boot before it gives up
+JOIN_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Join:
+    """A node that starts as a worker of another node's Ray cluster (`ray start --address`).
+
+    `head` is the node name of the head its address reaches, or None when the address leads nowhere (no
+    private network between the two, no such head, a wrong port): like a container whose `ray start
+    --address` keeps failing, such a node boots and shows up, but never joins any cluster."""
+
+    head: str | None
 
 
 class NodeBackend(Protocol):
     """What a fake cloud needs from the machines behind its instances."""
 
-    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
-        """Start the node for `name` in the background (returns at once), with the instance's `env`."""
+    def start(
+        self,
+        name: str,
+        token: str | None,
+        env: Mapping[str, str],
+        join: Join | None = None,
+        root: Path | None = None,
+    ) -> None:
+        """Start the node for `name` in the background (returns at once), with the instance's `env`; as a
+        worker of `join`'s head when given; with `root` as its FLEET_NODE_ROOT when given (a shared one)."""
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The local port published as the node's dashboard once it is up, else None."""
@@ -56,10 +82,22 @@ class NoNodes:
         self._started: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
-        """Remember when the node 'booted' and pick the port it will publish."""
+    def start(
+        self,
+        name: str,
+        token: str | None,
+        env: Mapping[str, str],
+        join: Join | None = None,
+        root: Path | None = None,
+    ) -> None:
+        """Remember when the node 'booted' and pick the port it will publish (nothing runs to join)."""
         with self._lock:
             self._started[name] = (time.time(), _unused_port())
+
+    def __contains__(self, name: object) -> bool:
+        """Whether the node `name` was started and not stopped since."""
+        with self._lock:
+            return name in self._started
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The published port once `delay_s` has passed."""
@@ -116,8 +154,15 @@ class StubNodes:
         self._started: dict[str, tuple[float, _StubServer]] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
-        """Serve the node's stub head in a daemon thread (returns at once)."""
+    def start(
+        self,
+        name: str,
+        token: str | None,
+        env: Mapping[str, str],
+        join: Join | None = None,
+        root: Path | None = None,
+    ) -> None:
+        """Serve the node's stub head in a daemon thread (returns at once); a stub joins no cluster."""
         server = _StubServer(token or secrets.token_hex(16))
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         with self._lock:
@@ -156,31 +201,91 @@ def _close(server: _StubServer) -> None:
 
 
 class RayNodes:
-    """A real local Ray head per instance (providers.local.client.LocalHeads under `home/nodes`); each
-    node keeps its runs under its own root, `home/node-roots/<name>`, as a rented node would."""
+    """A real local Ray node per instance (providers.local.client.LocalHeads under `home/nodes`): a head of
+    its own, or a node that joins another instance's head. Each node keeps its runs under its own root,
+    `home/node-roots/<name>`, as a rented node would, unless it is given one (shared by several nodes).
 
-    def __init__(self, home: Path, cpus: int = RAY_CPUS_PER_NODE) -> None:
+    A joining node starts in a daemon thread once its head is up (the head's pod may still be booting when
+    the worker's is created). One whose address leads nowhere runs no Ray at all: it shows up after
+    `delay_s`, as a container does whose `ray start --address` keeps failing."""
+
+    def __init__(self, home: Path, cpus: int = RAY_CPUS_PER_NODE, delay_s: float = 0.2) -> None:
         self.heads = LocalHeads(home / "nodes")
         self.roots = home / "node-roots"
         self.cpus = cpus
         self._names: set[str] = set()
+        self._joins: dict[str, threading.Event] = {}  # name -> set once the node is stopped
+        self._stranded = NoNodes(delay_s)  # workers whose head is out of reach
         self._lock = threading.Lock()
 
-    def start(self, name: str, token: str | None, env: Mapping[str, str]) -> None:
+    def start(
+        self,
+        name: str,
+        token: str | None,
+        env: Mapping[str, str],
+        join: Join | None = None,
+        root: Path | None = None,
+    ) -> None:
         """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent),
-        with the instance's environment, as a container would have it."""
+        with the instance's environment, as a container would have it; or, given `join`, a node that joins
+        that head's cluster with the instance's own token, in the background."""
         with self._lock:
             self._names.add(name)
+            self._cancel(name)
+        self._stranded.stop(name)
         node_env = {k: v for k, v in env.items() if not k.startswith("-") and k != TOKEN_ENV}
         # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
-        node_env[NODE_ROOT_ENV] = str(self.roots / name)
-        self.heads.start(name, self.cpus, num_gpus=0, env=node_env, token=token or secrets.token_hex(16))
+        node_env[NODE_ROOT_ENV] = str(root or self.roots / name)
+        if join is None:
+            self.heads.start(name, self.cpus, num_gpus=0, env=node_env, token=token or secrets.token_hex(16))
+        elif join.head is None:
+            self._stranded.start(name, token, env)
+        else:
+            stopped = threading.Event()
+            with self._lock:
+                self._joins[name] = stopped
+            args = (name, join.head, token, node_env, stopped)
+            threading.Thread(target=self._join_when_up, args=args, daemon=True, name=f"join-{name}").start()
+
+    def _join_when_up(
+        self, name: str, head: str, token: str | None, env: dict[str, str], stopped: threading.Event
+    ) -> None:
+        """Wait for `head` to run and its GCS to accept, then start `name` as a node of its cluster. Gives
+        up quietly when the head stops or never comes up, or when `name` is stopped meanwhile."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while not stopped.wait(JOIN_POLL_S):
+            if time.monotonic() > deadline:
+                return
+            meta = self.heads.read(head)
+            if meta is None or not meta.pid:
+                continue  # not launched yet
+            if meta.terminated_at is not None or not self.heads.head_alive(meta):
+                return
+            if _accepts(meta.ports["port"]):
+                break
+        with self._lock:  # against stop(): either it sees this node's meta, or this sees `stopped`
+            if stopped.is_set():
+                return
+            with contextlib.suppress(ValueError, OSError):  # the head went away after all
+                self.heads.join(name, head, self.cpus, 0, env, token=token)
+
+    def _cancel(self, name: str) -> None:
+        """Tell a pending join of `name` to give up (call with the lock held)."""
+        pending = self._joins.pop(name, None)
+        if pending is not None:
+            pending.set()
 
     def ready_port(self, name: str, token: str | None) -> int | None:
-        """The head's dashboard port once `GET /api/version` answers 200 with the node's token."""
+        """The head's dashboard port once `GET /api/version` answers 200 with the node's token; for a node
+        that joined a head, its node manager's port once its `ray start --address` runs (nothing there
+        serves the Jobs API: only the head does); for one out of reach, its port after `delay_s`."""
+        if name in self._stranded:
+            return self._stranded.ready_port(name, token)
         meta = self.heads.read(name)
         if meta is None or not self.heads.head_alive(meta):
             return None
+        if meta.head is not None:
+            return meta.ports["node_manager_port"]
         request = urllib.request.Request(
             f"{meta.dashboard_url}/api/version",
             headers={"Authorization": f"Bearer {token or self.heads.token(name)}"},
@@ -193,16 +298,31 @@ class RayNodes:
         return meta.ports["dashboard_port"] if ok else None
 
     def stop(self, name: str) -> None:
-        """Stop the head's processes."""
+        """Stop the node's processes (and a join still waiting for its head)."""
+        with self._lock:
+            self._cancel(name)
+        self._stranded.stop(name)
         self.heads.stop(name)
 
     def stop_all(self) -> None:
-        """Stop every head started by this backend (best effort: one failure must not leak the rest)."""
+        """Stop every node started by this backend (best effort: one failure must not leak the rest)."""
         with self._lock:
             names = sorted(self._names)
+            for name in names:
+                self._cancel(name)
+        self._stranded.stop_all()
         for name in names:
             with contextlib.suppress(Exception):  # best-effort cleanup
                 self.heads.stop(name)
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:`port` (a head's GCS, once it is up)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPUS_PER_NODE) -> NodeBackend:
@@ -214,5 +334,5 @@ def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPU
     if kind == "ray":
         if home is None:
             raise ValueError("nodes='ray' needs a home directory")
-        return RayNodes(home, cpus)
+        return RayNodes(home, cpus, delay_s)
     raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, none")

@@ -5,6 +5,13 @@ Point the SDK at it with `RUNPOD_API_BASE_URL=<fake.url>` and `runpod.api_key = 
 with exactly the fields the request selects; unknown fields are GraphQL errors, as on the real server.
 Like RunPod, it gives each pod its own key (`container_env`: RUNPOD_POD_ID, RUNPOD_API_KEY), which here
 may terminate that pod and do nothing else.
+
+Several pods can make one Ray cluster, as over RunPod's global networking (a private network between the
+account's pods, each reachable at `<podId>.runpod.internal`): a pod whose env has FLEET_RAY_HEAD_ADDRESS
+(`<headPodId>.runpod.internal:6379`) is a worker, and under `nodes="ray"` its node joins that head's
+cluster with its own FLEET_RAY_TOKEN, when both pods were created with `globalNetwork: true`. The account's
+network volumes (`add_network_volume`) are one directory each: every pod created with the same
+`networkVolumeId` keeps its runs under that volume's `trainfleet` directory, so a run's nodes share them.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ import json
 import secrets
 import string
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
 from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
+from tests.fakes.nodes import Join
 
 NO_CAPACITY = (
     "There are no longer any instances available with the requested specifications. "
@@ -42,6 +51,12 @@ _OPS = {
 }
 
 
+HEAD_ADDRESS_ENV = "FLEET_RAY_HEAD_ADDRESS"  # a worker pod's head: <headPodId>.runpod.internal:6379
+PRIVATE_DOMAIN = ".runpod.internal"  # a pod's name on the global network: <podId>.runpod.internal
+RAY_GCS_PORT = "6379"  # the port a head's GCS listens on inside its pod
+VOLUME_ROOT = "trainfleet"  # where on a network volume the fleet's nodes keep their runs
+
+
 def _pod_id() -> str:
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(14))
@@ -55,10 +70,65 @@ class FakeRunPod(FakeCloud):
     def __init__(self, api_key: str = "test-key", **kwargs: Any) -> None:
         super().__init__(api_key, **kwargs)
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
+        self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
 
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
         self.stock[gpu_type_id] = gpus
+
+    def add_network_volume(self, volume_id: str, data_center: str = "EU-RO-1") -> None:
+        """Give the account a network volume, which pods may then be created with (`networkVolumeId`).
+        Under `home` it is the directory `volumes/<volume_id>`, shared by every pod that mounts it."""
+        with self.lock:
+            self.network_volumes[volume_id] = data_center
+        if self.home is not None:
+            self.volume_dir(volume_id).mkdir(parents=True, exist_ok=True)
+
+    def volume_dir(self, volume_id: str) -> Path:
+        """Where a network volume's files are (needs `home`)."""
+        if self.home is None:
+            raise ValueError("network volume directories need a home directory")
+        return self.home / "volumes" / volume_id
+
+    # -- multi-node: global networking and network volumes (base class hooks) -----------------------
+    def join_target(self, inst: Instance) -> Join | None:
+        """A pod with FLEET_RAY_HEAD_ADDRESS joins its head's cluster. Its address reaches the head only
+        over the global network (both pods created with `globalNetwork: true`), only when it names a live
+        pod of this account that runs a head, and only on the GCS's port; else `Join(None)`: never joins."""
+        address = inst.env.get(HEAD_ADDRESS_ENV)
+        if address is None:
+            return None
+        host, _, port = address.rpartition(":")
+        on_network = host.endswith(PRIVATE_DOMAIN)
+        head = self.instances.get(host.removesuffix(PRIVATE_DOMAIN)) if on_network else None
+        reachable = (
+            head is not None
+            and head is not inst
+            and head.state != "terminated"
+            and HEAD_ADDRESS_ENV not in head.env
+            and port == RAY_GCS_PORT
+            and inst.extra.get("globalNetwork") is True
+            and head.extra.get("globalNetwork") is True
+        )
+        return Join(self.node_name(head) if reachable and head is not None else None)
+
+    def node_root(self, inst: Instance) -> Path | None:
+        """A pod with a network volume keeps its runs on it (the same directory for every such pod)."""
+        volume = inst.extra.get("networkVolumeId")
+        if volume is None or self.home is None:
+            return None
+        return self.volume_dir(str(volume)) / VOLUME_ROOT
+
+    def vendor_control(self, request: Request) -> Response | None:
+        """`POST /_fake/network-volumes {"id": ..., "dataCenterId": ...}`: `add_network_volume`, for a fake
+        served on its own (`python -m tests.fakes serve runpod`)."""
+        if request.path != "/_fake/network-volumes" or request.method != "POST":
+            return None
+        body = request.json() or {}
+        if not isinstance(body, dict) or not body.get("id"):
+            return Response(400, {"error": 'expected {"id": ..., "dataCenterId": ...}'})
+        self.add_network_volume(str(body["id"]), str(body.get("dataCenterId") or "EU-RO-1"))
+        return Response(200, {"network_volumes": sorted(self.network_volumes)})
 
     # -- HTTP --------------------------------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
@@ -204,6 +274,9 @@ class FakeRunPod(FakeCloud):
             bid = float(spec["bidPerGpu"])
             if bid < min(row[5], row[6]):
                 raise GraphQLError(f"Bid {bid} is below the minimum bid price {min(row[5], row[6])}.")
+        volume = spec.get("networkVolumeId")
+        if volume is not None and str(volume) not in self.network_volumes:
+            raise GraphQLError(f"network volume {volume} not found")
         env = {str(e["key"]): str(e["value"]) for e in spec.get("env") or []}
         inst = Instance(
             id=_pod_id(),
@@ -250,7 +323,11 @@ class FakeRunPod(FakeCloud):
             shown = self.visible(inst)
             if shown is not None:
                 pods.append(self._render(inst, shown))
-        return {"id": "user-fake", "pods": pods}
+        volumes = [
+            {"id": vid, "name": vid, "size": 100, "dataCenterId": center}
+            for vid, center in self.network_volumes.items()
+        ]
+        return {"id": "user-fake", "pods": pods, "networkVolumes": volumes}
 
     def _pod(self, args: dict[str, Any]) -> dict[str, Any] | None:
         pod_id = str((args.get("input") or {}).get("podId") or "")
@@ -305,6 +382,8 @@ class FakeRunPod(FakeCloud):
             "machine": {"gpuDisplayName": inst.gpu.replace("NVIDIA ", ""), "podHostId": f"{inst.id}-host"},
             "lastStatusChange": f"Rented by User: {time.ctime(inst.created_at)}",
             "uptimeSeconds": inst.uptime_s(),
+            "globalNetwork": extra.get("globalNetwork") is True,
+            "networkVolumeId": extra.get("networkVolumeId"),
             "runtime": runtime,
         }
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import requests
 import runpod
@@ -18,6 +19,7 @@ import runpod.error
 
 from providers.local.client import LocalHeads
 from tests.fakes import FakeRunPod
+from trainer.config import NODE_ROOT_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -278,3 +280,110 @@ def test_the_fault_suites_witnesses_every_nth_fault_and_a_hang(fake: FakeRunPod)
     assert [row["id"] for row in state["instances"]] == [first[0]["id"]]
     assert state["most_live"] == {"tf-twice-1": 2}  # the most ever at once, not the count now
     assert state["faults_served"] == {"list:500": 2, "create:hang": 1}
+
+
+# -- several pods, one Ray cluster: global networking and network volumes ---------------------------
+HEAD_ADDRESS = "FLEET_RAY_HEAD_ADDRESS"
+DEPLOY_NET = """
+mutation Deploy($input: PodFindAndDeployOnDemandInput!) {
+  podFindAndDeployOnDemand(input: $input) { id globalNetwork networkVolumeId }
+}
+"""
+
+
+def deploy_on_network(
+    fake: FakeRunPod, name: str, env: dict[str, str], network: bool = True, volume: str | None = None
+) -> dict[str, Any]:
+    """Create a pod the way the fleet does for a multi-node run (raw GraphQL: the SDK has no global
+    network); answers the created pod, or the GraphQL error body."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "imageName": "img",
+        "gpuTypeId": GPU,
+        "gpuCount": 1,
+        "cloudType": "SECURE",
+        "globalNetwork": network,
+        "env": [{"key": k, "value": v} for k, v in env.items()],
+    }
+    if volume is not None:
+        spec["networkVolumeId"] = volume
+    body: dict[str, Any] = gql(fake, DEPLOY_NET, {"input": spec}).json()
+    return body["data"]["podFindAndDeployOnDemand"] if body.get("data") else body
+
+
+def alive_ray_nodes(dashboard_port: int, token: str) -> int:
+    """How many ALIVE nodes the head's State API lists."""
+    reply = requests.get(
+        f"http://127.0.0.1:{dashboard_port}/api/v0/nodes",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    reply.raise_for_status()
+    return sum(row["state"] == "ALIVE" for row in reply.json()["data"]["result"]["result"])
+
+
+def test_network_volumes_and_global_network_render_back(fake: FakeRunPod) -> None:
+    refused = deploy_on_network(fake, "tf-novol", {}, volume="vol-missing")
+    assert "network volume vol-missing not found" in refused["errors"][0]["message"]
+    added = requests.post(f"{fake.url}/_fake/network-volumes", json={"id": "vol-1"}, timeout=5)
+    assert added.json() == {"network_volumes": ["vol-1"]}
+    pod = deploy_on_network(fake, "tf-vol", {}, volume="vol-1")
+    assert (pod["globalNetwork"], pod["networkVolumeId"]) == (True, "vol-1")
+    query = "query P($input: PodFilter) { pod(input: $input) { id globalNetwork networkVolumeId } }"
+    plain = runpod.create_pod("tf-plain", "img", GPU)["id"]
+    got = gql(fake, query, {"input": {"podId": plain}}).json()["data"]["pod"]
+    assert got == {"id": plain, "globalNetwork": False, "networkVolumeId": None}
+    volumes = gql(fake, "{ myself { networkVolumes { id dataCenterId } } }").json()["data"]["myself"]
+    assert volumes["networkVolumes"] == [{"id": "vol-1", "dataCenterId": "EU-RO-1"}]
+
+
+def test_a_stuck_create_is_answered_but_never_boots(fake: FakeRunPod) -> None:
+    fake.add_faults([{"op": "create", "kind": "stuck", "every": 2}])
+    first, second = (runpod.create_pod(name, "img", GPU)["id"] for name in ("tf-ok-1", "tf-stuck-1"))
+    assert wait_running(first)["runtime"]["ports"]
+    time.sleep(0.5)  # five times the fake's ready delay
+    pod = runpod.get_pod(second)
+    assert (pod["desiredStatus"], pod["runtime"]) == ("RUNNING", None)
+    assert fake.state()["faults_served"] == {"create:stuck": 1}
+    with pytest.raises(ValueError, match="for the create op"):
+        fake.add_faults([{"op": "list", "kind": "stuck"}])
+
+
+@pytest.mark.timeout(240)
+def test_pods_on_the_global_network_make_one_ray_cluster_on_a_shared_volume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's pods as the fleet rents them: a head pod, and a worker pod created at once (its head still
+    boots) that joins the head's Ray cluster over the global network; both keep their runs on the same
+    network volume. A pod off the global network never joins, though it shows running."""
+    token = "fake-ray-token-0123456789"
+    heads = LocalHeads(tmp_path / "nodes")
+    with FakeRunPod(api_key=KEY, home=tmp_path, nodes="ray", node_cpus=1) as server:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
+        monkeypatch.setattr(runpod, "api_key", KEY)
+        server.add_network_volume("vol-1")
+        head = deploy_on_network(server, "tf-mn-0", {"FLEET_RAY_TOKEN": token}, volume="vol-1")["id"]
+        join = {"FLEET_RAY_TOKEN": token, HEAD_ADDRESS: f"{head}.runpod.internal:6379"}
+        worker = deploy_on_network(server, "tf-mn-1", join, volume="vol-1")["id"]
+        names = [f"runpod-{head}", f"runpod-{worker}"]
+
+        port = wait_running(head, timeout=120)["runtime"]["ports"][0]["publicPort"]
+        deadline = time.monotonic() + 120
+        while alive_ray_nodes(port, token) < 2:
+            assert time.monotonic() < deadline, "the worker pod's node never joined the head's cluster"
+            time.sleep(0.5)
+        assert wait_running(worker, timeout=10)["runtime"]["ports"]
+        metas = [meta for name in names if (meta := heads.read(name))]
+        assert [meta.head for meta in metas] == [None, names[0]]
+        roots = [psutil.Process(meta.pid).environ()[NODE_ROOT_ENV] for meta in metas]
+        assert roots == [str(server.volume_dir("vol-1") / "trainfleet")] * 2
+
+        stray = deploy_on_network(server, "tf-mn-2", join, network=False)["id"]
+        wait_running(stray)
+        time.sleep(1.0)  # a node that was going to join would have been started by now
+        assert heads.read(f"runpod-{stray}") is None and alive_ray_nodes(port, token) == 2
+
+        for pod_id in (worker, stray, head):
+            runpod.terminate_pod(pod_id)
+        left = [proc.pid for meta in metas for proc in heads.processes(meta)]  # before the fake's cleanup
+    assert left == [], f"Ray processes outlived their pods: {left}"
