@@ -127,6 +127,10 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     local = Path(view["output_dir"])
     for name in ("adapter_model.safetensors", "adapter_config.json", "metrics.json"):
         assert (local / name).read_bytes() == (on_volume / name).read_bytes(), name
+    # So did its checkpoints (steps 40 and 80 of 90, whichever node rank 0 ran on) and Ray Train's storage.
+    work = on_volume.parent
+    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["step-40", "step-80"]
+    assert (work / "ray").is_dir()
 
 
 def test_a_pod_that_never_comes_up_fails_the_run_and_every_pod_is_terminated(

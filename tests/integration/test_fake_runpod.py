@@ -358,6 +358,8 @@ def test_pods_on_the_global_network_make_one_ray_cluster_on_a_shared_volume(
     network volume. A pod off the global network never joins, though it shows running."""
     token = "fake-ray-token-0123456789"
     heads = LocalHeads(tmp_path / "nodes")
+    with pytest.raises(ValueError, match="not a head"):
+        heads.join("nowhere", "no-such-head", num_cpus=1, num_gpus=0, env={})
     with FakeRunPod(api_key=KEY, home=tmp_path, nodes="ray", node_cpus=1) as server:
         monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
         monkeypatch.setattr(runpod, "api_key", KEY)
