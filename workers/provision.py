@@ -81,17 +81,11 @@ def step(ctx: context.Context, run: Run) -> Next:
     if time.time() - started > ctx.settings.node_ready_timeout_s:
         late = [name for name in names if name not in up]
         what = f"instance {', '.join(late)}" if late else "the cluster's nodes"
-        joined_now = len(run.progress.get("cluster") or [])
-        tally = (
-            f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
-            if len(names) > 1
-            else ""
-        )
-        raise StageFailed(
-            FailureReason.NODE_TIMEOUT,
-            f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
-            + (tally if len(names) > 1 else ""),
-        )
+        why = f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
+        if len(names) > 1:
+            joined_now = len(run.progress.get("cluster") or [])
+            why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
+        raise StageFailed(FailureReason.NODE_TIMEOUT, why)
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
 
 

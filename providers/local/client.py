@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -160,11 +161,19 @@ class LocalHeads:
         return sorted(p.name for p in self.nodes_dir.iterdir() if (p / "meta.json").exists())
 
     def start(
-        self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str], token: str | None = None
+        self,
+        name: str,
+        num_cpus: int,
+        num_gpus: int,
+        env: dict[str, str],
+        token: str | None = None,
+        resources: Mapping[str, float] | None = None,
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
-        Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh."""
-        return self._launch(name, num_cpus, num_gpus, env, token or secrets.token_hex(32), head=None)
+        Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh.
+        `resources` are custom Ray resources the node offers (`ray start --resources`)."""
+        token = token or secrets.token_hex(32)
+        return self._launch(name, num_cpus, num_gpus, env, token, None, resources)
 
     def join(
         self,
@@ -174,6 +183,7 @@ class LocalHeads:
         num_gpus: int,
         env: dict[str, str],
         token: str | None = None,
+        resources: Mapping[str, float] | None = None,
     ) -> HeadMeta:
         """Start node `name` as a worker of `head_name`'s cluster (`ray start --address`, the head's token):
         one more Ray node on this machine, with a temp dir and ports of its own, so it can be stopped (or
@@ -183,10 +193,18 @@ class LocalHeads:
         head = self.read(head_name)
         if head is None or head.head is not None:
             raise ValueError(f"{head_name!r} is not a head started here")
-        return self._launch(name, num_cpus, num_gpus, env, token or self.token(head_name), head=head)
+        token = token or self.token(head_name)
+        return self._launch(name, num_cpus, num_gpus, env, token, head, resources)
 
     def _launch(
-        self, name: str, num_cpus: int, num_gpus: int, env: dict[str, str], token: str, head: HeadMeta | None
+        self,
+        name: str,
+        num_cpus: int,
+        num_gpus: int,
+        env: dict[str, str],
+        token: str,
+        head: HeadMeta | None,
+        resources: Mapping[str, float] | None,
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -225,6 +243,7 @@ class LocalHeads:
             f"--min-worker-port={meta.worker_ports[0]}",
             f"--max-worker-port={meta.worker_ports[1]}",
             *(f"--{k.replace('_', '-')}={v}" for k, v in meta.ports.items()),
+            *([f"--resources={json.dumps(dict(resources))}"] if resources else []),
         ]
         head_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FLEET_"))}
         head_env.update(env)

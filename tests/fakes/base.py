@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.faults import FaultRule
-from tests.fakes.nodes import Join, NodeBackend, make_nodes
+from tests.fakes.nodes import Boot, Join, NodeBackend, make_nodes
 from tests.fakes.serving import Served
 
 FAULT_KINDS = frozenset(
@@ -268,8 +268,14 @@ class FakeCloud(Served):
         if inst.stuck:
             return
         with self.lock:
-            join, root = self.join_target(inst), self.node_root(inst)
-        self.nodes.start(self.node_name(inst), inst.env.get(TOKEN_ENV), inst.env, join=join, root=root)
+            boot = Boot(
+                inst.env.get(TOKEN_ENV),
+                inst.env,
+                join=self.join_target(inst),
+                root=self.node_root(inst),
+                resources=self.node_resources(inst),
+            )
+        self.nodes.start(self.node_name(inst), boot)
 
     def note_live(self, name: str) -> None:
         """Update `most_live` for `name` after an instance got that name (created or relabelled)."""
@@ -400,6 +406,10 @@ class FakeCloud(Served):
         """Whose Ray cluster the instance's node joins (None: it runs a head of its own). Called with the
         lock held. Instances of a vendor without a private network between them (vast.ai) never join."""
         return None
+
+    def node_resources(self, inst: Instance) -> dict[str, float]:
+        """The custom Ray resources the instance's hardware gives its node (none by default)."""
+        return {}
 
     def node_root(self, inst: Instance) -> Path | None:
         """The FLEET_NODE_ROOT the instance's node shares with others (a network volume), None for its own.

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,19 +44,25 @@ class Join:
     head: str | None
 
 
+@dataclass(frozen=True)
+class Boot:
+    """How an instance's machine starts: its Ray token (None: a fresh one) and environment; the cluster it
+    joins (None: it runs a head of its own); the FLEET_NODE_ROOT it shares with other nodes (None: a root
+    of its own); and the custom Ray resources its hardware gives it (what Ray detects on a real machine,
+    such as `accelerator_type:<GPU>`)."""
+
+    token: str | None
+    env: Mapping[str, str]
+    join: Join | None = None
+    root: Path | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+
 class NodeBackend(Protocol):
     """What a fake cloud needs from the machines behind its instances."""
 
-    def start(
-        self,
-        name: str,
-        token: str | None,
-        env: Mapping[str, str],
-        join: Join | None = None,
-        root: Path | None = None,
-    ) -> None:
-        """Start the node for `name` in the background (returns at once), with the instance's `env`; as a
-        worker of `join`'s head when given; with `root` as its FLEET_NODE_ROOT when given (a shared one)."""
+    def start(self, name: str, boot: Boot) -> None:
+        """Start the node for `name` in the background (returns at once), as `boot` says."""
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The local port published as the node's dashboard once it is up, else None."""
@@ -82,14 +88,7 @@ class NoNodes:
         self._started: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
-    def start(
-        self,
-        name: str,
-        token: str | None,
-        env: Mapping[str, str],
-        join: Join | None = None,
-        root: Path | None = None,
-    ) -> None:
+    def start(self, name: str, boot: Boot) -> None:
         """Remember when the node 'booted' and pick the port it will publish (nothing runs to join)."""
         with self._lock:
             self._started[name] = (time.time(), _unused_port())
@@ -154,16 +153,9 @@ class StubNodes:
         self._started: dict[str, tuple[float, _StubServer]] = {}
         self._lock = threading.Lock()
 
-    def start(
-        self,
-        name: str,
-        token: str | None,
-        env: Mapping[str, str],
-        join: Join | None = None,
-        root: Path | None = None,
-    ) -> None:
+    def start(self, name: str, boot: Boot) -> None:
         """Serve the node's stub head in a daemon thread (returns at once); a stub joins no cluster."""
-        server = _StubServer(token or secrets.token_hex(16))
+        server = _StubServer(boot.token or secrets.token_hex(16))
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         with self._lock:
             old = self._started.pop(name, None)
@@ -218,14 +210,7 @@ class RayNodes:
         self._stranded = NoNodes(delay_s)  # workers whose head is out of reach
         self._lock = threading.Lock()
 
-    def start(
-        self,
-        name: str,
-        token: str | None,
-        env: Mapping[str, str],
-        join: Join | None = None,
-        root: Path | None = None,
-    ) -> None:
+    def start(self, name: str, boot: Boot) -> None:
         """Start a head (`cpus` CPUs) whose Ray token is the instance's FLEET_RAY_TOKEN (fresh if absent),
         with the instance's environment, as a container would have it; or, given `join`, a node that joins
         that head's cluster with the instance's own token, in the background."""
@@ -233,22 +218,24 @@ class RayNodes:
             self._names.add(name)
             self._cancel(name)
         self._stranded.stop(name)
-        node_env = {k: v for k, v in env.items() if not k.startswith("-") and k != TOKEN_ENV}
+        node_env = {k: v for k, v in boot.env.items() if not k.startswith("-") and k != TOKEN_ENV}
         # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
-        node_env[NODE_ROOT_ENV] = str(root or self.roots / name)
+        node_env[NODE_ROOT_ENV] = str(boot.root or self.roots / name)
+        join = boot.join
         if join is None:
-            self.heads.start(name, self.cpus, num_gpus=0, env=node_env, token=token or secrets.token_hex(16))
+            token = boot.token or secrets.token_hex(16)
+            self.heads.start(name, self.cpus, 0, node_env, token=token, resources=boot.resources)
         elif join.head is None:
-            self._stranded.start(name, token, env)
+            self._stranded.start(name, boot)
         else:
             stopped = threading.Event()
             with self._lock:
                 self._joins[name] = stopped
-            args = (name, join.head, token, node_env, stopped)
+            args = (name, join.head, boot, node_env, stopped)
             threading.Thread(target=self._join_when_up, args=args, daemon=True, name=f"join-{name}").start()
 
     def _join_when_up(
-        self, name: str, head: str, token: str | None, env: dict[str, str], stopped: threading.Event
+        self, name: str, head: str, boot: Boot, env: dict[str, str], stopped: threading.Event
     ) -> None:
         """Wait for `head` to run and its GCS to accept, then start `name` as a node of its cluster. Gives
         up quietly when the head stops or never comes up, or when `name` is stopped meanwhile."""
@@ -267,7 +254,7 @@ class RayNodes:
             if stopped.is_set():
                 return
             with contextlib.suppress(ValueError, OSError):  # the head went away after all
-                self.heads.join(name, head, self.cpus, 0, env, token=token)
+                self.heads.join(name, head, self.cpus, 0, env, token=boot.token, resources=boot.resources)
 
     def _cancel(self, name: str) -> None:
         """Tell a pending join of `name` to give up (call with the lock held)."""

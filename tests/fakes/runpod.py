@@ -112,6 +112,15 @@ class FakeRunPod(FakeCloud):
         )
         return Join(self.node_name(head) if reachable and head is not None else None)
 
+    def node_resources(self, inst: Instance) -> dict[str, float]:
+        """A GPU pod's node offers what Ray advertises on such a GPU, `accelerator_type:<type>` (named by
+        Ray's own rule: "NVIDIA RTX A5000" gives RTX-A5000), though the fake's node has no GPU: a job may pin
+        its workers to a GPU type with it, as on RunPod."""
+        from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+
+        kind = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(inst.gpu) if inst.gpu_count else None
+        return {f"accelerator_type:{kind}": 1.0} if kind else {}
+
     def node_root(self, inst: Instance) -> Path | None:
         """A pod with a network volume keeps its runs on it (the same directory for every such pod)."""
         volume = inst.extra.get("networkVolumeId")

@@ -57,6 +57,11 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
 ) -> None:
     url = cluster_cloud.url
     job = job_for(tmp_path, SECTION)
+    # The workers are pinned to the GPU type by the custom resource Ray gives such a node (as the Ray Train
+    # doc pins L40S): placed only where a node offers it, here on both.
+    text = job.read_text()
+    assert "resources_per_worker:\n  CPU: 1\n" in text
+    job.write_text(text.replace("  CPU: 1\n", "  CPU: 1\n  accelerator_type:RTX-A5000: 0.001\n", 1))
     env = fleet_env(home, RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=API_KEY, FLEET_NODE_READY_TIMEOUT_S="240")
     watch = MostLive(url)
     proc = subprocess.Popen(
@@ -74,6 +79,7 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
         shown = fleet(env, "node", run_id, "--json", timeout=60)
         stdout, stderr = proc.communicate(timeout=480)
     finally:
+        most_live = watch.stop()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
@@ -84,7 +90,10 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     cluster = json.loads(shown.stdout)
     assert cluster["instance"] == f"tf-{run_id}-1-0"
     assert sorted(n["head"] for n in cluster["nodes"]) == [False, True]
-    assert all(n["state"] == "ALIVE" and n["cpus"] == 1 for n in cluster["nodes"])
+    assert all(
+        n["state"] == "ALIVE" and n["cpus"] == 1 and n["accelerator"] == "RTX-A5000" for n in cluster["nodes"]
+    )
+    assert "Usage" in cluster["status"]  # and `ray status` as Ray prints it
 
     evs = events_of(home, run_id)
     names = [f"tf-{run_id}-1-0", f"tf-{run_id}-1-1"]
@@ -97,6 +106,7 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     joined = [e["data"] for e in evs if e["type"] == "node.joined"]
     assert [(j["nodes"], j["of"]) for j in joined] == [(1, 2), (2, 2)]
     assert sorted(j["head"] for j in joined) == [False, True]
+    assert [(j["cpus"], j["gpus"], j["accelerator"]) for j in joined] == [(1, 0, "RTX-A5000")] * 2
     types = [e["type"] for e in evs]
     assert types.index("instance.ready") > max(i for i, t in enumerate(types) if t == "node.joined")
     # Where each rank ran, as Ray told each worker: both nodes of the cluster, one rank on each.
@@ -108,7 +118,7 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     assert metrics["eval_loss"] < 0.6 * metrics["eval_loss_first"], metrics  # it trains well on two nodes
 
     # Never more than the two pods; both terminated, none left billing.
-    assert watch.stop() == 2
+    assert most_live == 2
     state = fake_state(url)
     assert state["instances"] == [] and state["requests"]["create"] == 2
     terminated = {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"}
