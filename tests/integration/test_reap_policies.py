@@ -231,3 +231,40 @@ def test_nodes_of_other_people_are_never_touched_and_a_left_node_is_ended(
     assert record(ctx, left).why_terminated == "replaced"
     assert listed(fake) == ["jupyter-notebook"]
     assert fake.state()["requests"]["terminate"] == 1
+
+
+def test_a_clusters_pods_are_reaped_together_and_a_left_attempts_pods_all_go(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    """A run on two pods, now on its second cluster (the first lost a node): the first attempt's pods are
+    replaced, both; the second's are in use until the run ends, then end together (the finalize that should
+    have ended them crashed)."""
+    fake.add_network_volume("vol-grp")
+    node = section(num_nodes=2, network_volume_id="vol-grp")
+    run = ledger_run("grp", node, RunState.TRAINING, attempt=2, instance="tf-grp-2-0")
+    ctx.ledger.create_run(run, [])
+    provider = ctx.provider("runpod")
+    for attempt in (1, 2):
+        head, worker = run.instance_names_of(attempt)
+        for name, joins in ((head, None), (worker, head)):
+            inst = provider.launch(LaunchRequest(name, "grp", node, head=joins))
+            ctx.ledger.put_instance(
+                Instance(
+                    name=name,
+                    provider="runpod",
+                    run_id="grp",
+                    head=joins,
+                    state=InstanceState.RUNNING,
+                    provider_id=inst.provider_id,
+                )
+            )
+    assert sorted(listed(fake)) == ["tf-grp-1-0", "tf-grp-1-1", "tf-grp-2-0", "tf-grp-2-1"]
+
+    assert sorted(reap(ctx).terminated) == ["tf-grp-1-0", "tf-grp-1-1"]  # the cluster the run left
+    assert {record(ctx, n).why_terminated for n in ("tf-grp-1-0", "tf-grp-1-1")} == {"replaced"}
+    assert sorted(listed(fake)) == ["tf-grp-2-0", "tf-grp-2-1"]  # in use: both kept
+
+    ctx.ledger.update_run("grp", lambda r: setattr(r, "state", RunState.SUCCEEDED) or [])
+    assert sorted(reap(ctx).terminated) == ["tf-grp-2-0", "tf-grp-2-1"]
+    assert listed(fake) == []
+    assert {record(ctx, n).why_terminated for n in ("tf-grp-2-0", "tf-grp-2-1")} == {"run ended"}
