@@ -1,11 +1,13 @@
 """Provisioning latency: from submit to "node ready" on each provider, and how much of it is ours.
 
-For each provider (local, and the RunPod and vast.ai fakes, whose nodes are real local Ray heads), a job
-is enqueued with a running fleet and timed until its `instance.ready` event; the run is then cancelled.
-Each run splits in two: submit -> `instance.requested` (the create call has returned: the CLI, the queue,
-the worker, the offer search and the vendor API: ours) and `instance.requested` -> `instance.ready` (the
-node boots its Ray head until the Jobs API answers with the token: the fake's own start-up, plus at most
-one poll interval of ours, FLEET_POLL_INTERVAL_S = 0.25 here). Providers alternate within each round.
+For each provider (local, and the RunPod and vast.ai fakes, whose nodes are real local Ray heads), and for
+a two-pod RunPod cluster, a job is enqueued with a running fleet and timed until its `instance.ready`
+event (for the cluster: once the worker pod's Ray node joined the head's); the run is then cancelled.
+Each run splits in two: submit -> `instance.requested` (the (last) create call has returned: the CLI,
+the queue, the worker, the offer search and the vendor API: ours) and `instance.requested` ->
+`instance.ready` (the node boots its Ray head until the Jobs API answers with the token, and a cluster's
+worker node joins it: the fake's own start-up, plus at most one poll interval of ours,
+FLEET_POLL_INTERVAL_S = 0.25 here). Providers alternate within each round.
 
     .venv/bin/python bench/provision.py [--repeats 3]
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,9 @@ SECTIONS = {
     "local": "local:\n  num_cpus: 1\n",
     "runpod": "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n",
     "vastai": "vastai:\n  gpu: RTX A5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n",
+    # Two pods as one Ray cluster: ready once the worker pod's node has joined the head's.
+    "runpod-2": "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  num_nodes: 2\n"
+    "  network_volume_id: vol-bench\n",
 }
 KEY = "bench-key"
 
@@ -69,7 +75,8 @@ def time_to_ready(env: dict[str, str], job: Path, client: redis.Redis[str]) -> t
         time.sleep(0.05)
     if ready[0]["type"] != "instance.ready":
         raise SystemExit(f"{job.name}: the run failed: {ready[0]['data']}")
-    (requested,) = [e for e in events(client, run_id) if e["type"] == "instance.requested"]
+    # The last create call's event (a cluster's last node).
+    requested = [e for e in events(client, run_id) if e["type"] == "instance.requested"][-1]
     subprocess.run(
         [sys.executable, "-m", "fleet", "cancel", run_id], env=env, cwd=REPO, capture_output=True, check=True
     )
@@ -85,6 +92,8 @@ def main() -> None:
     (work / "data").symlink_to(EXAMPLE.parent / "data")
     (work / "none.yml").write_text("{}\n")
     fakes = {v: serve_fake(v, work / f"fake-{v}") for v in ("runpod", "vastai")}
+    volume = json.dumps({"id": "vol-bench"}).encode()
+    urllib.request.urlopen(f"{fakes['runpod'][1]}/_fake/network-volumes", data=volume, timeout=10).close()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_")) and k != "REDIS_URL"}
     env.update(FLEET_HOME=str(home), FLEET_SETTINGS_FILE=str(work / "none.yml"))
     env.update(FLEET_SECRETS_FILE=str(work / "no.yml"), FLEET_POLL_INTERVAL_S="0.25")
