@@ -13,41 +13,31 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from typing import Any
 
 from broker.constants import Stage, sweep_lock_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
+from broker.locks import Lease
 from broker.models import Event, EventType, Run, RunState, Sweep
 
 log = logging.getLogger("trainfleet.sweeps")
 
-LOCK_TTL_MS = 30_000
+LOCK_TTL_S = 30.0
 LOCK_WAIT_S = 2.0  # how long a caller waits for another holder before leaving it to that holder
-
-# KEYS[1] lock; ARGV[1] token: delete only our own lock
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def advance(ledger: Ledger, dispatcher: Dispatcher, sweep_id: str) -> list[str]:
     """Release waiting children into free slots and finish the sweep when all have ended; returns the run
     ids released. Does nothing (returns []) when another process holds the sweep's lock past LOCK_WAIT_S:
     that holder does the same work."""
-    client = ledger.client
-    token = uuid.uuid4().hex
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while not client.set(sweep_lock_key(sweep_id), token, nx=True, px=LOCK_TTL_MS):
-        if time.monotonic() > deadline:
-            return []
-        time.sleep(0.05)
+    lease = Lease(ledger.client, sweep_lock_key(sweep_id), LOCK_TTL_S)
+    if not lease.acquire(LOCK_WAIT_S):
+        return []
     try:
         return _advance(ledger, dispatcher, sweep_id)
     finally:
-        client.register_script(_UNLOCK)(keys=[sweep_lock_key(sweep_id)], args=[token])
+        lease.release()
 
 
 def _advance(ledger: Ledger, dispatcher: Dispatcher, sweep_id: str) -> list[str]:

@@ -45,6 +45,7 @@ from broker.app import app
 from broker.constants import REAP_LOCK, REAP_TASK, Stage
 from broker.events import new_event
 from broker.ledger import Draft
+from broker.locks import Lease
 from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
 from fleet.errors import FleetError, NotFound
 from fleet.spec import JobSpec
@@ -78,9 +79,16 @@ class Report:
 
 def reap_once(ctx: context.Context) -> Report | None:
     """One reconciliation pass; None when another reaper holds the lock."""
-    owner = f"{socket.gethostname()}:{os.getpid()}"
-    lock_ttl = max(10, int(ctx.settings.reap_interval_s * 2))
-    if not ctx.redis.set(REAP_LOCK, owner, nx=True, ex=lock_ttl):
+    # Renewed while the pass runs (a provider call may hang until its timeout); a reaper that dies stops
+    # renewing, and the next pass after its lock expired reaps in its place.
+    lease = Lease(
+        ctx.redis,
+        REAP_LOCK,
+        max(10.0, ctx.settings.reap_interval_s * 2),
+        renew=True,
+        holder=f"{socket.gethostname()}:{os.getpid()}",
+    )
+    if not lease.acquire():
         return None
     report = Report()
     try:
@@ -98,8 +106,7 @@ def reap_once(ctx: context.Context) -> Report | None:
         for sweep_id in ctx.ledger.active_sweeps():  # a slot freed while its advance failed, or a crash
             report.released += sweeps.advance(ctx.ledger, ctx.dispatcher, sweep_id)
     finally:
-        if ctx.redis.get(REAP_LOCK) == owner:
-            ctx.redis.delete(REAP_LOCK)
+        lease.release()
     return report
 
 

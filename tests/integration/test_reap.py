@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,3 +143,27 @@ def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(
             "tf-stuck-1"
         ]  # within the grace window: tf-fresh-1 is left alone
         assert [r["name"] for r in fake.state()["instances"]] == ["tf-fresh-1"]
+
+
+def test_a_pass_keeps_its_lock_while_a_provider_call_hangs(
+    redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider's list call may hang until its timeout; the pass renews its lock meanwhile, so no other
+    reaper starts a second pass beside it."""
+    from broker.app import configure
+    from broker.constants import REAP_LOCK
+
+    with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none") as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
+        settings = Settings(home=fleet_home, reap_interval_s=2, runpod_api_base_url=fake.url)
+        configure(settings, redis_url)
+        ctx = context.init(settings, redis_url)
+        fake.add_faults([{"op": "list", "kind": "hang", "delay": 5}])
+        first = threading.Thread(target=reap_once, args=(ctx,))
+        first.start()
+        time.sleep(4.5)  # past a third of the lock's 10 s TTL: renewed once
+        left_ms = redis_client.pttl(REAP_LOCK)
+        assert reap_once(ctx) is None  # the lock is the first pass's
+        first.join(30)
+    assert left_ms > 7000, left_ms  # not renewed, it would have 5.5 s left
+    assert redis_client.get(REAP_LOCK) is None  # let go when the pass ended
