@@ -21,7 +21,7 @@ from trainer.config import NODE_ROOT_ENV
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
 DEFAULT_NODE_ROOT = "/workspace/trainfleet"  # runs, the model cache and outputs on a rented node
-HEAD_ADDRESS_ENV = "FLEET_RAY_HEAD_ADDRESS"  # a worker node joins the Ray head at this host:port
+HEAD_ADDRESS_ENV = failsafe.HEAD_ENV  # a worker node joins the Ray head at this host:port
 GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
 JOIN_RETRY_S = 5
 

@@ -59,13 +59,13 @@ def step(ctx: context.Context, run: Run) -> Next:
         if found.state == NodeState.FAILED:
             raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
     up = [name for name in names if name in nodes and nodes[name].state == NodeState.RUNNING]
+    endpoint = provider.endpoint(head) if head in up else None  # one lookup: only the head serves one
     for name in up:
         record = ctx.ledger.get_instance(name)
         if record is not None and record.state != InstanceState.RUNNING:
-            url = provider.endpoint(name).dashboard_url if name == head else None
+            url = endpoint.dashboard_url if endpoint is not None and name == head else None
             ctx.ledger.update_instance(name, state=InstanceState.RUNNING, dashboard_url=url)
-    if len(up) == len(names):
-        endpoint = provider.endpoint(head)
+    if endpoint is not None and len(up) == len(names):
         joined = len(names) == 1 or _joined(ctx, run, endpoint)
         if joined:
             ready: dict[str, object] = {"instance": head, "dashboard_url": endpoint.dashboard_url}
