@@ -13,12 +13,15 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY fleet ./fleet
+COPY core ./core
+COPY jobs ./jobs
 COPY broker ./broker
-COPY workers ./workers
 COPY providers ./providers
-COPY trainer ./trainer
+COPY workers ./workers
+COPY service ./service
 COPY bot ./bot
+COPY fleet ./fleet
+COPY trainer ./trainer
 RUN pip install .
 # The example configs: the bot's /train finds configs by name under ./configs (FLEET_BOT_CONFIGS_DIR).
 COPY configs ./configs

@@ -41,11 +41,11 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bot.notifier import GROUP  # noqa: E402
 from bot.render import SEPARATE, separate_message  # noqa: E402
 from broker.constants import EVENTS_STREAM  # noqa: E402
+from broker.constants import NOTIFIER_GROUP as GROUP  # noqa: E402
 from broker.models import Event  # noqa: E402
-from fleet.embedded import ensure_redis, stop_redis  # noqa: E402
+from service.embedded import ensure_redis, stop_redis  # noqa: E402
 from tests.factories import Script  # noqa: E402
 from tests.fakes import FakeDiscord  # noqa: E402
 from tests.fakes.discord import DiscordFault  # noqa: E402

@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fleet.embedded import stop_redis  # noqa: E402
-from fleet.spec import load_job  # noqa: E402
+from jobs.spec import load_job  # noqa: E402
+from service.embedded import stop_redis  # noqa: E402
 from trainer.config import TrainJob  # noqa: E402
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 
-from fleet.embedded import stop_redis  # noqa: E402
+from service.embedded import stop_redis  # noqa: E402
 
 EXAMPLE = REPO / "configs/examples/tiny-lora.yml"
 SECTIONS = {

@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 
 from broker.ledger import Ledger  # noqa: E402
 from broker.models import Instance, InstanceState, RunState  # noqa: E402
-from fleet.embedded import ensure_redis, stop_redis  # noqa: E402
+from jobs.sections.runpod import RunPodSection  # noqa: E402
 from providers.base import LaunchRequest, ProviderContext  # noqa: E402
-from providers.runpod.models import RunPodSection  # noqa: E402
 from providers.runpod.provider import RunPodProvider  # noqa: E402
+from service.embedded import ensure_redis, stop_redis  # noqa: E402
 from tests.factories import ledger_run  # noqa: E402
 from tests.fakes.runpod import FakeRunPod  # noqa: E402
 

@@ -16,13 +16,13 @@ from typing import Any
 import discord
 import redis
 
-from broker.constants import PREFIX
+from broker.constants import bot_user_runs_key
 from broker.cost import DAY_S, HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
 from broker.models import EventType
-from fleet.errors import NotFound
-from fleet.settings import Settings
+from core.errors import NotFound
+from core.settings import Settings
 
 # Atomically: forget entries older than a day, refuse when the last hour already holds `cap` entries,
 # else add the new one. Two /train at once from one user cannot both slip under the cap.
@@ -81,10 +81,6 @@ def audit(ledger: Ledger, event_type: EventType, caller: Caller, data: dict[str,
     ledger.emit(new_event(event_type, {**caller.audit(), **data}))
 
 
-def _user_key(user_id: int) -> str:
-    return f"{PREFIX}:bot:user:{user_id}:runs"
-
-
 @dataclass(frozen=True)
 class Usage:
     """A user's runs in the last hour and what their runs of the last day cost, against the caps."""
@@ -104,7 +100,7 @@ class Caps:
 
     def usage(self, user_id: int, now: float | None = None) -> Usage:
         now = time.time() if now is None else now
-        key = _user_key(user_id)
+        key = bot_user_runs_key(user_id)
         recent = self.client.zcount(key, now - HOUR_S, "+inf")
         spent = 0.0
         for member in self.client.zrangebyscore(key, now - DAY_S, "+inf"):
@@ -127,15 +123,15 @@ class Caps:
             )
         token = f"pending-{uuid.uuid4().hex}"
         cap = self.settings.bot_runs_per_hour
-        if not self._reserve(keys=[_user_key(user_id)], args=[time.time(), cap, token]):
+        if not self._reserve(keys=[bot_user_runs_key(user_id)], args=[time.time(), cap, token]):
             return None, f"you started {cap} runs in the last hour; the cap is {cap} an hour"
         return token, None
 
     def confirm(self, user_id: int, token: str, run_id: str) -> None:
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.zrem(_user_key(user_id), token)
-            pipe.zadd(_user_key(user_id), {run_id: time.time()})
+            pipe.zrem(bot_user_runs_key(user_id), token)
+            pipe.zadd(bot_user_runs_key(user_id), {run_id: time.time()})
             pipe.execute()
 
     def release(self, user_id: int, token: str) -> None:
-        self.client.zrem(_user_key(user_id), token)
+        self.client.zrem(bot_user_runs_key(user_id), token)

@@ -17,9 +17,9 @@ import discord.http
 from bot.commands import FleetTree
 from bot.notifier import Notifier, secret_values
 from bot.sinks import BotSink
-from fleet.errors import ConfigError, Problem
-from fleet.secrets import Secrets
-from fleet.service import Fleet
+from core.errors import ConfigError, Problem
+from core.secrets import Secrets
+from service.runs import Fleet
 
 log = logging.getLogger(__name__)
 

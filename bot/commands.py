@@ -30,12 +30,13 @@ from bot.render import (
 from broker import events
 from broker.cost import run_cost
 from broker.models import EventType, Run, RunState
-from fleet import service, sweeps
-from fleet.errors import ConfigError, FleetError, Problem
-from fleet.live import describe
-from fleet.service import Fleet
-from fleet.spec import LoadedJob, format_problems, load_job, parse_job
-from fleet.yamlsafe import MAX_BYTES
+from core.errors import ConfigError, FleetError, Problem
+from jobs.spec import LoadedJob, format_problems, load_job, parse_job
+from jobs.yamlsafe import MAX_BYTES
+from service import runs as svc
+from service import sweeps
+from service.describe import describe
+from service.runs import Fleet
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -176,11 +177,11 @@ def register(tree: FleetTree) -> None:
         caller = Caller.of(interaction)
         try:
             job = await load(file, config)
-            await tree.run(service.check_submittable, settings, job)
+            await tree.run(svc.check_submittable, settings, job)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
             return
-        await tree.run(service.check_budget, fleet)  # over the fleet's cap: OverBudget, answered privately
+        await tree.run(svc.check_budget, fleet)  # over the fleet's cap: OverBudget, answered privately
         token, why = await tree.run(tree.caps.reserve, caller.user_id)
         if token is None:
             await tree.audit(EventType.BOT_REFUSED, caller, command="train", kind="cap", reason=why)
@@ -188,7 +189,7 @@ def register(tree: FleetTree) -> None:
             return
         await interaction.response.defer(thinking=True)
         try:
-            run = await tree.run(service.submit, fleet, job)
+            run = await tree.run(svc.submit, fleet, job)
         except BaseException:
             await tree.run(tree.caps.release, caller.user_id, token)
             raise
@@ -217,11 +218,11 @@ def register(tree: FleetTree) -> None:
         try:
             plan = await load_sweep(file, config, sweep_file, max_parallel)
             for job in plan.jobs:
-                await tree.run(service.check_submittable, settings, job)
+                await tree.run(svc.check_submittable, settings, job)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid sweep", f"```\n{format_problems(exc)}\n```")
             return
-        await tree.run(service.check_budget, fleet)
+        await tree.run(svc.check_budget, fleet)
         tokens: list[str] = []
         for _ in plan.jobs:  # a sweep counts as one run per child against the caller's caps
             token, why = await tree.run(tree.caps.reserve, caller.user_id)
@@ -337,7 +338,7 @@ def register(tree: FleetTree) -> None:
                 interaction, "Nothing to cancel", f"run {found.run_id} already ended {found.state.value}"
             )
             return
-        done = await tree.run(service.cancel, fleet, found.run_id)
+        done = await tree.run(svc.cancel, fleet, found.run_id)
         await tree.audit(
             EventType.BOT_COMMAND,
             Caller.of(interaction),
@@ -358,7 +359,7 @@ def register(tree: FleetTree) -> None:
 
     @tree.command(name="instances", description="The fleet's live instances at every provider.")
     async def instances(interaction: discord.Interaction[Any]) -> None:
-        from fleet.instances import live_instances
+        from service.instances import live_instances
 
         await interaction.response.defer(thinking=True)
         rows = await tree.run(live_instances, fleet)
@@ -378,7 +379,7 @@ def register(tree: FleetTree) -> None:
     )
     @app_commands.autocomplete(instance=instance_choices)
     async def terminate(interaction: discord.Interaction[Any], instance: str, force: bool = False) -> None:
-        from fleet.instances import terminate as terminate_instance
+        from service.instances import terminate as terminate_instance
 
         await interaction.response.defer(thinking=True)
         row = await tree.run(terminate_instance, fleet, instance, force)

@@ -27,30 +27,19 @@ import requests
 
 from bot.render import CONTENT_MAX, SEPARATE, Scrubber, fit_embed, separate_message, status_embed, truncate
 from bot.sinks import DiscordDown, Sink, WebhookSink
-from broker.constants import PREFIX
+from broker.constants import NOTIFIER_GROUP, notify_sent_key, notify_status_key
 from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
 from broker.models import Event, EventType
-from fleet.errors import ConfigError, NotFound, Problem
-from fleet.secrets import Secrets
-from fleet.settings import Settings
+from core.errors import ConfigError, NotFound, Problem
+from core.secrets import Secrets
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-GROUP = "notifier"
 SENT_TTL_S = 7 * 24 * 3600
 _WEBHOOK_PATH = re.compile(r"/api(?:/v\d+)?/webhooks/(\d+)/([^/?#]+)")
-
-
-def status_key(run_id: str) -> str:
-    """The id of a run's status message."""
-    return f"{PREFIX}:notify:status:{run_id}"
-
-
-def sent_key(event_id: str) -> str:
-    """Set once the separate message of an event was posted."""
-    return f"{PREFIX}:notify:sent:{event_id}"
 
 
 def webhook_parts(url: str) -> tuple[int, str]:
@@ -84,7 +73,7 @@ class Notifier:
         self.client = client
         self.ledger = Ledger(client)
         self.sink = sink
-        self.consumer = EventConsumer(client, GROUP, consumer or f"{socket.gethostname()}-notifier")
+        self.consumer = EventConsumer(client, NOTIFIER_GROUP, consumer or f"{socket.gethostname()}-notifier")
         self.scrub = Scrubber([*secret_values, sink.secret])
         self.block_ms, self.batch, self.backoff_s = block_ms, batch, backoff_s
         self.ack_enabled = True  # tests turn it off to act out a crash between posting and acking
@@ -158,7 +147,7 @@ class Notifier:
         embed = discord.Embed.from_dict(
             fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url, cost)))
         )
-        known = self.client.get(status_key(run_id))
+        known = self.client.get(notify_status_key(run_id))
         if known is not None:
             try:
                 self.sink.edit(int(known), embed)
@@ -169,14 +158,14 @@ class Notifier:
             message_id = self.sink.post(embed=embed, key=f"status:{run_id}:{known}")
         except discord.NotFound as exc:  # the channel itself is gone (or the webhook deleted)
             raise DiscordDown(str(exc)) from exc
-        self.client.set(status_key(run_id), str(message_id), ex=SENT_TTL_S * 4)
+        self.client.set(notify_status_key(run_id), str(message_id), ex=SENT_TTL_S * 4)
 
     def _post_separate(self, event: Event) -> None:
         text = separate_message(event)
-        if text is None or self.client.exists(sent_key(event.id)):
+        if text is None or self.client.exists(notify_sent_key(event.id)):
             return
         try:
             self.sink.post(content=truncate(self.scrub(text), CONTENT_MAX), key=event.id)
         except discord.NotFound as exc:
             raise DiscordDown(str(exc)) from exc
-        self.client.set(sent_key(event.id), "1", ex=SENT_TTL_S)
+        self.client.set(notify_sent_key(event.id), "1", ex=SENT_TTL_S)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.models import Event, EventType, Instance, Run, RunState
-from fleet.sweeps import format_value, table_lines
+from service.sweeps import format_value, table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
 TITLE_MAX = 256

@@ -15,7 +15,7 @@ from kombu import Exchange, Queue
 from broker.constants import QUEUES, REAP_QUEUE, REAP_TASK, Stage
 
 if TYPE_CHECKING:
-    from fleet.settings import Settings
+    from core.settings import Settings
 
 TASK_MODULES = ["workers.provision", "workers.prepare", "workers.train", "workers.finalize", "workers.reap"]
 # Long enough that no task (each is a short step) is redelivered while still running; a worker that

@@ -64,7 +64,26 @@ def worker_key(hostname: str) -> str:
     return f"{WORKERS_PREFIX}{hostname}"
 
 
-# The git trigger (fleet/gitwatch.py). `repo` is a repository id (host/owner/name, or a working tree's path).
+# The Discord bot (bot/).
+NOTIFIER_GROUP = "notifier"  # the notifier's consumer group on EVENTS_STREAM
+
+
+def notify_status_key(run_id: str) -> str:
+    """The id of a run's status message in the notifier's channel."""
+    return f"{PREFIX}:notify:status:{run_id}"
+
+
+def notify_sent_key(event_id: str) -> str:
+    """Set once the separate message of an event was posted (the notifier's dedupe)."""
+    return f"{PREFIX}:notify:sent:{event_id}"
+
+
+def bot_user_runs_key(user_id: int) -> str:
+    """A Discord user's runs (sorted set by time): the per-user caps count them."""
+    return f"{PREFIX}:bot:user:{user_id}:runs"
+
+
+# The git trigger (service/gitwatch.py). `repo` is a repository id (host/owner/name, or a work tree's path).
 GIT_INVALID = "invalid"  # a claim's value for a config that was invalid at its commit (seen; never enqueued)
 
 

@@ -25,7 +25,7 @@ from broker.constants import (
     sweep_key,
 )
 from broker.models import Event, EventType, Instance, Run, Sweep
-from fleet.errors import NotFound
+from core.errors import NotFound
 
 Draft = tuple[EventType, dict[str, Any]]
 RunChange = Callable[[Run], list[Draft] | None]

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.constants import Stage
+from core.errors import FailureReason
 
 
 class RunState(StrEnum):
@@ -45,22 +46,6 @@ STATE_OF_STAGE = {
     Stage.TRAIN: RunState.TRAINING,
     Stage.FINALIZE: RunState.FINALIZING,
 }
-
-
-class FailureReason(StrEnum):
-    """Why a run ended FAILED (or CANCELLED)."""
-
-    NO_CAPACITY = "NO_CAPACITY"
-    PROVISIONING_FAILED = "PROVISIONING_FAILED"
-    NODE_TIMEOUT = "NODE_TIMEOUT"
-    INSTANCE_LOST = "INSTANCE_LOST"
-    PREPARE_FAILED = "PREPARE_FAILED"
-    TRAINING_FAILED = "TRAINING_FAILED"
-    FINALIZE_FAILED = "FINALIZE_FAILED"
-    CANCELLED_BY_USER = "CANCELLED_BY_USER"
-    OVER_BUDGET = "OVER_BUDGET"
-    DEADLINE = "DEADLINE"  # the node reached its terminate_after
-    INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
 class InstanceState(StrEnum):

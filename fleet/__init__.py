@@ -1,1 +1,1 @@
-"""trainfleet's front door: the CLI, the job spec, settings and the service functions."""
+"""trainfleet's CLI (`fleet`): typer commands over service/."""

@@ -1,4 +1,4 @@
-"""`fleet`: the command line. Every command is a thin layer over fleet.service and the ledger."""
+"""`fleet`: the command line. Every command is a thin layer over service.runs and the ledger."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ from rich.table import Table
 from broker import events
 from broker.constants import QUEUES
 from broker.models import TERMINAL_EVENTS, Run
-from fleet import cli_nodes, cli_ops, cli_sweep, cli_watch, service
+from core.errors import ConfigError, FleetError
+from core.settings import Settings
+from fleet import cli_nodes, cli_ops, cli_sweep, cli_watch
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.errors import ConfigError, FleetError
-from fleet.gitwatch import DEFAULT_GLOB
-from fleet.live import LiveView, describe
-from fleet.settings import Settings
-from fleet.spec import LoadedJob, format_problems, load_job
-from fleet.sweeps import SWEEP_PREFIX
+from fleet.live import LiveView
+from jobs.spec import LoadedJob, format_problems, load_job
+from service import runs as svc
+from service.describe import describe, run_view
+from service.gitwatch import DEFAULT_GLOB
+from service.sweeps import SWEEP_PREFIX
 
 cli = typer.Typer(
     help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
@@ -40,7 +42,7 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
     for path in paths:
         try:
             job = load_job(path, default_provider=settings.default_provider, overrides=overrides)
-            service.check_submittable(settings, job)
+            svc.check_submittable(settings, job)
             jobs.append(job)
         except ConfigError as exc:
             failed = True
@@ -96,14 +98,14 @@ def enqueue(
     settings = settings_or_exit()
     jobs = _load(files, settings, use_ray)
     fleet = connect_or_exit(settings)
-    service.check_budget(fleet)  # before the first: all the files are queued, or none
+    svc.check_budget(fleet)  # before the first: all the files are queued, or none
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
         out.print_json(json.dumps([{"run_id": r.run_id, "source": r.source} for r in runs]))
     else:
         for run in runs:
             print(run.run_id)
-    from fleet.workerproc import missing_queues
+    from workers.process import missing_queues
 
     if missing := missing_queues(fleet.redis):
         err.print(
@@ -111,9 +113,9 @@ def enqueue(
         )
 
 
-def _submit(fleet: service.Fleet, job: LoadedJob) -> Run:
+def _submit(fleet: svc.Fleet, job: LoadedJob) -> Run:
     try:
-        return service.submit(fleet, job)
+        return svc.submit(fleet, job)
     except ConfigError as exc:
         err.print(format_problems(exc), markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -130,7 +132,7 @@ def run(
     Starts a worker (with the reaper's beat) itself when none is up. Ctrl-C cancels the run cleanly
     (its node is terminated); a second Ctrl-C leaves at once.
     """
-    from fleet.workerproc import SpawnedWorker, missing_queues, wait_for_queues
+    from workers.process import SpawnedWorker, missing_queues, wait_for_queues
 
     settings = settings_or_exit()
     (job,) = _load([file], settings, use_ray)
@@ -147,13 +149,13 @@ def run(
         if spawned is not None:
             spawned.stop()
     if as_json:
-        out.print_json(json.dumps(service.run_view(fleet, final)))
+        out.print_json(json.dumps(run_view(fleet, final)))
     else:
         _summary(final)
     raise typer.Exit(0 if final.state.value == "SUCCEEDED" else 1)
 
 
-def _follow(fleet: service.Fleet, run: Run, live: bool, quiet: bool) -> Run:
+def _follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
     """Show a run's events until it ends; the first Ctrl-C cancels it, the second gives up."""
     view = LiveView(run)
     interrupted = {"n": 0}
@@ -163,7 +165,7 @@ def _follow(fleet: service.Fleet, run: Run, live: bool, quiet: bool) -> Run:
         if interrupted["n"] >= 2:
             raise KeyboardInterrupt
         err.print("[yellow]cancelling the run (Ctrl-C again to leave it running)...[/yellow]")
-        service.cancel(fleet, run.run_id)
+        svc.cancel(fleet, run.run_id)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -215,9 +217,9 @@ def status(
     if run_id is not None:
         run = _find(fleet, run_id)
         if as_json:
-            out.print_json(json.dumps(service.run_view(fleet, run)))
+            out.print_json(json.dumps(run_view(fleet, run)))
             return
-        view = service.run_view(fleet, run)
+        view = run_view(fleet, run)
         table = Table(show_header=False, box=None)
         for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
             table.add_row(key, str(view[key]))
@@ -233,7 +235,7 @@ def status(
         return
     runs = fleet.ledger.list_runs(limit)
     if as_json:
-        out.print_json(json.dumps([service.run_view(fleet, r) for r in runs]))
+        out.print_json(json.dumps([run_view(fleet, r) for r in runs]))
         return
     table = Table()
     table.add_column("run", no_wrap=True, min_width=18)
@@ -249,7 +251,7 @@ def status(
     out.print(table)
 
 
-def _find(fleet: service.Fleet, run_id: str) -> Run:
+def _find(fleet: svc.Fleet, run_id: str) -> Run:
     try:
         return fleet.ledger.find_run(run_id)
     except FleetError as exc:
@@ -291,12 +293,12 @@ def cancel(
         cli_sweep.cancel(fleet, run_id, as_json)
         return
     run = _find(fleet, run_id)
-    run = service.cancel(fleet, run.run_id)
+    run = svc.cancel(fleet, run.run_id)
     if wait and not run.state.is_terminal():
         events.wait_for(fleet.redis, run.run_id, TERMINAL_EVENTS, timeout)
         run = fleet.ledger.get_run(run.run_id)
     if as_json:
-        out.print_json(json.dumps(service.run_view(fleet, run)))
+        out.print_json(json.dumps(run_view(fleet, run)))
     else:
         out.print(f"{run.run_id} {run.state.value}", highlight=False)
     if wait and not run.state.is_terminal():
@@ -314,7 +316,7 @@ def worker(
     beat: Annotated[bool, typer.Option(help="Also run the reaper's beat in this worker.")] = False,
 ) -> None:
     """Run a Celery worker for the given stage queues (foreground)."""
-    from fleet.workerproc import run_worker
+    from workers.process import run_worker
 
     settings = settings_or_exit()
     fleet = connect_or_exit(settings)
@@ -328,7 +330,7 @@ def worker(
 @cli.command()
 def beat() -> None:
     """Run celery beat, which sends the reaper every FLEET_REAP_INTERVAL_S seconds (foreground)."""
-    from fleet.workerproc import run_beat
+    from workers.process import run_beat
 
     settings = settings_or_exit()
     run_beat(settings, connect_or_exit(settings).redis_url)
@@ -337,7 +339,7 @@ def beat() -> None:
 @cli.command()
 def up() -> None:
     """A whole single-machine fleet in the foreground: one worker on every queue, plus beat."""
-    from fleet.workerproc import run_worker
+    from workers.process import run_worker
 
     settings = settings_or_exit()
     fleet = connect_or_exit(settings)
@@ -355,7 +357,7 @@ def notify() -> None:
     from bot.app import bot_token
     from bot.notifier import Notifier, secret_values
     from bot.sinks import RestClient
-    from fleet.secrets import load_secrets
+    from core.secrets import load_secrets
 
     settings = settings_or_exit()
     secrets = load_secrets()
@@ -394,7 +396,7 @@ def bot() -> None:
     allowlisted channels, and the notifier posting into FLEET_DISCORD_CHANNEL_ID. Needs
     FLEET_DISCORD_BOT_TOKEN."""
     from bot.app import run_bot
-    from fleet.secrets import load_secrets
+    from core.secrets import load_secrets
 
     settings = settings_or_exit()
     secrets = load_secrets()
@@ -419,7 +421,7 @@ def bot() -> None:
 @cli.command()
 def down() -> None:
     """Stop the embedded Redis (the ledger stays on disk)."""
-    from fleet.embedded import stop_redis
+    from service.embedded import stop_redis
 
     settings = settings_or_exit()
     out.print("stopped" if stop_redis(settings.home) else "not running")

@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from fleet import service
-from fleet.errors import ConfigError, FleetError
-from fleet.settings import Settings, load_settings
-from fleet.spec import format_problems
+from core.errors import ConfigError, FleetError
+from core.settings import Settings, load_settings
+from jobs.spec import format_problems
+from service import runs
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -28,10 +28,10 @@ def settings_or_exit() -> Settings:
         raise typer.Exit(2) from None
 
 
-def connect_or_exit(settings: Settings) -> service.Fleet:
+def connect_or_exit(settings: Settings) -> runs.Fleet:
     """A connection to the fleet (starting the embedded Redis if needed), or exit 2 saying why."""
     try:
-        return service.Fleet.connect(settings)
+        return runs.Fleet.connect(settings)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None

@@ -10,15 +10,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from core.errors import ConfigError, FleetError, NodeError, NotFound
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.errors import ConfigError, FleetError, NodeError, NotFound
-from fleet.secrets import provider_context
-from fleet.service import Fleet
-from fleet.spec import format_problems, load_job
+from jobs.spec import format_problems, load_job
 from providers.base import INSTANCE_PREFIX, NodeEndpoint
+from providers.node import cluster_nodes, cluster_status, node_summary
 from providers.offers import Choice
-from providers.registry import get_provider
-from workers.node import cluster_nodes, cluster_status, node_summary
+from providers.registry import get_provider, provider_context
+from service.runs import Fleet
 
 
 def register(cli: typer.Typer) -> None:
@@ -31,7 +30,7 @@ def register(cli: typer.Typer) -> None:
 
 def instances(as_json: JsonOpt = False) -> None:
     """The fleet's live instances at every provider (state, age, $/h, run)."""
-    from fleet.instances import live_instances
+    from service.instances import live_instances
 
     rows = live_instances(connect_or_exit(settings_or_exit()))
     if as_json:
@@ -62,7 +61,7 @@ def terminate(
     force: Annotated[bool, typer.Option(help="Even when its run is still going.")] = False,
 ) -> None:
     """Terminate one of the fleet's instances now."""
-    from fleet.instances import terminate as terminate_instance
+    from service.instances import terminate as terminate_instance
 
     fleet = connect_or_exit(settings_or_exit())
     try:
@@ -136,7 +135,7 @@ def node(
 ) -> None:
     """The Ray cluster of a run or instance as its head sees it (what `ray status` shows): every node, head
     and workers, with CPUs, GPUs, memory and what is in use."""
-    from fleet.instances import find_provider
+    from service.instances import find_provider
 
     fleet = connect_or_exit(settings_or_exit())
     try:

@@ -13,11 +13,11 @@ from rich.live import Live
 from rich.table import Table
 
 from broker.models import Sweep
-from fleet import sweeps
+from core.errors import ConfigError, FleetError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.errors import ConfigError, FleetError
-from fleet.service import Fleet
-from fleet.spec import format_problems
+from jobs.spec import format_problems
+from service import sweeps
+from service.runs import Fleet
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -59,7 +59,7 @@ def sweep(
     except ConfigError as exc:
         err.print(format_problems(exc), markup=False, highlight=False)
         raise typer.Exit(1) from None
-    from fleet.workerproc import missing_queues
+    from workers.process import missing_queues
 
     if missing := missing_queues(fleet.redis):
         err.print(

@@ -11,11 +11,11 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
-from fleet import gitwatch
+from core.errors import GitError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.errors import GitError
-from fleet.gitrepo import GitRepo
-from fleet.gitwatch import DEFAULT_GLOB, ConfigResult, Look, Outcome, Start, Trigger
+from service import gitwatch
+from service.gitrepo import GitRepo
+from service.gitwatch import DEFAULT_GLOB, ConfigResult, Look, Outcome, Start, Trigger
 
 REMOTE = "origin"
 GlobOpt = Annotated[

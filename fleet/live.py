@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
@@ -13,27 +11,7 @@ from rich.text import Text
 
 from broker.constants import Stage
 from broker.models import Event, EventType, Run, RunState
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-_HEADLINE_METRICS = ("eval_loss_first", "eval_loss", "train_loss", "global_step", "train_runtime_s")
-
-
-def describe(event: Event) -> str:
-    """One line for an event: time, type, and its data as key=value."""
-    stamp = datetime.fromtimestamp(event.time, UTC).strftime("%H:%M:%S")
-    data = event.data
-    if event.type in (EventType.RUN_SUCCEEDED, EventType.TRAIN_FINISHED):
-        metrics = data.get("metrics") or {}
-        shown = {k: metrics.get(k) for k in _HEADLINE_METRICS if k in metrics}
-        data = {"output_dir": data.get("output_dir"), **shown}
-    parts = " ".join(f"{k}={_fmt(v)}" for k, v in data.items() if v not in (None, [], {}, ""))
-    return f"{stamp} {event.type.value:<22} {parts}".rstrip()
+from service.describe import describe, format_value
 
 
 class LiveView:
@@ -78,8 +56,8 @@ class LiveView:
         bar.add_row(
             ProgressBar(total=float(total or 1), completed=float(step), width=40),
             Text(
-                f"step {step}/{total or '?'}  loss {_fmt(progress.get('loss', '-'))}  "
-                f"eval_loss {_fmt(run.metrics.get('eval_loss', '-'))}"
+                f"step {step}/{total or '?'}  loss {format_value(progress.get('loss', '-'))}  "
+                f"eval_loss {format_value(run.metrics.get('eval_loss', '-'))}"
             ),
         )
         head = Text.assemble(

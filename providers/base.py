@@ -4,7 +4,7 @@ A provider rents nodes whose name is the fleet's deterministic instance name `tf
 cluster's: `tf-<run>-<attempt>-<k>`), so a lookup by name finds what an earlier, interrupted attempt
 created. Every call here is short: none waits
 for a node to come up (the provision stage polls). `terminate` is idempotent. Providers raise only the
-errors of fleet.errors (ProviderError and its subclasses), translated from their vendor's.
+errors of core.errors (ProviderError and its subclasses), translated from their vendor's.
 """
 
 from __future__ import annotations
@@ -21,17 +21,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, SecretStr
 
-from fleet.errors import CredentialsMissing, ProvisioningFailed
+from core.errors import CredentialsMissing, ProvisioningFailed
+from jobs.sections import ProviderName
 
 INSTANCE_PREFIX = "tf-"
-
-
-class ProviderName(StrEnum):
-    """The providers a job section may name."""
-
-    LOCAL = "local"
-    RUNPOD = "runpod"
-    VASTAI = "vastai"
 
 
 class NodeState(StrEnum):
@@ -144,7 +137,7 @@ class Provider(ABC):
 
     name: ClassVar[ProviderName]
     # Whether the node sees this machine's files (a local head does; a rented node gets the job's files
-    # through the Ray job's runtime_env, and its results come back through fleet.shipping / trainer.pack).
+    # through the Ray job's runtime_env, and its results come back through jobs.shipping / trainer.pack).
     shares_files: ClassVar[bool] = False
 
     def __init__(self, context: ProviderContext) -> None:

@@ -14,8 +14,8 @@ import inspect
 import shlex
 import zlib
 
+from jobs.sections import ProviderName
 from providers import failsafe
-from providers.base import ProviderName
 from trainer.config import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider

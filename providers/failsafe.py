@@ -11,7 +11,7 @@ RunPod's pod-scoped RUNPOD_API_KEY) once
 A heartbeat is a call of the fleet's (User-Agent `trainfleet/<version> heartbeat`) that the node's token let
 through, as the Ray dashboard's access log shows it: `<ray temp dir>/session_latest/logs/dashboard.log`,
 the temp dir being FLEET_RAY_TEMP_DIR or Ray's own default. Every stage poll makes one, and the reaper pings
-each node it keeps (workers.node.ping). The log need not exist yet (the head starts after the failsafe),
+each node it keeps (providers.node.ping). The log need not exist yet (the head starts after the failsafe),
 and it is followed across rotation and truncation.
 
 The failsafe writes one line to stderr saying why it gives the node back, then asks its vendor until the

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from providers.base import ProviderName
-from providers.sections import RemoteSection
+from jobs.sections import ProviderName
+from jobs.sections.base import RemoteSection
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from fleet.errors import ConfigError, CredentialsMissing, Problem
-from providers.base import Provider, ProviderContext, ProviderName
+from pathlib import Path
+
+from core.errors import ConfigError, CredentialsMissing, Problem
+from core.secrets import Secrets, load_secrets
+from jobs.sections import ProviderName
+from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
 from providers.runpod.provider import RunPodProvider
 from providers.vastai.provider import VastAIProvider
@@ -13,6 +17,12 @@ PROVIDERS: dict[ProviderName, type[Provider]] = {
     ProviderName.RUNPOD: RunPodProvider,
     ProviderName.VASTAI: VastAIProvider,
 }
+
+
+def provider_context(home: Path, urls: dict[str, str], secrets: Secrets | None = None) -> ProviderContext:
+    """What providers get: the home, the credentials (masked), the API URLs."""
+    found = secrets if secrets is not None else load_secrets()
+    return ProviderContext(home=home, credentials=dict(found.values), urls=urls)
 
 
 def provider_name(name: str) -> ProviderName:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from fleet.errors import NodeError
+from core.errors import NodeError
 from providers.base import (
     INSTANCE_PREFIX,
     NodeEndpoint,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet.embedded import ensure_redis, stop_redis
+from service.embedded import ensure_redis, stop_redis
 
 
 @pytest.fixture(scope="session")

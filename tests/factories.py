@@ -13,9 +13,10 @@ import redis
 import yaml
 
 from broker.ledger import Draft, Ledger
-from broker.models import EventType, FailureReason, Instance, Run, RunState
-from fleet.spec import SECTION_MODELS, JobSpec
-from providers.sections import SectionBase
+from broker.models import EventType, Instance, Run, RunState
+from core.errors import FailureReason
+from jobs.sections.base import SectionBase
+from jobs.spec import SECTION_MODELS, JobSpec
 from trainer import faults, progress
 from trainer.config import TrainConfig, TrainJob
 

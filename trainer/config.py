@@ -1,8 +1,8 @@
 """The training half of a job: the axolotl keys the trainfleet LoRA recipe understands.
 
-`TrainConfig` is the node's contract. The front door (fleet.spec) validates a user's YAML into it, and the
+`TrainConfig` is the node's contract. The front door (jobs.spec) validates a user's YAML into it, and the
 trainer reads it back from JSON on the node. Keys it does not know are kept (``extra="allow"``) so that a
-real axolotl config loads unchanged; fleet.spec warns about them once.
+real axolotl config loads unchanged; jobs.spec warns about them once.
 """
 
 from __future__ import annotations

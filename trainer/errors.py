@@ -1,6 +1,6 @@
 """The node's errors. The entrypoint prints them as one clear line and exits non-zero.
 
-The node cannot import fleet.errors (it does not travel to the node), so this is a small tree of its own;
+The node cannot import core.errors (it does not travel to the node), so this is a small tree of its own;
 none of these is worth retrying on the same node with the same job.
 """
 

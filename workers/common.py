@@ -19,16 +19,16 @@ from broker import sweeps
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.ledger import Draft
-from broker.models import STATE_OF_STAGE, EventType, FailureReason, InstanceState, Run, RunState
-from fleet import shipping
-from fleet.errors import RETRYABLE, FleetError
-from fleet.redact import redact_job
-from fleet.spec import JobSpec
+from broker.models import STATE_OF_STAGE, EventType, InstanceState, Run, RunState
+from core.errors import RETRYABLE, FailureReason, FleetError, NodeLost, StageFailed
+from jobs import shipping
+from jobs.redact import redact_job
+from jobs.spec import JobSpec
 from providers.base import NodeState
+from providers.node import NodeClient
 from trainer import progress
 from trainer.config import TrainJob
 from workers import context, wandb_plan
-from workers.node import NodeClient
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,18 +68,6 @@ class Next:
     @staticmethod
     def done() -> Next:
         return Next(None)
-
-
-class StageFailed(FleetError):
-    """A step found that the run cannot go on; carries the failure reason."""
-
-    def __init__(self, reason: FailureReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class NodeLost(FleetError):
-    """The run's node is gone from under it (preempted, outbid, no longer listed): replace it."""
 
 
 NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that work on the run's node
@@ -210,7 +198,7 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
 
 
 def shown_job(ctx: context.Context, run: Run) -> str | None:
-    """The run's job file as a model card may show it (fleet.redact), or None when it is not at hand."""
+    """The run's job file as a model card may show it (jobs.redact), or None when it is not at hand."""
     try:
         text = (Path(run.run_dir) / "job.yml").read_text(encoding="utf-8")
     except OSError:

@@ -9,10 +9,9 @@ import redis
 from broker.app import app
 from broker.dispatch import Dispatcher
 from broker.ledger import Ledger
-from fleet.secrets import provider_context
-from fleet.settings import Settings
+from core.settings import Settings
 from providers.base import Provider, ProviderContext
-from providers.registry import get_provider
+from providers.registry import get_provider, provider_context
 
 
 @dataclass

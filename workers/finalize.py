@@ -17,21 +17,21 @@ from broker.app import app
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.ledger import Draft
-from broker.models import EventType, FailureReason, Run, RunState
+from broker.models import EventType, Run, RunState
+from core.errors import FailureReason, StageFailed
+from providers.node import JobStatus
 from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context
 from workers.common import (
     RETRY_POLICY,
     Next,
-    StageFailed,
     job_spec,
     node,
     node_env,
     run_stage,
     terminate_instance,
 )
-from workers.node import JobStatus
 
 PUSH_ENTRYPOINT = "python -m trainer push"
 PACK_ENTRYPOINT = "python -m trainer pack"

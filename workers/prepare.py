@@ -7,20 +7,20 @@ from celery import Task
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, FailureReason, Run
+from broker.models import EventType, Run
+from core.errors import FailureReason, StageFailed
+from providers.node import JobStatus
 from trainer import progress
 from workers import context
 from workers.common import (
     RETRY_POLICY,
     Next,
-    StageFailed,
     enter,
     files_for_node,
     node,
     node_env,
     run_stage,
 )
-from workers.node import JobStatus
 
 ENTRYPOINT = "python -m trainer fetch"
 

@@ -12,23 +12,21 @@ from celery import Task
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
-from fleet.crashpoints import CrashPoint, crash_point
-from fleet.errors import FleetError, ProviderUnavailable
+from broker.models import EventType, Instance, InstanceState, Run, RunState
+from core.crashpoints import CrashPoint, crash_point
+from core.errors import FailureReason, FleetError, NodeLost, ProviderUnavailable, StageFailed
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
+from providers.node import cluster_nodes, node_summary
 from workers import context, wandb_plan
 from workers.common import (
     RETRY_POLICY,
     Next,
-    NodeLost,
-    StageFailed,
     enter,
     instance_lost,
     job_spec,
     node_secrets,
     run_stage,
 )
-from workers.node import cluster_nodes, node_summary
 
 
 def step(ctx: context.Context, run: Run) -> Next:

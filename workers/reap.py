@@ -46,14 +46,14 @@ from broker.constants import REAP_LOCK, REAP_TASK, Stage
 from broker.events import new_event
 from broker.ledger import Draft
 from broker.locks import Lease
-from broker.models import EventType, FailureReason, Instance, InstanceState, Run, RunState
-from fleet.errors import FleetError, NotFound
-from fleet.spec import JobSpec
+from broker.models import EventType, Instance, InstanceState, Run, RunState
+from core.errors import FailureReason, FleetError, NotFound
+from jobs.spec import JobSpec
 from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
+from providers.node import ping
 from providers.registry import configured_providers
 from workers import context
 from workers.common import teardown
-from workers.node import ping
 
 log = logging.getLogger("trainfleet.reap")
 

@@ -13,14 +13,14 @@ from celery import Task
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, FailureReason, Run
+from broker.models import EventType, Run
+from core.errors import FailureReason, NodeLost, StageFailed
+from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
 from workers.common import (
     RETRY_POLICY,
     Next,
-    NodeLost,
-    StageFailed,
     enter,
     files_for_node,
     node,
@@ -28,7 +28,6 @@ from workers.common import (
     node_lost,
     run_stage,
 )
-from workers.node import JobStatus, NodeClient
 
 ENTRYPOINT = "python -m trainer train"
 TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change

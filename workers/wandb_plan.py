@@ -13,8 +13,8 @@ from typing import Any
 
 from broker.events import read_run
 from broker.models import EventType, Run
-from fleet.settings import Settings
-from fleet.spec import JobSpec
+from core.settings import Settings
+from jobs.spec import JobSpec
 from trainer.config import WandbPlan
 from workers import context
 

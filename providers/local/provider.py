@@ -12,7 +12,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from fleet.errors import NodeError, ProvisioningFailed
+from core.errors import NodeError, ProvisioningFailed
+from jobs.sections import ProviderName
+from jobs.sections.local import LocalSection
 from providers.base import (
     INSTANCE_PREFIX,
     LaunchRequest,
@@ -22,12 +24,10 @@ from providers.base import (
     Offer,
     Provider,
     ProviderContext,
-    ProviderName,
     jobs_api_answers,
     require_ours,
 )
 from providers.local.client import HeadMeta, LocalHeads
-from providers.local.models import LocalSection
 
 
 class LocalProvider(Provider):

@@ -21,20 +21,21 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from fleet.errors import (
+from core.errors import (
     AuthFailed,
     NoCapacity,
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
 )
+from jobs.sections import ProviderName
+from jobs.sections.runpod import RunPodSection
 from providers.base import (
     LaunchRequest,
     NodeInstance,
     NodeState,
     Offer,
     ProviderContext,
-    ProviderName,
     require_ours,
 )
 from providers.bootstrap import (
@@ -49,7 +50,6 @@ from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, choose
 from providers.remote import Record, RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
-from providers.runpod.models import RunPodSection
 from trainer.config import NODE_ROOT_ENV
 
 DEFAULT_API = "https://api.runpod.io"

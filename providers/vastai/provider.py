@@ -22,20 +22,21 @@ from typing import Any, ClassVar
 import requests
 from pydantic import BaseModel
 
-from fleet.errors import (
+from core.errors import (
     AuthFailed,
     NoCapacity,
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
 )
+from jobs.sections import ProviderName
+from jobs.sections.vastai import VastAISection
 from providers.base import (
     LaunchRequest,
     NodeInstance,
     NodeState,
     Offer,
     ProviderContext,
-    ProviderName,
     require_ours,
 )
 from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, start_script
@@ -43,7 +44,6 @@ from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Rule, choose
 from providers.remote import Record, RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
-from providers.vastai.models import VastAISection
 
 DEFAULT_API = "https://console.vast.ai"
 CREDENTIAL = "VAST_API_KEY"

@@ -24,11 +24,11 @@ from celery.utils.time import get_exponential_backoff_interval
 from broker.app import configure
 from broker.constants import Stage
 from broker.models import Run, RunState
-from fleet import service
-from fleet.errors import FleetError
-from fleet.settings import Settings
-from fleet.spec import load_job
+from core.errors import FleetError
+from core.settings import Settings
+from jobs.spec import load_job
 from providers.base import Provider
+from service import runs
 from tests.fakes import FakeCloud
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
@@ -108,7 +108,7 @@ class DirectFleet:
         self.settings = Settings(home=home, **{**defaults, **urls, **settings})
         configure(self.settings, redis_url)
         self.ctx = context.init(self.settings, redis_url)
-        self.fleet = service.Fleet(
+        self.fleet = runs.Fleet(
             self.settings, redis_url, self.ctx.redis, self.ctx.ledger, self.ctx.dispatcher
         )
         self.rng = random.Random(case.name)
@@ -132,11 +132,11 @@ class DirectFleet:
 
     def submit(self, job: Path) -> str:
         """`fleet enqueue`'s service call: the run is QUEUED and its provision task sent."""
-        run = service.submit(self.fleet, load_job(job, default_provider=self.settings.default_provider))
+        run = runs.submit(self.fleet, load_job(job, default_provider=self.settings.default_provider))
         return run.run_id
 
     def cancel(self, run_id: str) -> None:
-        service.cancel(self.fleet, run_id)
+        runs.cancel(self.fleet, run_id)
 
     def drive(self, run_id: str, until: Callable[[Run], bool], timeout_s: float = 60) -> Drive:
         """Run the run's stage tasks here until `until(run)` or the run ended."""

@@ -28,7 +28,7 @@ import redis
 
 from broker.ledger import Ledger
 from broker.models import RunState
-from fleet.errors import FleetError, NotFound
+from core.errors import FleetError, NotFound
 from providers.base import INSTANCE_PREFIX
 from providers.local.client import LocalHeads
 from tests.faults.case import Case, Findings

@@ -24,7 +24,7 @@ import redis
 
 from broker.ledger import Ledger
 from broker.models import Run
-from fleet.embedded import _binary, _locked, ensure_redis  # the embedded Redis's own start and lock
+from service.embedded import _binary, _locked, ensure_redis  # the embedded Redis's own start and lock
 from tests.fakes import FakeCloud, FakeDiscord, FakeHub
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case

@@ -16,7 +16,7 @@ import redis
 
 from broker.app import app, configure
 from broker.models import RunState
-from fleet.settings import Settings
+from core.settings import Settings
 from tests.factories import Script
 from tests.fakes import FakeDiscord, FakeRunPod, Instance
 from tests.faults.canaries import CANARIES

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.models import RunState
-from fleet.crashpoints import CRASH_ENV, CrashPoint
+from core.crashpoints import CRASH_ENV, CrashPoint
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
 from tests.faults.case import Case

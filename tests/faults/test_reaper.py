@@ -28,10 +28,9 @@ from broker.constants import EVENTS_STREAM, Stage, tick_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Ledger
 from broker.models import RunState
-from fleet import service
-from fleet.settings import load_settings
+from core.settings import load_settings
+from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
-from providers.runpod.models import RunPodSection
 from providers.runpod.provider import RunPodProvider
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, Instance
@@ -160,9 +159,9 @@ def stuck_runs(case: Case, fleet: LiveFleet, job: Path, count: int) -> list[str]
     """Runs whose chain of tasks died: queued while no worker ran, then their messages and owners lost.
     Each is asked to cancel, so the task a reaper kicks ends it at once (no node needed)."""
     runs = [fleet.enqueue(job) for _ in range(count)]
-    here = service.Fleet.connect(load_settings(fleet.env))
+    here = runs.Fleet.connect(load_settings(fleet.env))
     for run_id in runs:
-        service.cancel(here, run_id)
+        runs.cancel(here, run_id)
         fleet.redis.delete(tick_key(run_id))
         case.expect(run_id, RunState.CANCELLED)
     fleet.redis.delete(Stage.PROVISION.value)

@@ -18,9 +18,9 @@ import psutil
 import redis
 
 from broker.constants import run_key, tick_key
-from fleet.embedded import stop_redis
 from providers.base import ProviderContext
 from providers.local.provider import LocalProvider
+from service.embedded import stop_redis
 
 REPO = Path(__file__).resolve().parents[2]
 

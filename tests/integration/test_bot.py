@@ -26,11 +26,11 @@ from bot.app import FleetBot
 from bot.render import separate_message
 from broker import sweeps as sweep_slots
 from broker.models import Event, EventType, Instance, InstanceState, Run, RunState
-from fleet.errors import ConfigError
-from fleet.secrets import load_secrets
-from fleet.service import Fleet
-from fleet.settings import Settings
-from fleet.spec import format_problems, parse_job
+from core.errors import ConfigError
+from core.secrets import load_secrets
+from core.settings import Settings
+from jobs.spec import format_problems, parse_job
+from service.runs import Fleet
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
 from tests.integration.fleetproc import Worker, events_of, fleet_env, wait_for_end, wait_until

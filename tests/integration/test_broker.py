@@ -14,7 +14,7 @@ from broker.constants import Stage, tick_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, Instance, InstanceState, Run, RunState
-from fleet.errors import NotFound
+from core.errors import NotFound
 
 
 def make_run(run_id: str = "r1") -> Run:
@@ -130,7 +130,7 @@ def test_dispatcher_keeps_one_chain_per_run(redis_client: redis.Redis[str]) -> N
 def test_each_stage_task_lands_in_its_own_queue_only(redis_client: redis.Redis[str], redis_url: str) -> None:
     from broker.app import app, configure
     from broker.constants import QUEUES, REAP_TASK
-    from fleet.settings import Settings
+    from core.settings import Settings
 
     configure(Settings(), redis_url)
     for stage in Stage:  # no queue given: the app's routes must pick it
@@ -143,7 +143,7 @@ def test_configure_again_sends_to_the_new_redis(redis_url: str, redis_client: re
     """A process that connects to another Redis (the bot's tests do, one fleet after another) must send its
     tasks there, not down the connection it opened to the first one."""
     from broker import app as broker_app
-    from fleet.settings import Settings
+    from core.settings import Settings
 
     other_url = redis_url.rsplit("/", 1)[0] + "/1"
     other = redis.Redis.from_url(other_url, decode_responses=True)

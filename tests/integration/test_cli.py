@@ -93,7 +93,7 @@ def test_no_run_is_queued_over_the_fleets_daily_cap(
 
     from broker.ledger import Ledger
     from broker.models import Instance, InstanceState
-    from fleet.errors import OverBudget
+    from core.errors import OverBudget
 
     now, ledger = time.time(), Ledger(redis_client)
     ledger.put_instance(

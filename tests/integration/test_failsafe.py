@@ -18,15 +18,16 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-from providers.base import LaunchRequest, NodeEndpoint, ProviderContext, ProviderName, jobs_api_answers
+from jobs.sections import ProviderName
+from jobs.sections.runpod import RunPodSection
+from jobs.sections.vastai import VastAISection
+from providers.base import LaunchRequest, NodeEndpoint, ProviderContext, jobs_api_answers
 from providers.bootstrap import failsafe_argv
 from providers.local.client import HeadMeta, LocalHeads
-from providers.runpod.models import RunPodSection
+from providers.node import NodeClient, ping, user_agent
 from providers.runpod.provider import RunPodProvider
-from providers.vastai.models import VastAISection
 from providers.vastai.provider import VastAIProvider
 from tests.fakes import FakeRunPod, FakeVastAI
-from workers.node import NodeClient, ping, user_agent
 
 pytestmark = pytest.mark.integration
 KEY = "fleet-key-0123456789"

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from broker.constants import GIT_INVALID, RUNS_INDEX, git_claim_key, git_lease_key, git_watermark_key
 from broker.ledger import Ledger
+from core.settings import Settings
 from fleet.cli import cli
-from fleet.gitrepo import GitRepo
-from fleet.gitwatch import Outcome, Start, Trigger, look
-from fleet.service import Fleet
-from fleet.settings import Settings
+from service.gitrepo import GitRepo
+from service.gitwatch import Outcome, Start, Trigger, look
+from service.runs import Fleet
 from tests.factories import light_job_file
 from tests.integration.fleetproc import fleet, fleet_env, redis_of
 

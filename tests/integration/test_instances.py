@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from broker.ledger import Ledger
 from broker.models import Instance, InstanceState, Run, RunState
 from fleet.cli import cli
+from jobs.sections.local import LocalSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
-from providers.local.models import LocalSection
 from providers.local.provider import LocalProvider
 
 pytestmark = pytest.mark.integration

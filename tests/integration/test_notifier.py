@@ -15,9 +15,11 @@ import pytest
 import redis
 import requests
 
-from bot.notifier import Notifier, sent_key, status_key, webhook_parts
-from fleet.secrets import load_secrets
-from fleet.settings import Settings
+from bot.notifier import Notifier, webhook_parts
+from broker.constants import notify_sent_key as sent_key
+from broker.constants import notify_status_key as status_key
+from core.secrets import load_secrets
+from core.settings import Settings
 from tests.factories import Script
 from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import fleet_env

@@ -44,10 +44,13 @@ import discord.http
 import pytest
 import redis
 
-from bot.notifier import GROUP, Notifier, sent_key, status_key
+from bot.notifier import Notifier
 from bot.render import SEPARATE, separate_message
 from bot.sinks import RestClient
 from broker.constants import EVENTS_STREAM
+from broker.constants import NOTIFIER_GROUP as GROUP
+from broker.constants import notify_sent_key as sent_key
+from broker.constants import notify_status_key as status_key
 from broker.ledger import Ledger
 from broker.models import Event, RunState
 from tests.factories import Script

@@ -14,11 +14,11 @@ import redis
 
 from broker.constants import Stage
 from broker.events import read_run
-from broker.models import FailureReason, Instance, InstanceState, Run, RunState
-from fleet.errors import NodeError
-from fleet.settings import Settings
+from broker.models import Instance, InstanceState, Run, RunState
+from core.errors import FailureReason, NodeError
+from core.settings import Settings
+from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
-from providers.runpod.models import RunPodSection
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context

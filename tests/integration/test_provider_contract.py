@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from fleet.errors import NodeError
-from providers.base import LaunchRequest, NodeState, Provider, ProviderContext, ProviderName
-from providers.local.models import LocalSection
+from core.errors import NodeError
+from jobs.sections import ProviderName
+from jobs.sections.local import LocalSection
+from jobs.sections.runpod import RunPodSection
+from jobs.sections.vastai import VastAISection
+from providers.base import LaunchRequest, NodeState, Provider, ProviderContext
 from providers.registry import PROVIDERS
-from providers.runpod.models import RunPodSection
-from providers.vastai.models import VastAISection
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
 
@@ -118,7 +119,7 @@ def test_terminate_touches_only_its_own_instance(provider: Provider) -> None:
 
 
 def test_refuses_names_that_are_not_ours(provider: Provider) -> None:
-    from fleet.errors import ProvisioningFailed
+    from core.errors import ProvisioningFailed
 
     with pytest.raises(ProvisioningFailed):
         provider.launch(LaunchRequest("someone-elses", "x", section_for(provider.name)))

@@ -12,11 +12,11 @@ import redis
 
 from broker.constants import Stage, tick_key
 from broker.models import Instance, InstanceState, Run, RunState
-from fleet.settings import Settings
+from core.settings import Settings
+from jobs.sections.local import LocalSection
+from jobs.sections.runpod import RunPodSection
 from providers import failsafe
 from providers.base import LaunchRequest, NodeState
-from providers.local.models import LocalSection
-from providers.runpod.models import RunPodSection
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context

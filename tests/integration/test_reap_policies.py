@@ -14,9 +14,9 @@ import redis
 
 from broker.events import read_run
 from broker.models import Instance, InstanceState, RunState
-from fleet.settings import Settings
+from core.settings import Settings
+from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
-from providers.runpod.models import RunPodSection
 from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable, ProvisioningFailed
+from core.errors import AuthFailed, NoCapacity, ProviderUnavailable, ProvisioningFailed
+from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
-from providers.runpod.models import RunPodSection
 from providers.runpod.provider import RunPodProvider
 from tests.fakes.runpod import FakeRunPod
 

@@ -12,11 +12,11 @@ import redis
 from celery.exceptions import Retry
 
 from broker.constants import Stage
-from broker.models import FailureReason, Run, RunState
-from fleet.errors import NodeError, ProviderUnavailable
-from fleet.settings import Settings
+from broker.models import Run, RunState
+from core.errors import FailureReason, NodeError, ProviderUnavailable, StageFailed
+from core.settings import Settings
 from workers import context
-from workers.common import Next, StageFailed, run_stage
+from workers.common import Next, run_stage
 
 
 @pytest.fixture

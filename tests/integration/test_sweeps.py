@@ -16,11 +16,11 @@ import redis
 from broker import events
 from broker import sweeps as slots
 from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
-from broker.models import Event, EventType, FailureReason, Run, RunState
-from fleet import sweeps
-from fleet.errors import NotFound
-from fleet.service import Fleet
-from fleet.settings import Settings
+from broker.models import Event, EventType, Run, RunState
+from core.errors import FailureReason, NotFound
+from core.settings import Settings
+from service import sweeps
+from service.runs import Fleet
 from tests.factories import light_job_file
 from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, ledger_of, wait_until
 from tests.integration.fleetproc import fleet as fleet_cli

@@ -15,9 +15,9 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-from fleet.errors import AuthFailed, NoCapacity, ProviderUnavailable
+from core.errors import AuthFailed, NoCapacity, ProviderUnavailable
+from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeState, ProviderContext
-from providers.vastai.models import VastAISection
 from providers.vastai.provider import VastAIProvider
 from tests.fakes.vastai import FakeVastAI
 

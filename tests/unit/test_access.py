@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.access import Caller, refusal
-from fleet.settings import Settings, load_settings
+from core.settings import Settings, load_settings
 
 LISTED = Settings(discord_allowed_users=(1,), discord_allowed_roles=(10,), discord_allowed_channels=(100,))
 

@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from broker.constants import QUEUES
+from core.secrets import KNOWN
 from fleet.cli import cli
-from fleet.secrets import KNOWN
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 REFERENCE = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:?-[^}]*)?\}$")  # ${VAR} or ${VAR:-default}

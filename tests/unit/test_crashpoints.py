@@ -1,4 +1,4 @@
-"""fleet.crashpoints: a named point ends the process as kill -9 would, only when FLEET_CRASH_AT names it."""
+"""core.crashpoints: a named point ends the process as kill -9 would, only when FLEET_CRASH_AT names it."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from fleet.crashpoints import CRASH_ENV, CRASH_EXIT_CODE, CrashPoint
+from core.crashpoints import CRASH_ENV, CRASH_EXIT_CODE, CrashPoint
 from tests.factories import REPO_ROOT
 
 PROGRAM = (
     "import atexit\n"
-    "from fleet.crashpoints import CrashPoint, crash_point\n"
+    "from core.crashpoints import CrashPoint, crash_point\n"
     "atexit.register(lambda: print('atexit ran'))\n"
     "try:\n"
     "    crash_point(CrashPoint.AFTER_CREATE_CALL)\n"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError
-from fleet.settings import load_settings
+from core.errors import ConfigError
+from core.settings import load_settings
+from jobs.sections import ProviderName
 from providers import failsafe
-from providers.base import ProviderName
 from providers.bootstrap import JOIN_RETRY_S, container_command, failsafe_argv, start_script
 from providers.failsafe import LogTail, is_heartbeat
 

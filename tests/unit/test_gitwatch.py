@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.gitrepo import glob_match, repo_id_of_url
+from service.gitrepo import glob_match, repo_id_of_url
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from broker.constants import Stage
 from broker.models import Event, EventType, InstanceState, Run, RunState
-from fleet.live import LiveView, describe
+from fleet.live import LiveView
+from service.describe import describe
 
 
 def test_run_states_map_to_their_stage_and_terminality() -> None:

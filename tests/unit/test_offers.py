@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from providers.base import ProviderName
+from jobs.sections import ProviderName
+from jobs.sections.runpod import RunPodSection
 from providers.offers import Candidate, choose, same_gpu
-from providers.runpod.models import RunPodSection
 
 
 def cand(offer_id: str = "o1", **kw: Any) -> Candidate:

@@ -1,10 +1,10 @@
-"""fleet.redact: the job file as a model card shows it, with nothing secret left in it."""
+"""jobs.redact: the job file as a model card shows it, with nothing secret left in it."""
 
 from __future__ import annotations
 
 import yaml
 
-from fleet.redact import REDACTED, redact_job
+from jobs.redact import REDACTED, redact_job
 
 JOB = """\
 base_model: trainfleet/tiny-llama   # a comment

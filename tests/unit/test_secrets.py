@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError, CredentialsMissing
-from fleet.secrets import load_secrets, provider_context
+from core.errors import ConfigError, CredentialsMissing
+from core.secrets import load_secrets
+from providers.registry import provider_context
 
 CANARY = "rpa_CANARY0123456789abcdefghijklmnopqrstuv"
 

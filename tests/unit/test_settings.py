@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError
-from fleet.settings import load_settings
+from core.errors import ConfigError
+from core.settings import load_settings
 
 
 def test_defaults_with_an_empty_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""fleet.shipping: a rented node gets a snapshot of the job's local datasets, at paths relative to it."""
+"""jobs.shipping: a rented node gets a snapshot of the job's local datasets, at paths relative to it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import shipping
-from fleet.errors import ConfigError
+from core.errors import ConfigError
+from jobs import shipping
 from tests.factories import TINY_DATA, train_config
 from trainer.data import load_records
 

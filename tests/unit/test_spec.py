@@ -1,4 +1,4 @@
-"""fleet.spec: a job file becomes a JobSpec, or a ConfigError that lists every problem with key and line."""
+"""jobs.spec: a job file becomes a JobSpec, or a ConfigError that lists every problem with key and line."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from fleet.errors import ConfigError, Problem
-from fleet.spec import (
+from core.errors import ConfigError, Problem
+from jobs.sections.base import SectionBase
+from jobs.sections.local import LocalSection
+from jobs.sections.runpod import RunPodSection
+from jobs.sections.vastai import VastAISection
+from jobs.spec import (
     SECTION_MODELS,
     JobSpec,
     LoadedJob,
@@ -24,11 +28,7 @@ from fleet.spec import (
     load_job,
     parse_job,
 )
-from fleet.yamlsafe import MAX_BYTES
-from providers.local.models import LocalSection
-from providers.runpod.models import RunPodSection
-from providers.sections import SectionBase
-from providers.vastai.models import VastAISection
+from jobs.yamlsafe import MAX_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "data" / "bad"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError
-from fleet.sweeps import MAX_RUNS, load_sweep, table_lines
+from core.errors import ConfigError
+from service.sweeps import MAX_RUNS, load_sweep, table_lines
 from tests.factories import light_job_file
 
 

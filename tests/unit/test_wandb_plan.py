@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.settings import Settings
-from fleet.spec import JobSpec
+from core.settings import Settings
+from jobs.spec import JobSpec
 from tests.factories import train_config
 
 

@@ -1,4 +1,4 @@
-"""fleet.yamlsafe: plain data with key lines, or a ConfigError naming the problem and its line."""
+"""jobs.yamlsafe: plain data with key lines, or a ConfigError naming the problem and its line."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from fleet.errors import ConfigError, Problem
-from fleet.yamlsafe import MAX_BYTES, MAX_DEPTH, join_path, load_yaml
+from core.errors import ConfigError, Problem
+from jobs.yamlsafe import MAX_BYTES, MAX_DEPTH, join_path, load_yaml
 
 
 def refused(text: str | bytes) -> list[Problem]:

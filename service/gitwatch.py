@@ -29,11 +29,11 @@ from typing import Any, cast
 import redis
 
 from broker.constants import GIT_INVALID, git_claim_key, git_lease_key, git_watermark_key, run_key
-from fleet import service
-from fleet.errors import ConfigError, FleetError, GitError, OverBudget, Problem
-from fleet.gitrepo import ZERO_SHA, GitRepo
-from fleet.spec import LoadedJob, format_problems, parse_job
-from fleet.yamlsafe import MAX_BYTES
+from core.errors import ConfigError, FleetError, GitError, OverBudget, Problem
+from jobs.spec import LoadedJob, format_problems, parse_job
+from jobs.yamlsafe import MAX_BYTES
+from service import runs
+from service.gitrepo import ZERO_SHA, GitRepo
 
 DEFAULT_GLOB = "tasks/**/*.yml"
 LEASE_S = 120  # how long a submit may take before another process may take the claimed run over
@@ -106,7 +106,7 @@ class Look:
 class Trigger:
     """What every look needs: the fleet, the repository (and its id in keys and origins), the globs."""
 
-    fleet: service.Fleet
+    fleet: runs.Fleet
     repo: GitRepo
     repo_id: str
     globs: list[str]
@@ -235,7 +235,7 @@ def _enqueue(
 def _lease_new_id(client: redis.Redis[str], token: str) -> str:
     """A fresh run id that no run has, leased to `token` (so no other config can claim it meanwhile)."""
     for _ in range(100):
-        run_id = service.new_run_id()
+        run_id = runs.new_run_id()
         if client.set(git_lease_key(run_id), token, nx=True, ex=LEASE_S):
             if not client.exists(run_key(run_id)):
                 return run_id
@@ -258,14 +258,14 @@ def _submit(trigger: Trigger, commit: str, path: str, run_id: str, origin: dict[
         fleet.redis.set(claim, GIT_INVALID)
         return ConfigResult(commit, path, Outcome.INVALID, None, format_problems(exc), tuple(exc.problems))
     try:
-        service.check_submittable(fleet.settings, job)
-        service.check_budget(fleet)
+        runs.check_submittable(fleet.settings, job)
+        runs.check_budget(fleet)
     except ConfigError as exc:
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, format_problems(exc), tuple(exc.problems))
     except OverBudget as exc:
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, f"{job.source}: {exc}")
     try:
-        service.submit(fleet, job, run_id=run_id, origin=origin)
+        runs.submit(fleet, job, run_id=run_id, origin=origin)
     except OverBudget as exc:  # the cap was reached since the check just above
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, f"{job.source}: {exc}")
     except ConfigError as exc:  # what only submit finds (datasets a rented node cannot get): permanent

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from providers.sections import Capability, SectionBase
+from jobs.sections.base import Capability, SectionBase
 
 
 class LocalSection(SectionBase):

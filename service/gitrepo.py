@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleet.errors import GitError
+from core.errors import GitError
 
 ZERO_SHA = re.compile(r"0{40}|0{64}")  # GitHub's `before` for a new branch
 _SCP_LIKE = re.compile(r"^(?:[^@/]+@)?(?P<host>[^:/]+):(?P<path>[^/].*)$")  # git@github.com:o/r.git

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fleet.errors import ConfigError, Problem
+from core.errors import ConfigError, Problem
 from trainer.config import TrainConfig
 from trainer.data import dataset_files
 from trainer.errors import DatasetError

@@ -12,9 +12,19 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+
+class ProviderName(StrEnum):
+    """The providers a job section may name."""
+
+    LOCAL = "local"
+    RUNPOD = "runpod"
+    VASTAI = "vastai"
+
 
 THIRTY_DAYS = 30 * 24 * 3600
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")

@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    """Why a run ended FAILED (or CANCELLED)."""
+
+    NO_CAPACITY = "NO_CAPACITY"
+    PROVISIONING_FAILED = "PROVISIONING_FAILED"
+    NODE_TIMEOUT = "NODE_TIMEOUT"
+    INSTANCE_LOST = "INSTANCE_LOST"
+    PREPARE_FAILED = "PREPARE_FAILED"
+    TRAINING_FAILED = "TRAINING_FAILED"
+    FINALIZE_FAILED = "FINALIZE_FAILED"
+    CANCELLED_BY_USER = "CANCELLED_BY_USER"
+    OVER_BUDGET = "OVER_BUDGET"
+    DEADLINE = "DEADLINE"  # the node reached its terminate_after
+    INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
 class FleetError(Exception):
@@ -74,6 +91,18 @@ class ProvisioningFailed(ProviderError):
 
 class AuthFailed(ProviderError):
     """The provider refused the credential."""
+
+
+class StageFailed(FleetError):
+    """A stage found that the run cannot go on; carries the failure reason."""
+
+    def __init__(self, reason: FailureReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NodeLost(FleetError):
+    """The run's node is gone from under it (preempted, outbid, no longer listed): replace it."""
 
 
 class GitError(FleetError):

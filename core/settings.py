@@ -15,7 +15,7 @@ import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from fleet.errors import ConfigError, Problem
+from core.errors import ConfigError, Problem
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 

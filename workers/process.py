@@ -20,7 +20,7 @@ from celery import signals
 
 from broker.app import app, configure
 from broker.constants import QUEUES, WORKERS_PREFIX, Stage, worker_key
-from fleet.settings import Settings
+from core.settings import Settings
 
 HEARTBEAT_S = 5
 HEARTBEAT_TTL_S = 20

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from providers.sections import Capability, RemoteSection, Text
+from jobs.sections.base import Capability, RemoteSection, Text
 
 
 class VastAISection(RemoteSection):

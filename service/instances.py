@@ -8,11 +8,10 @@ from typing import Any
 
 from broker.events import new_event
 from broker.models import EventType, InstanceState
-from fleet.errors import FleetError, NotFound
-from fleet.secrets import provider_context
-from fleet.service import Fleet
+from core.errors import FleetError, NotFound
 from providers.base import NodeInstance, Provider
-from providers.registry import configured_providers
+from providers.registry import configured_providers, provider_context
+from service.runs import Fleet
 
 
 class InstanceBusy(FleetError):

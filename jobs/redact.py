@@ -1,6 +1,6 @@
 """The job file as it may be shown to others (a model card on the hub): every secret taken out.
 
-Job files refuse credentials (providers.sections), but a value may still carry one under an innocent name
+Job files refuse credentials (jobs.sections.base), but a value may still carry one under an innocent name
 (a URL with a password in an `env:` entry). So what is shown is the parsed job with: every value under an
 `env` mapping replaced, every value whose key sounds secret replaced, and any of the fleet's own
 credential values that still appear anywhere replaced. Comments do not survive (the YAML is re-dumped).

@@ -16,7 +16,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from fleet.errors import NodeError
+from core.errors import NodeError
 from providers import failsafe
 from providers.base import NodeEndpoint, jobs_api_answers
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from fleet.errors import FleetError
+from core.errors import FleetError
 
 
 class RedisUnavailable(FleetError):

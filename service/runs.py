@@ -13,17 +13,17 @@ import redis
 
 from broker import app as broker_app
 from broker.constants import Stage
-from broker.cost import DAY_S, fleet_cost, run_cost
+from broker.cost import DAY_S, fleet_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import EventType, Run
-from fleet.embedded import ensure_redis
-from fleet.errors import ConfigError, CredentialsMissing, OverBudget, Problem
-from fleet.secrets import load_secrets, provider_context
-from fleet.settings import Settings
-from fleet.shipping import ship_datasets, ship_dir
-from fleet.spec import LoadedJob
-from providers.registry import PROVIDERS, get_provider
+from core.errors import ConfigError, CredentialsMissing, OverBudget, Problem
+from core.secrets import load_secrets
+from core.settings import Settings
+from jobs.shipping import ship_datasets, ship_dir
+from jobs.spec import LoadedJob
+from providers.registry import PROVIDERS, get_provider, provider_context
+from service.embedded import ensure_redis
 
 
 @dataclass
@@ -167,44 +167,6 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
     if (stage := run.state.stage) is not None:
         fleet.dispatcher.send(stage, run.run_id, after=None)  # only if no task owns the run right now
     return run
-
-
-def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
-    """A run as `fleet status --json` prints it (with what its instances cost so far)."""
-    stages = []
-    for timing in run.stages:
-        stages.append(
-            {
-                "name": timing.name.value,
-                "started": timing.started,
-                "ended": timing.ended,
-                "seconds": timing.seconds,
-            }
-        )
-    return {
-        "run_id": run.run_id,
-        "state": run.state.value,
-        "provider": run.provider,
-        "source": run.source,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "attempt": run.attempt,
-        "preemptions": run.preemptions,
-        "instance": run.instance,
-        "instances": run.instance_names if run.instance else [],  # a cluster's: the head first
-        "stages": stages,
-        "output_dir": run.output_dir,
-        "failure_reason": run.failure_reason.value if run.failure_reason else None,
-        "failure_message": run.failure_message,
-        "cancel_requested": run.cancel_requested,
-        "sweep_id": run.sweep_id,
-        "params": run.params,
-        "held": run.held,
-        "origin": run.origin,
-        "progress": run.progress,
-        "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
-        "cost_usd": run_cost(fleet.ledger, run),
-    }
 
 
 def run_dir(settings: Settings, run_id: str) -> Path:

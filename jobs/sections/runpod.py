@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints
 
-from providers.sections import AbsolutePath, Capability, RemoteSection, Text, Token, matching
+from jobs.sections.base import AbsolutePath, Capability, RemoteSection, Text, Token, matching
 
 GitUrl = Annotated[
     str,

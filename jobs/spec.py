@@ -23,20 +23,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from fleet.errors import ConfigError, Problem
-from fleet.yamlsafe import MAX_BYTES, join_path, load_yaml
-from providers.base import ProviderName
-from providers.local.models import LocalSection
-from providers.runpod.models import RunPodSection
-from providers.sections import SectionBase
-from providers.vastai.models import VastAISection
+from core.errors import ConfigError, Problem
+from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
+from jobs.yamlsafe import MAX_BYTES, join_path, load_yaml
 from trainer.config import HUB_ID_PATTERN, TrainConfig
-
-ProviderSection = LocalSection | RunPodSection | VastAISection
-SECTION_MODELS: Mapping[ProviderName, type[SectionBase]] = MappingProxyType(
-    {ProviderName.LOCAL: LocalSection, ProviderName.RUNPOD: RunPodSection, ProviderName.VASTAI: VastAISection}
-)
-"""The section model of each provider."""
 
 _PROVIDER_KEYS = frozenset(p.value for p in ProviderName)
 _PARENT = re.compile(r"(\.[^.\[\]]*|\[\d+\])$")
@@ -98,7 +88,7 @@ class LoadedJob:
     source: str
     text: str
     sweep: Any = None
-    """The file's `sweep:` section as written (validated by fleet.sweeps), or None."""
+    """The file's `sweep:` section as written (validated by service.sweeps), or None."""
     lines: Mapping[str, int] = field(default_factory=dict)
     """The line of each key path in the file, for errors about the sweep section."""
 

@@ -17,8 +17,7 @@ import platformdirs
 import yaml
 from pydantic import SecretStr
 
-from fleet.errors import ConfigError, Problem
-from providers.base import ProviderContext
+from core.errors import ConfigError, Problem
 
 KNOWN = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
 
@@ -35,12 +34,6 @@ class Secrets:
 
     def __repr__(self) -> str:
         return f"Secrets(names={sorted(self.values)}, file={self.file})"
-
-
-def provider_context(home: Path, urls: dict[str, str], secrets: Secrets | None = None) -> ProviderContext:
-    """What providers get: the home, the credentials (masked), the API URLs."""
-    found = secrets if secrets is not None else load_secrets()
-    return ProviderContext(home=home, credentials=dict(found.values), urls=urls)
 
 
 def _file_path(environ: dict[str, str]) -> Path:

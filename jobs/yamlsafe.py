@@ -27,7 +27,7 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from fleet.errors import ConfigError, Problem
+from core.errors import ConfigError, Problem
 
 MAX_BYTES = 256 * 1024
 """Largest accepted file. A real axolotl config is a few KiB; 256 KiB is the limit in notes/reliability F6."""

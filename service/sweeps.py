@@ -36,12 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from broker import sweeps as ledger_sweeps
 from broker.cost import run_cost
 from broker.models import Event, EventType, Sweep
-from fleet import service
-from fleet.errors import ConfigError, Problem
-from fleet.service import Fleet
-from fleet.spec import LoadedJob, line_of, parse_job, validate_mapping
-from fleet.yamlsafe import MAX_BYTES, join_path, load_yaml
-from providers.base import ProviderName
+from core.errors import ConfigError, Problem
+from jobs.sections import ProviderName
+from jobs.spec import LoadedJob, line_of, parse_job, validate_mapping
+from jobs.yamlsafe import MAX_BYTES, join_path, load_yaml
+from service import runs
+from service.runs import Fleet
 from trainer.config import TrainConfig
 
 MAX_RUNS = 256  # the most children one sweep may have
@@ -409,11 +409,11 @@ def new_sweep_id() -> str:
 def submit_sweep(fleet: Fleet, plan: SweepPlan) -> Sweep:
     """Record the sweep and every child (all waiting), then release the first `max_parallel`."""
     for job in plan.jobs:
-        service.check_submittable(fleet.settings, job)
-    service.check_budget(fleet)
+        runs.check_submittable(fleet.settings, job)
+    runs.check_budget(fleet)
     run_ids: list[str] = []
     while len(run_ids) < len(plan.jobs):
-        if (run_id := service.new_run_id()) not in run_ids:
+        if (run_id := runs.new_run_id()) not in run_ids:
             run_ids.append(run_id)
     section = plan.section
     sweep = Sweep(
@@ -435,7 +435,7 @@ def submit_sweep(fleet: Fleet, plan: SweepPlan) -> Sweep:
     event = Event(id=f"{sweep.sweep_id}-started", type=EventType.SWEEP_STARTED, data=started)
     fleet.ledger.create_sweep(sweep, event)
     for run_id, job, params in zip(run_ids, plan.jobs, plan.params, strict=True):
-        service.submit(fleet, job, run_id=run_id, sweep_id=sweep.sweep_id, params=params, held=True)
+        runs.submit(fleet, job, run_id=run_id, sweep_id=sweep.sweep_id, params=params, held=True)
     ledger_sweeps.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
     return fleet.ledger.get_sweep(sweep.sweep_id)
 
@@ -451,7 +451,7 @@ def cancel_sweep(fleet: Fleet, sweep_id: str) -> Sweep:
     sweep = fleet.ledger.update_sweep(sweep.sweep_id, flag)
     for run in fleet.ledger.get_runs(sweep.runs).values():
         if not run.state.is_terminal():
-            service.cancel(fleet, run.run_id)
+            runs.cancel(fleet, run.run_id)
     ledger_sweeps.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
     return fleet.ledger.get_sweep(sweep.sweep_id)
 

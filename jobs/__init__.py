@@ -1,0 +1,1 @@
+"""The job as typed data: the spec (training config + provider section), safe YAML, redaction, shipping."""
