@@ -20,7 +20,7 @@ from broker.constants import bot_user_runs_key
 from broker.cost import DAY_S, HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
-from broker.models import EventType
+from broker.payloads import PAYLOADS, EventType
 from core.errors import NotFound
 from core.settings import Settings
 
@@ -78,7 +78,7 @@ def refusal(settings: Settings, caller: Caller) -> str | None:
 
 def audit(ledger: Ledger, event_type: EventType, caller: Caller, data: dict[str, Any]) -> None:
     """Write one audit event (a refusal or a command) to the event stream."""
-    ledger.emit(new_event(event_type, {**caller.audit(), **data}))
+    ledger.emit(new_event(PAYLOADS[event_type].model_validate({**caller.audit(), **data})))
 
 
 @dataclass(frozen=True)
@@ -135,3 +135,24 @@ class Caps:
 
     def release(self, user_id: int, token: str) -> None:
         self.client.zrem(bot_user_runs_key(user_id), token)
+
+    def reserve_runs(self, user_id: int, count: int) -> tuple[list[str] | None, str | None]:
+        """`count` reservations, all or none: (the reservations, None), or (None, why not) with any taken
+        already given back. A sweep counts as one run per child."""
+        tokens: list[str] = []
+        for _ in range(count):
+            token, why = self.reserve(user_id)
+            if token is None:
+                self.release_runs(user_id, tokens)
+                return None, why
+            tokens.append(token)
+        return tokens, None
+
+    def confirm_runs(self, user_id: int, tokens: list[str], run_ids: list[str]) -> None:
+        """Each reservation becomes its run (in order)."""
+        for token, run_id in zip(tokens, run_ids, strict=True):
+            self.confirm(user_id, token, run_id)
+
+    def release_runs(self, user_id: int, tokens: list[str]) -> None:
+        for token in tokens:
+            self.release(user_id, token)

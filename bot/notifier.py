@@ -31,7 +31,7 @@ from broker.constants import NOTIFIER_GROUP, notify_sent_key, notify_status_key
 from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
-from broker.models import Event, EventType
+from broker.payloads import Event, WandbRun
 from core.errors import ConfigError, NotFound, Problem
 from core.secrets import Secrets
 from core.settings import Settings
@@ -129,8 +129,8 @@ class Notifier:
         for event in events:
             if event.run_id and event.run_id not in runs:
                 runs.append(event.run_id)
-            if event.type == EventType.WANDB_RUN and event.run_id and event.data.get("url"):
-                wandb_urls[event.run_id] = str(event.data["url"])
+            if isinstance(event.data, WandbRun) and event.run_id and event.data.url:
+                wandb_urls[event.run_id] = event.data.url
         for run_id in runs:
             self._update_status(run_id, wandb_urls.get(run_id))
         for event in events:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.models import Event, EventType, Instance, Run, RunState
+from broker.models import Instance, Run, RunState
+from broker.payloads import Event, EventType
 from service.sweeps import format_value, table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
@@ -89,10 +90,10 @@ def status_embed(
     if not run.state.is_terminal() and run.state.stage is not None:
         fields.append({"name": "Stage", "value": run.state.stage.value, "inline": True})
     progress = run.progress
-    if run.state == RunState.TRAINING and progress.get("step") is not None:
-        fields.append({"name": "Step", "value": f"{progress['step']}/{progress.get('total_steps') or '?'}"})
-        if progress.get("loss") is not None:
-            fields.append({"name": "Loss", "value": f"{progress['loss']:.4g}", "inline": True})
+    if run.state == RunState.TRAINING and progress.step is not None:
+        fields.append({"name": "Step", "value": f"{progress.step}/{progress.total_steps or '?'}"})
+        if progress.loss is not None:
+            fields.append({"name": "Loss", "value": f"{progress.loss:.4g}", "inline": True})
     if run.metrics.get("eval_loss") is not None:
         fields.append({"name": "Eval loss", "value": f"{run.metrics['eval_loss']:.4g}", "inline": True})
     if run.instance:
@@ -102,9 +103,9 @@ def status_embed(
         fields.append({"name": "Instance", "value": where})
     if cost_usd:
         fields.append({"name": "Cost", "value": f"${cost_usd:.2f}", "inline": True})
-    if url := _url(progress.get("wandb")) or wandb_url:
+    if url := (progress.wandb.url if progress.wandb else None) or wandb_url:
         fields.append({"name": "W&B", "value": url})
-    if progress.get("pushed") and (url := _url(progress.get("hub"))):
+    if progress.hub is not None and (url := progress.hub.url):
         fields.append({"name": "Hub", "value": url})
     if run.failure_reason is not None:
         fields.append(
@@ -150,7 +151,7 @@ def _cost(data: dict[str, Any]) -> str:
 
 def separate_message(event: Event) -> str | None:
     """The text of the message of its own that `event` deserves, or None."""
-    data, run = event.data, event.run_id or "-"
+    data, run = event.data.wire(), event.run_id or "-"
     if event.type == EventType.RUN_FAILED:
         message = truncate(str(data.get("message") or ""), 1500)
         return f"❌ Run {run} failed: {data.get('reason') or 'unknown'}\n{message}{_cost(data)}"
@@ -186,7 +187,7 @@ def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None
         return (
             f"⚡ Run {run} lost its node {inst} ({truncate(str(data.get('why', '?')), 300)}) at step "
             f"{data.get('at_step')}: replacing it with {data.get('next_instance')} "
-            f"in {data.get('retry_in_s')} s "
+            f"in {data.get('retry_in_s', 0):g} s "
             f"(preemption {data.get('preemption')} of at most {data.get('max_preemptions')})"
         )
     if kind == EventType.INSTANCE_IDLE:

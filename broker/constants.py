@@ -19,6 +19,16 @@ class Stage(StrEnum):
     def task_name(self) -> str:
         return f"trainfleet.{self.value}"
 
+    @property
+    def following(self) -> Stage:
+        """The stage a run goes to when this one is done: the order above is the only place that says it.
+        Finalize is the last; after it the run has ended."""
+        order = list(Stage)
+        at = order.index(self)
+        if at + 1 == len(order):
+            raise ValueError(f"{self.value} is the last stage")
+        return order[at + 1]
+
 
 REAP_QUEUE = "reap"
 REAP_TASK = "trainfleet.reap"

@@ -15,14 +15,14 @@ from typing import Any
 import redis
 
 from broker.constants import EVENTS_STREAM, run_events_key
-from broker.models import Event, EventType
+from broker.payloads import Event, EventType, Payload
 
 RUN_STREAM_MAXLEN = 20_000
 
 
-def new_event(type_: EventType, data: dict[str, Any] | None = None, run_id: str | None = None) -> Event:
+def new_event(payload: Payload, run_id: str | None = None) -> Event:
     """An event that belongs to no run's sequence (reaper actions and the like)."""
-    return Event(id=f"x-{uuid.uuid4().hex}", type=type_, run_id=run_id, data=data or {})
+    return Event(id=f"x-{uuid.uuid4().hex}", type=payload.type, run_id=run_id, data=payload)
 
 
 def append(pipe: redis.client.Pipeline[str], event: Event, maxlen: int) -> None:

@@ -24,10 +24,12 @@ from broker.constants import (
     run_key,
     sweep_key,
 )
-from broker.models import Event, EventType, Instance, Run, Sweep
+from broker.models import Instance, Run, Sweep
+from broker.payloads import Event, Payload
 from core.errors import NotFound
 
-Draft = tuple[EventType, dict[str, Any]]
+Draft = Payload
+"""An event a change writes, before the ledger numbers it in the run's sequence."""
 RunChange = Callable[[Run], list[Draft] | None]
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -122,9 +124,11 @@ class Ledger:
     @staticmethod
     def _number(run: Run, drafts: list[Draft]) -> list[Event]:
         out = []
-        for type_, data in drafts:
+        for payload in drafts:
             run.event_seq += 1
-            out.append(Event(id=f"{run.run_id}-{run.event_seq}", type=type_, run_id=run.run_id, data=data))
+            out.append(
+                Event(id=f"{run.run_id}-{run.event_seq}", type=payload.type, run_id=run.run_id, data=payload)
+            )
         return out
 
     # sweeps -------------------------------------------------------------------------------------

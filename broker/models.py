@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from broker.constants import Stage
+from broker.payloads import GitOrigin, HubPush, Metrics
 from core.errors import FailureReason
+from jobs.sections import ProviderName
+from jobs.spec import JobSpec
+from trainer.config import WandbPlan
 
 
 class RunState(StrEnum):
@@ -76,6 +79,30 @@ class StageTiming(BaseModel):
         return round(self.ended - self.started, 3)
 
 
+class RunProgress(BaseModel):
+    """What the stages have learned about a run as it went; each stage writes its own fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    wandb: WandbPlan | None = Field(None, description="The run's W&B run, decided as provision starts.")
+    cluster: list[str] = Field(
+        default_factory=list, description="The Ray node ids that have joined the run's head (provision)."
+    )
+    total_steps: int | None = Field(None, description="Optimizer steps the trainer plans.")
+    step: int | None = Field(None, description="The trainer's latest step.")
+    loss: float | None = Field(None, description="The training loss at `step`.")
+    learning_rate: float | None = None
+    epoch: float | None = None
+    finished: bool = Field(False, description="The train job reported its result.")
+    train_restarts: int = Field(0, description="Times a killed or crashed train job was run again.")
+    hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
+    pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
+
+    @property
+    def pushed(self) -> bool:
+        return self.hub is not None
+
+
 class Run(BaseModel):
     """One job's way through the fleet. Stored as JSON; never holds a secret."""
 
@@ -83,9 +110,9 @@ class Run(BaseModel):
 
     run_id: str
     state: RunState = RunState.QUEUED
-    provider: str
+    provider: ProviderName
     source: str = Field(description="Where the job came from (a file name, 'discord', ...).")
-    spec: dict[str, Any] = Field(description="The validated job (JobSpec as JSON).")
+    spec: JobSpec = Field(description="The validated job.")
     run_dir: str
     output_dir: str
     created_at: float = Field(default_factory=time.time)
@@ -99,20 +126,25 @@ class Run(BaseModel):
     cancel_requested: bool = False
     ray_jobs: dict[str, str] = Field(default_factory=dict, description="stage -> Ray submission id")
     log_offset: int = Field(0, description="Characters of the train job's log already relayed.")
-    progress: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    progress: RunProgress = Field(default_factory=RunProgress)
+    metrics: Metrics = Field(
+        default_factory=dict, description="The trainer's metrics (eval loss first, last)."
+    )
     event_seq: int = 0
     sweep_id: str | None = Field(None, description="The sweep this run is a child of.")
-    params: dict[str, Any] = Field(
+    params: dict[str, JsonValue] = Field(
         default_factory=dict, description="The keys a sweep set for this child (key -> value)."
     )
     held: bool = Field(
         False, description="A sweep child waiting (QUEUED) for a free slot under the sweep's max_parallel."
     )
-    origin: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Where the job came from beyond its file, e.g. a git commit: {kind, repo, commit, path}.",
-    )
+    origin: GitOrigin | None = Field(None, description="Where the job came from beyond its file (a commit).")
+
+    @model_validator(mode="after")
+    def _provider_is_the_jobs(self) -> Run:
+        if self.provider != self.spec.provider:
+            raise ValueError(f"provider {self.provider} is not the job's ({self.spec.provider})")
+        return self
 
     def stage(self, name: Stage) -> StageTiming:
         for timing in self.stages:
@@ -125,7 +157,7 @@ class Run(BaseModel):
     @property
     def num_nodes(self) -> int:
         """Machines in the run's Ray cluster (its provider section's `num_nodes`)."""
-        return int((self.spec.get("section") or {}).get("num_nodes") or 1)
+        return self.spec.section.num_nodes
 
     def instance_names_of(self, attempt: int) -> list[str]:
         """The deterministic names of an attempt's instances, node 0 (the Ray head) first: tf-<run>-<attempt>
@@ -150,7 +182,7 @@ class Instance(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    provider: str
+    provider: ProviderName
     run_id: str
     head: str | None = Field(
         None, description="A cluster's worker node: the instance whose Ray head it joins (None: a head)."
@@ -193,64 +225,3 @@ class Sweep(BaseModel):
     runs: list[str] = Field(default_factory=list, description="The children's run ids, in order.")
     cancel_requested: bool = False
     finished_at: float | None = None
-
-
-class EventType(StrEnum):
-    """What an event reports. Events carry these values and structured data, never prose alone."""
-
-    RUN_QUEUED = "run.queued"
-    WANDB_RUN = "wandb.run"
-    STAGE_STARTED = "stage.started"
-    STAGE_FINISHED = "stage.finished"
-    INSTANCE_REQUESTED = "instance.requested"
-    INSTANCE_ADOPTED = "instance.adopted"
-    INSTANCE_READY = "instance.ready"
-    INSTANCE_TERMINATING = "instance.terminating"
-    INSTANCE_TERMINATED = "instance.terminated"
-    INSTANCE_KEPT = "instance.kept"
-    INSTANCE_IDLE = "instance.idle"  # no active run on it: terminated at `terminate_at` unless used again
-    INSTANCE_REMINDER = "instance.reminder"  # a kept instance ends soon
-    INSTANCE_STUCK = "instance.stuck"  # alert: asked to terminate, still listed (every reap cycle)
-    INSTANCE_LOST = "instance.lost"  # the provider stopped listing it (several looks in a row)
-    NODE_JOINED = "node.joined"  # a Ray node joined the run's cluster (its head's State API lists it ALIVE)
-    PREPARE_SUBMITTED = "prepare.submitted"
-    PREPARE_FETCHED = "prepare.fetched"
-    TRAIN_SUBMITTED = "train.submitted"
-    TRAIN_STARTED = "train.started"
-    TRAIN_STEP = "train.step"
-    TRAIN_EVAL = "train.eval"
-    TRAIN_CHECKPOINT = "train.checkpoint"
-    TRAIN_FINISHED = "train.finished"
-    TRAIN_RESUMED = "train.resumed"
-    TRAIN_ROLLBACK = "train.rollback"
-    TRAIN_BATCH_SIZE = "train.batch_size"
-    TRAIN_RESTARTED = "train.restarted"
-    FINALIZE_PUSHED = "finalize.pushed"
-    FINALIZE_PULLED = "finalize.pulled"
-    RUN_CANCEL_REQUESTED = "run.cancel_requested"
-    RUN_SUCCEEDED = "run.succeeded"
-    RUN_FAILED = "run.failed"
-    RUN_CANCELLED = "run.cancelled"
-    RUN_KICKED = "run.kicked"
-    RUN_PREEMPTED = "run.preempted"  # its node was lost (preempted): a new one is coming, training resumes
-    RUN_RELEASED = "run.released"  # a sweep's waiting child got a slot: it goes to provision now
-    SWEEP_STARTED = "sweep.started"
-    SWEEP_FINISHED = "sweep.finished"  # every child ended: the table of parameters against the metric
-    REAP_TERMINATED = "reap.terminated"
-    BOT_REFUSED = "bot.refused"  # audit: an interaction the access check or a cap refused
-    BOT_COMMAND = "bot.command"  # audit: a command that changed something (train, cancel, terminate)
-
-
-TERMINAL_EVENTS = (EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED)
-
-
-class Event(BaseModel):
-    """One thing that happened. `id` is unique and stable, so consumers can drop repeats."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    type: EventType
-    run_id: str | None = None
-    time: float = Field(default_factory=time.time)
-    data: dict[str, Any] = Field(default_factory=dict)

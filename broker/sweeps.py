@@ -19,7 +19,8 @@ from broker.constants import Stage, sweep_lock_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.locks import Lease
-from broker.models import Event, EventType, Run, RunState, Sweep
+from broker.models import Run, RunState, Sweep
+from broker.payloads import Event, EventType, RunReleased
 
 log = logging.getLogger("trainfleet.sweeps")
 
@@ -69,7 +70,7 @@ def _release(run: Run) -> list[Draft]:
     if not run.held or run.state.is_terminal():
         return []
     run.held = False
-    return [(EventType.RUN_RELEASED, {"sweep_id": run.sweep_id})]
+    return [RunReleased(sweep_id=run.sweep_id)]
 
 
 def _finish(ledger: Ledger, sweep: Sweep, children: list[Run]) -> None:

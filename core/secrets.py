@@ -1,6 +1,8 @@
 """Credentials: from the environment or a secrets file, never from a job file, an event or a log.
 
-Each credential has one environment variable name (RUNPOD_API_KEY, VAST_API_KEY, ...). The secrets file
+Each credential has one environment variable name (RUNPOD_API_KEY, VAST_API_KEY, ...). The names the fleet
+knows are its own (`FLEET_CREDENTIALS`) and those its providers declare (`Provider.credential_names`), which
+core cannot see: `providers.registry.load_fleet_secrets` passes them all. The secrets file
 (`FLEET_SECRETS_FILE`, else `<config dir>/secrets.yml`) holds the same names as a YAML mapping and must
 be readable by its owner only. Values are `SecretStr`: their repr is masked, and only the provider that
 needs one (through `ProviderContext.credential`) calls `get_secret_value()`, when it makes a request.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from pydantic import SecretStr
 
 from core.errors import ConfigError, Problem
 
-KNOWN = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
+FLEET_CREDENTIALS = ("HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
+"""Credentials of the fleet itself, whichever providers there are (the Hub, W&B, the Discord bot)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,10 @@ def _file_path(environ: dict[str, str]) -> Path:
     return Path(explicit) if explicit else Path(platformdirs.user_config_dir("trainfleet")) / "secrets.yml"
 
 
-def load_secrets(env: dict[str, str] | None = None) -> Secrets:
-    """Read the secrets file (if any) and the environment; the environment wins."""
+def load_secrets(env: dict[str, str] | None = None, *, known: Iterable[str] = ()) -> Secrets:
+    """Read the credentials named `known` (and always `FLEET_CREDENTIALS`) from the secrets file (if any)
+    and the environment; the environment wins. Any other name in the file is an error."""
+    names = tuple(dict.fromkeys([*known, *FLEET_CREDENTIALS]))
     environ = dict(os.environ if env is None else env)
     path = _file_path(environ)
     values: dict[str, SecretStr] = {}
@@ -62,12 +68,12 @@ def load_secrets(env: dict[str, str] | None = None) -> Secrets:
         if not isinstance(data, dict):
             raise ConfigError(str(path), [Problem("", "the secrets file must be a mapping of NAME: value")])
         for key, value in data.items():
-            if str(key) not in KNOWN:
+            if str(key) not in names:
                 raise ConfigError(
-                    str(path), [Problem(str(key), f"unknown credential; known: {', '.join(KNOWN)}")]
+                    str(path), [Problem(str(key), f"unknown credential; known: {', '.join(names)}")]
                 )
             values[str(key)] = SecretStr(str(value))
-    for name in KNOWN:
+    for name in names:
         if environ.get(name):
             values[name] = SecretStr(environ[name])
     return Secrets(values, path)

@@ -166,10 +166,6 @@ class Settings(BaseModel):
     def cache_dir(self) -> Path:
         return self.home / "cache"
 
-    def api_urls(self) -> dict[str, str]:
-        """The clouds' API base URLs, by provider name."""
-        return {"runpod": self.runpod_api_base_url, "vastai": self.vast_url}
-
     def public(self) -> dict[str, Any]:
         """Settings safe to show (URLs may hold passwords: only their presence is shown)."""
         data = self.model_dump(mode="json")

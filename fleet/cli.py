@@ -1,12 +1,16 @@
-"""`fleet`: the command line. Every command is a thin layer over service.runs and the ledger."""
+"""`fleet`: the command line. Every command is a thin layer over service.runs and the ledger.
+
+This module holds the app, `main` (the console script) and the commands on runs: validate, enqueue, run
+(following it live), status, logs and cancel. The other commands register themselves on the same app from
+their modules: cli_procs (worker, beat, up, notify, bot, down), cli_nodes (instances, terminate, offers,
+node), cli_sweep (sweep), cli_watch (watch) and cli_ops (flower).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,11 +20,11 @@ from rich.live import Live
 from rich.table import Table
 
 from broker import events
-from broker.constants import QUEUES
-from broker.models import TERMINAL_EVENTS, Run
+from broker.models import Run
+from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
 from core.settings import Settings
-from fleet import cli_nodes, cli_ops, cli_sweep, cli_watch
+from fleet import cli_nodes, cli_ops, cli_procs, cli_sweep, cli_watch
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.live import LiveView
 from jobs.spec import LoadedJob, format_problems, load_job
@@ -305,128 +309,7 @@ def cancel(
         raise typer.Exit(1)
 
 
-QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
-ALL_QUEUES = ",".join(QUEUES)
-
-
-@cli.command()
-def worker(
-    queues: QueuesOpt = ALL_QUEUES,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="Worker processes.")] = None,
-    beat: Annotated[bool, typer.Option(help="Also run the reaper's beat in this worker.")] = False,
-) -> None:
-    """Run a Celery worker for the given stage queues (foreground)."""
-    from workers.process import run_worker
-
-    settings = settings_or_exit()
-    fleet = connect_or_exit(settings)
-    chosen = [q.strip() for q in queues.split(",") if q.strip()]
-    if unknown := [q for q in chosen if q not in QUEUES]:
-        err.print(f"[red]unknown queue(s) {', '.join(unknown)}; valid: {', '.join(QUEUES)}[/red]")
-        raise typer.Exit(2)
-    run_worker(settings, fleet.redis_url, chosen, concurrency or settings.worker_concurrency, beat)
-
-
-@cli.command()
-def beat() -> None:
-    """Run celery beat, which sends the reaper every FLEET_REAP_INTERVAL_S seconds (foreground)."""
-    from workers.process import run_beat
-
-    settings = settings_or_exit()
-    run_beat(settings, connect_or_exit(settings).redis_url)
-
-
-@cli.command()
-def up() -> None:
-    """A whole single-machine fleet in the foreground: one worker on every queue, plus beat."""
-    from workers.process import run_worker
-
-    settings = settings_or_exit()
-    fleet = connect_or_exit(settings)
-    err.print(f"fleet home {settings.home}; Ctrl-C to stop", highlight=False)
-    run_worker(settings, fleet.redis_url, list(QUEUES), settings.worker_concurrency, beat=True)
-
-
-@cli.command()
-def notify() -> None:
-    """Post the fleet's events to Discord (foreground, until Ctrl-C): as the bot into
-    FLEET_DISCORD_CHANNEL_ID when FLEET_DISCORD_BOT_TOKEN is set, else through FLEET_DISCORD_WEBHOOK_URL.
-    One status message per run, edited in place, and a message for each result, failure and link."""
-    import requests
-
-    from bot.app import bot_token
-    from bot.notifier import Notifier, secret_values
-    from bot.sinks import RestClient
-    from core.secrets import load_secrets
-
-    settings = settings_or_exit()
-    secrets = load_secrets()
-    as_bot = secrets.get("FLEET_DISCORD_BOT_TOKEN") is not None and settings.discord_channel_id is not None
-    if not as_bot and not settings.discord_webhook_url:
-        err.print(
-            "the notifier has nowhere to post: FLEET_DISCORD_WEBHOOK_URL is not set, nor "
-            "FLEET_DISCORD_BOT_TOKEN with FLEET_DISCORD_CHANNEL_ID (to post as the bot)",
-            style="red",
-        )
-        raise typer.Exit(2)
-    fleet = connect_or_exit(settings)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    with contextlib.ExitStack() as stack:
-        if as_bot:
-            import discord.http
-
-            discord.http.Route.BASE = settings.discord_api_base.rstrip("/")
-            rest = RestClient(bot_token(secrets))
-            stack.callback(rest.close)
-            assert settings.discord_channel_id is not None
-            notifier = Notifier(fleet.redis, rest.sink(settings.discord_channel_id), secret_values(secrets))
-        else:
-            session = stack.enter_context(requests.Session())
-            notifier = Notifier.from_settings(settings, fleet.redis, secrets, session)
-        where = f"channel {settings.discord_channel_id} as the bot" if as_bot else "the webhook"
-        err.print(f"notifier: posting to {where}; Ctrl-C to stop", highlight=False)
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop between batches, unacked ones stay
-            notifier.run_forever(stop)
-
-
-@cli.command()
-def bot() -> None:
-    """The Discord bot (foreground, until Ctrl-C): slash commands for the allowlisted users and roles in the
-    allowlisted channels, and the notifier posting into FLEET_DISCORD_CHANNEL_ID. Needs
-    FLEET_DISCORD_BOT_TOKEN."""
-    from bot.app import run_bot
-    from core.secrets import load_secrets
-
-    settings = settings_or_exit()
-    secrets = load_secrets()
-    if secrets.get("FLEET_DISCORD_BOT_TOKEN") is None:
-        err.print("FLEET_DISCORD_BOT_TOKEN is not set (environment or the fleet's secrets file)", style="red")
-        raise typer.Exit(2)
-    if (
-        not (settings.discord_allowed_users or settings.discord_allowed_roles)
-        or not settings.discord_allowed_channels
-    ):
-        err.print(
-            "warning: the allowlists are empty, so the bot refuses everyone: set "
-            "FLEET_DISCORD_ALLOWED_CHANNELS and FLEET_DISCORD_ALLOWED_USERS or FLEET_DISCORD_ALLOWED_ROLES",
-            style="yellow",
-        )
-    channel = settings.discord_channel_id
-    where = f"posting the fleet's events to channel {channel}" if channel else "no notify channel set"
-    err.print(f"bot: slash commands for the allowlisted; {where}; Ctrl-C to stop", highlight=False)
-    run_bot(connect_or_exit(settings), secrets)
-
-
-@cli.command()
-def down() -> None:
-    """Stop the embedded Redis (the ledger stays on disk)."""
-    from service.embedded import stop_redis
-
-    settings = settings_or_exit()
-    out.print("stopped" if stop_redis(settings.home) else "not running")
-
-
+cli_procs.register(cli)
 cli_nodes.register(cli)
 cli_sweep.register(cli)
 cli_watch.register(cli)

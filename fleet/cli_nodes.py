@@ -80,7 +80,7 @@ def offers(
     settings = settings_or_exit()
     try:
         job = load_job(file, default_provider=settings.default_provider)
-        provider = get_provider(job.spec.provider.value, provider_context(settings.home, settings.api_urls()))
+        provider = get_provider(job.spec.provider.value, provider_context(settings))
         chooser = getattr(provider, "choose", None)
         choice: Choice | None = chooser(job.spec.section) if chooser is not None else None
         plain = provider.list_offers(job.spec.section) if choice is None else []

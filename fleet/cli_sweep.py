@@ -16,7 +16,7 @@ from broker.models import Sweep
 from core.errors import ConfigError, FleetError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from jobs.spec import format_problems
-from service import sweeps
+from service import sweep_load, sweep_spec, sweeps
 from service.runs import Fleet
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -34,7 +34,7 @@ def sweep(
         typer.Argument(metavar="SWEEPFILE", help="A sweep file in axolotl's --sweep format."),
     ] = None,
     max_parallel: Annotated[
-        int | None, typer.Option(min=1, max=sweeps.MAX_PARALLEL, help="Children active at once.")
+        int | None, typer.Option(min=1, max=sweep_spec.MAX_PARALLEL, help="Children active at once.")
     ] = None,
     wait: Annotated[bool, typer.Option(help="Show the table live until the sweep ends.")] = False,
     as_json: JsonOpt = False,
@@ -45,7 +45,7 @@ def sweep(
     against the final metric (the best run marked); `fleet cancel SWEEP` cancels every child."""
     settings = settings_or_exit()
     try:
-        plan = sweeps.load_sweep(
+        plan = sweep_load.load_sweep(
             file, sweep_file, default_provider=settings.default_provider, max_parallel=max_parallel
         )
     except ConfigError as exc:

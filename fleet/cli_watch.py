@@ -11,6 +11,7 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
+from broker.payloads import GitOrigin
 from core.errors import GitError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from service import gitwatch
@@ -126,12 +127,10 @@ def enqueue_changed(repo: Path, ref: str, globs: list[str], use_ray: bool, as_js
     raise typer.Exit(1 if failed else 0)
 
 
-def origin_text(origin: dict[str, Any]) -> str:
+def origin_text(origin: GitOrigin) -> str:
     """A run's origin in one line for `fleet status RUN`."""
-    if origin.get("kind") == "git":
-        branch = f", branch {origin['branch']}" if origin.get("branch") else ""
-        return f"{origin.get('path')} at commit {origin.get('commit')} ({origin.get('repo')}{branch})"
-    return json.dumps(origin)
+    branch = f", branch {origin.branch}" if origin.branch else ""
+    return f"{origin.path} at commit {origin.commit} ({origin.repo}{branch})"
 
 
 def _report(look: Look, as_json: bool, shown: set[tuple[str, str]], label: str) -> bool:

@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.constants import Stage
-from broker.models import Event, EventType, Run, RunState
+from broker.models import Run, RunState
+from broker.payloads import Event, EventType
 from service.describe import describe, format_value
 
 
@@ -51,12 +52,13 @@ class LiveView:
                 took = f"{timing.ended - timing.started:.1f}s"
             table.add_row(stage.value, status, took)
         progress = run.progress
-        step, total = progress.get("step") or 0, progress.get("total_steps") or 0
+        step, total = progress.step or 0, progress.total_steps or 0
+        loss = "-" if progress.loss is None else format_value(progress.loss)
         bar = Table.grid(padding=(0, 2))
         bar.add_row(
             ProgressBar(total=float(total or 1), completed=float(step), width=40),
             Text(
-                f"step {step}/{total or '?'}  loss {format_value(progress.get('loss', '-'))}  "
+                f"step {step}/{total or '?'}  loss {loss}  "
                 f"eval_loss {format_value(run.metrics.get('eval_loss', '-'))}"
             ),
         )

@@ -22,7 +22,7 @@ from typing import ClassVar
 from pydantic import BaseModel, SecretStr
 
 from core.errors import CredentialsMissing, ProvisioningFailed
-from jobs.sections import ProviderName
+from jobs.sections import ProviderName, SectionBase
 
 INSTANCE_PREFIX = "tf-"
 
@@ -133,12 +133,27 @@ def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) 
 
 
 class Provider(ABC):
-    """One GPU cloud. Subclasses set `name` and implement the six calls."""
+    """One GPU cloud. Subclasses declare themselves in the class attributes below and implement the six
+    calls; `providers.registry` derives the fleet's credential names and API URLs from the declarations,
+    and a unit test checks them against `jobs.sections.SECTION_MODELS`."""
 
     name: ClassVar[ProviderName]
-    # Whether the node sees this machine's files (a local head does; a rented node gets the job's files
-    # through the Ray job's runtime_env, and its results come back through jobs.shipping / trainer.pack).
+    """The provider's name, as a job file's section key names it."""
+    section_model: ClassVar[type[SectionBase]]
+    """The model of its section of a job file (in jobs.sections, below the providers: the job's data);
+    the same class as `SECTION_MODELS[name]`. `list_offers` and `launch` get an instance of it."""
+    credential_names: ClassVar[tuple[str, ...]] = ()
+    """The credentials it needs (environment variable / secrets-file names), e.g. ("RUNPOD_API_KEY",).
+    The fleet's secrets are read under these names, plus the fleet's own (core.secrets.FLEET_CREDENTIALS)."""
+    default_api_url: ClassVar[str | None] = None
+    """A cloud's API base URL (None: it has no API, like `local`)."""
+    api_url_env: ClassVar[str | None] = None
+    """The environment variable that overrides `default_api_url` (RUNPOD_API_BASE_URL, VAST_URL): the name
+    of a core.settings.Settings field's vendor variable (`AS_IS`), so FLEET_<FIELD> and the settings file
+    set it too. The registry passes the setting's value in `ProviderContext.urls[name]`."""
     shares_files: ClassVar[bool] = False
+    """Whether the node sees this machine's files (a local head does; a rented node gets the job's files
+    through the Ray job's runtime_env, and its results come back through jobs.shipping / trainer.pack)."""
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context

@@ -1,11 +1,11 @@
-"""The explicit registry of providers and their job-section models."""
+"""The explicit registry of providers, and what the fleet derives from their declarations: the credential
+names it reads (`CREDENTIAL_NAMES`) and the API base URLs it hands them (`api_urls`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from core.errors import ConfigError, CredentialsMissing, Problem
-from core.secrets import Secrets, load_secrets
+from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
+from core.settings import AS_IS, Settings
 from jobs.sections import ProviderName
 from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
@@ -18,11 +18,45 @@ PROVIDERS: dict[ProviderName, type[Provider]] = {
     ProviderName.VASTAI: VastAIProvider,
 }
 
+CREDENTIAL_NAMES: tuple[str, ...] = tuple(
+    dict.fromkeys([*(n for cls in PROVIDERS.values() for n in cls.credential_names), *FLEET_CREDENTIALS])
+)
+"""Every credential the fleet knows: its providers' and its own."""
 
-def provider_context(home: Path, urls: dict[str, str], secrets: Secrets | None = None) -> ProviderContext:
-    """What providers get: the home, the credentials (masked), the API URLs."""
-    found = secrets if secrets is not None else load_secrets()
-    return ProviderContext(home=home, credentials=dict(found.values), urls=urls)
+
+def load_fleet_secrets(env: dict[str, str] | None = None) -> Secrets:
+    """The fleet's credentials (`CREDENTIAL_NAMES`) from the secrets file and the environment."""
+    return load_secrets(env, known=CREDENTIAL_NAMES)
+
+
+def api_url_setting(cls: type[Provider]) -> str | None:
+    """The Settings field that holds the provider's API base URL: the one read from its `api_url_env`
+    (None: the provider has no API URL)."""
+    if cls.api_url_env is None:
+        return None
+    fields = [field for field, env in AS_IS.items() if env == cls.api_url_env]
+    if not fields:
+        raise LookupError(
+            f"{cls.__name__}.api_url_env {cls.api_url_env} is no setting's (core.settings.AS_IS)"
+        )
+    return fields[0]
+
+
+def api_urls(settings: Settings) -> dict[str, str]:
+    """Each cloud's API base URL as the settings give it, by provider name (ProviderContext.urls)."""
+    urls = {}
+    for name, cls in PROVIDERS.items():
+        field = api_url_setting(cls)
+        if field is not None:
+            urls[name.value] = str(getattr(settings, field))
+    return urls
+
+
+def provider_context(settings: Settings, secrets: Secrets | None = None) -> ProviderContext:
+    """What providers get: the fleet's home, the credentials (masked; the fleet's secrets unless given), the
+    API URLs."""
+    found = secrets if secrets is not None else load_fleet_secrets()
+    return ProviderContext(home=settings.home, credentials=dict(found.values), urls=api_urls(settings))
 
 
 def provider_name(name: str) -> ProviderName:

@@ -1,32 +1,69 @@
 """What every rented-node cloud shares, as a template: one instance per name, a Ray head reached with the
-node's own token, terminate by name. A cloud says how to list its raw records, read one, and destroy one.
+node's own token, terminate by name, and the steps of `list_offers` and `launch` around the vendor's own:
+check the section, choose the cheapest fitting offer, refuse when none fits. A cloud says how to choose
+offers, create an instance for one, list its raw records, read one, and destroy one.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
-from core.errors import NodeError
+from pydantic import BaseModel
+
+from core.errors import NoCapacity, NodeError, ProviderError, ProvisioningFailed
 from providers.base import (
     INSTANCE_PREFIX,
+    LaunchRequest,
     NodeEndpoint,
     NodeInstance,
+    Offer,
     Provider,
     ProviderContext,
     jobs_api_answers,
+    require_ours,
 )
+from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
 
 Record = dict[str, Any]
 
 
-class RemoteProvider(Provider):
-    """A cloud reached through its API (RunPod, vast.ai). Subclasses implement the five hooks below."""
+class RentalSection(Protocol):
+    """What the template reads of a cloud's section (RunPodSection, VastAISection)."""
+
+    @property
+    def gpu(self) -> str: ...
+
+    @property
+    def gpu_count(self) -> int: ...
+
+
+S = TypeVar("S", bound=RentalSection)
+
+
+class RemoteProvider(Provider, Generic[S]):
+    """A cloud reached through its API (RunPod, vast.ai), whose section model is `S`. Subclasses declare
+    `vendor`, `default_api_url` and `api_url_env` (besides `Provider`'s) and implement the hooks below."""
+
+    vendor: ClassVar[str]
+    """The cloud's name in messages ("RunPod", "vast.ai")."""
+    default_api_url: ClassVar[str]
+    api_url_env: ClassVar[str]
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.tokens = NodeTokens(context.home)
+        self.api_url = context.urls.get(self.name, self.default_api_url)
+
+    @abstractmethod
+    def choose(self, section: S) -> Choice:
+        """The offers for the section, filtered and priced, cheapest first (with the rejected, and why)."""
+
+    @abstractmethod
+    def _create(self, request: LaunchRequest, section: S, best: Priced) -> NodeInstance:
+        """Create the instance `request.name` on the offer `best` and return it at once (PENDING). When the
+        vendor's create call fails, return `self._created_anyway(request.name, <the translated error>)`."""
 
     @abstractmethod
     def _records(self, name: str | None = None) -> list[Record]:
@@ -47,6 +84,32 @@ class RemoteProvider(Provider):
     @abstractmethod
     def _jobs_url(self, record: Record) -> str | None:
         """Where the instance publishes its Ray Jobs API, if it does yet."""
+
+    def list_offers(self, section: BaseModel) -> list[Offer]:
+        assert isinstance(section, self.section_model)
+        return [
+            Offer(self.name, p.candidate.offer_id, p.candidate.gpu, p.candidate.gpu_count, p.price_per_hour)
+            for p in self.choose(cast(S, section)).fits
+        ]
+
+    def launch(self, request: LaunchRequest) -> NodeInstance:
+        if not isinstance(request.section, self.section_model):
+            raise ProvisioningFailed(f"{self.name} provider got a {type(request.section).__name__} section")
+        section = cast(S, request.section)
+        require_ours(request.name)
+        best = self.choose(section).best
+        if best is None:
+            wanted = f"{section.gpu} x{section.gpu_count}"
+            raise NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
+        return self._create(request, section, best)
+
+    def _created_anyway(self, name: str, error: ProviderError) -> NodeInstance:
+        """After a failed create call: the create may have happened although the call failed, and whatever
+        exists under the name is ours, so return it; else raise `error`."""
+        existing = self.get(name)
+        if existing is not None:
+            return existing
+        raise error from None
 
     def _endpoint_url(self, record: Record) -> str | None:
         """The Jobs API URL to use now (a cloud may also require the instance to be running)."""

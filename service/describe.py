@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.cost import run_cost
-from broker.models import Event, EventType, Run
+from broker.models import Run
+from broker.payloads import Event, RunSucceeded, TrainFinished
 from service.runs import Fleet
 
 
@@ -23,11 +24,11 @@ _HEADLINE_METRICS = ("eval_loss_first", "eval_loss", "train_loss", "global_step"
 def describe(event: Event) -> str:
     """One line for an event: time, type, and its data as key=value."""
     stamp = datetime.fromtimestamp(event.time, UTC).strftime("%H:%M:%S")
-    data = event.data
-    if event.type in (EventType.RUN_SUCCEEDED, EventType.TRAIN_FINISHED):
-        metrics = data.get("metrics") or {}
+    data = event.data.wire()
+    if isinstance(event.data, RunSucceeded | TrainFinished):
+        metrics = event.data.metrics
         shown = {k: metrics.get(k) for k in _HEADLINE_METRICS if k in metrics}
-        data = {"output_dir": data.get("output_dir"), **shown}
+        data = {"output_dir": event.data.output_dir, **shown}
     parts = " ".join(f"{k}={format_value(v)}" for k, v in data.items() if v not in (None, [], {}, ""))
     return f"{stamp} {event.type.value:<22} {parts}".rstrip()
 
@@ -63,8 +64,8 @@ def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
         "sweep_id": run.sweep_id,
         "params": run.params,
         "held": run.held,
-        "origin": run.origin,
-        "progress": run.progress,
+        "origin": run.origin.model_dump(mode="json") if run.origin else {},
+        "progress": run.progress.model_dump(mode="json"),
         "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
         "cost_usd": run_cost(fleet.ledger, run),
     }

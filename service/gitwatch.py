@@ -29,6 +29,7 @@ from typing import Any, cast
 import redis
 
 from broker.constants import GIT_INVALID, git_claim_key, git_lease_key, git_watermark_key, run_key
+from broker.payloads import GitOrigin
 from core.errors import ConfigError, FleetError, GitError, OverBudget, Problem
 from jobs.spec import LoadedJob, format_problems, parse_job
 from jobs.yamlsafe import MAX_BYTES
@@ -151,7 +152,7 @@ def look(
     for commit in result.commits:
         if stop is not None and stop.is_set():
             break
-        origin = {"kind": "git", "repo": trigger.repo_id, "branch": branch, "commit": commit}
+        origin = GitOrigin(repo=trigger.repo_id, branch=branch, commit=commit)
         paths = repo.changed_files(repo.first_parent(commit), commit, trigger.globs)
         done = [_enqueue(trigger, commit, path, origin) for path in paths]
         result.results += done
@@ -179,7 +180,7 @@ def enqueue_changed(trigger: Trigger, ref: str) -> Look:
             f"--changed-since {ref}: no such commit in {repo.root} (a shallow clone? check out with "
             "fetch-depth: 0; after a force-push the old commit may be gone)"
         )
-    origin = {"kind": "git", "repo": trigger.repo_id, "branch": repo.branch(), "commit": head, "since": base}
+    origin = GitOrigin(repo=trigger.repo_id, branch=repo.branch(), commit=head, since=base)
     result = Look(head, base, [head] if base != head else [])
     for path in repo.changed_files(base, head, trigger.globs) if base != head else []:
         result.results.append(_enqueue(trigger, head, path, origin))
@@ -203,9 +204,7 @@ def _advance(trigger: Trigger, key: str, commit: str) -> None:
                 continue
 
 
-def _enqueue(
-    trigger: Trigger, commit: str, path: str, origin: dict[str, Any], again: bool = True
-) -> ConfigResult:
+def _enqueue(trigger: Trigger, commit: str, path: str, origin: GitOrigin, again: bool = True) -> ConfigResult:
     """Settle one (commit, path): see the module's docstring for the protocol."""
     client = trigger.fleet.redis
     claim = git_claim_key(trigger.repo_id, commit, path)
@@ -227,7 +226,7 @@ def _enqueue(
     try:
         if client.exists(run_key(run_id)):
             return ConfigResult(commit, path, Outcome.ALREADY, run_id)
-        return _submit(trigger, commit, path, run_id, {**origin, "path": path})
+        return _submit(trigger, commit, path, run_id, origin.model_copy(update={"path": path}))
     finally:
         _release(client, run_id, token)
 
@@ -247,7 +246,7 @@ def _release(client: redis.Redis[str], run_id: str, token: str) -> None:
     client.register_script(_RELEASE)(keys=[git_lease_key(run_id)], args=[token])
 
 
-def _submit(trigger: Trigger, commit: str, path: str, run_id: str, origin: dict[str, Any]) -> ConfigResult:
+def _submit(trigger: Trigger, commit: str, path: str, run_id: str, origin: GitOrigin) -> ConfigResult:
     """Under the lease of `run_id`, with no run of that id yet: validate the config as of `commit` and
     submit it, or mark it invalid, or report the fleet's refusal (the claim stays for the next look)."""
     fleet = trigger.fleet

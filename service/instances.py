@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.events import new_event
-from broker.models import EventType, InstanceState
+from broker.models import InstanceState
+from broker.payloads import InstanceTerminated, InstanceTerminating
 from core.errors import FleetError, NotFound
 from providers.base import NodeInstance, Provider
 from providers.registry import configured_providers, provider_context
@@ -40,7 +41,7 @@ class Row:
 
 
 def _providers(fleet: Fleet) -> list[Provider]:
-    return configured_providers(provider_context(fleet.settings.home, fleet.settings.api_urls()))
+    return configured_providers(provider_context(fleet.settings))
 
 
 def live_instances(fleet: Fleet) -> list[Row]:
@@ -89,8 +90,7 @@ def terminate(fleet: Fleet, name: str, force: bool = False) -> Row:
             fleet.ledger.update_instance(name, state=state)
         fleet.ledger.emit(
             new_event(
-                EventType.INSTANCE_TERMINATED if gone else EventType.INSTANCE_TERMINATING,
-                {"instance": name, "by": "user"},
+                (InstanceTerminated if gone else InstanceTerminating)(instance=name, by="user"),
                 run_id=row.run_id,
             )
         )

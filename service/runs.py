@@ -16,13 +16,13 @@ from broker.constants import Stage
 from broker.cost import DAY_S, fleet_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
-from broker.models import EventType, Run
+from broker.models import Run
+from broker.payloads import GitOrigin, RunCancelRequested, RunQueued
 from core.errors import ConfigError, CredentialsMissing, OverBudget, Problem
-from core.secrets import load_secrets
 from core.settings import Settings
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
-from providers.registry import PROVIDERS, get_provider, provider_context
+from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context
 from service.embedded import ensure_redis
 
 
@@ -62,9 +62,9 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         message = "this file is a sweep: submit it with `fleet sweep FILE` (or /sweep in Discord)"
         raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
     provider = job.spec.provider.value
-    secrets = load_secrets()
+    secrets = load_fleet_secrets()
     try:
-        get_provider(provider, provider_context(settings.home, settings.api_urls(), secrets))
+        get_provider(provider, provider_context(settings, secrets))
     except CredentialsMissing as exc:
         raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
     if job.spec.train.hub_model_id and secrets.get("HF_TOKEN") is None:
@@ -104,7 +104,7 @@ def submit(
     sweep_id: str | None = None,
     params: dict[str, Any] | None = None,
     held: bool = False,
-    origin: dict[str, Any] | None = None,
+    origin: GitOrigin | None = None,
 ) -> Run:
     """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error.
 
@@ -125,23 +125,24 @@ def submit(
             spec = spec.model_copy(update={"train": ship_datasets(spec.train, job.source, ship_dir(run_dir))})
         run = Run(
             run_id=run_id,
-            provider=spec.provider.value,
+            provider=spec.provider,
             source=job.source,
-            spec=spec.model_dump(mode="json"),
+            spec=spec,
             run_dir=str(run_dir),
             output_dir=str(output_dir),
             sweep_id=sweep_id,
             params=params or {},
             held=held,
-            origin=origin or {},
+            origin=origin,
         )
         (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
-        queued: dict[str, Any] = {"source": job.source, "provider": run.provider, "warnings": job.warnings}
+        extra: dict[str, object] = {}
         if sweep_id is not None:
-            queued.update(sweep_id=sweep_id, params=run.params, held=held)
+            extra.update(sweep_id=sweep_id, params=run.params, held=held)
         if origin:
-            queued["origin"] = run.origin
-        drafts: list[Draft] = [(EventType.RUN_QUEUED, queued)]
+            extra.update(origin=origin)
+        queued = RunQueued(source=job.source, provider=run.provider, warnings=job.warnings, **extra)
+        drafts: list[Draft] = [queued]
         fleet.ledger.create_run(run, drafts)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -161,7 +162,7 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
         if r.cancel_requested or r.state.is_terminal():
             return []
         r.cancel_requested = True
-        return [(EventType.RUN_CANCEL_REQUESTED, {"state": r.state.value})]
+        return [RunCancelRequested(state=r.state.value)]
 
     run = fleet.ledger.update_run(run.run_id, flag)
     if (stage := run.state.stage) is not None:

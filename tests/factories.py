@@ -12,13 +12,24 @@ from typing import Any
 import redis
 import yaml
 
+from broker.constants import Stage
 from broker.ledger import Draft, Ledger
-from broker.models import EventType, Instance, Run, RunState
+from broker.models import Instance, Run, RunState
+from broker.payloads import (
+    InstanceRequested,
+    RunFailed,
+    RunQueued,
+    RunSucceeded,
+    StageStarted,
+    TrainEval,
+    TrainStep,
+    WandbRun,
+)
 from core.errors import FailureReason
-from jobs.sections.base import SectionBase
-from jobs.spec import SECTION_MODELS, JobSpec
+from jobs.sections import SECTION_MODELS, LocalSection, SectionBase
+from jobs.spec import JobSpec
 from trainer import faults, progress
-from trainer.config import TrainConfig, TrainJob
+from trainer.config import TrainConfig, TrainJob, WandbPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_YAML = REPO_ROOT / "configs" / "examples" / "tiny-lora.yml"
@@ -56,16 +67,22 @@ def train_config(**overrides: Any) -> TrainConfig:
     return TrainConfig.model_validate(values)
 
 
+def job_spec(section: SectionBase | None = None) -> JobSpec:
+    """The small `train_config()` job on `section`'s provider (default: a plain `local:` section)."""
+    section = section if section is not None else LocalSection()
+    provider = next(name for name, model in SECTION_MODELS.items() if isinstance(section, model))
+    return JobSpec(train=train_config(), provider=provider, section=section)
+
+
 def ledger_run(run_id: str, section: SectionBase, state: RunState = RunState.QUEUED, **fields: Any) -> Run:
     """A Run as the ledger holds it: the small `train_config()` job on `section`'s provider, in `state`,
     with `fields` set (instance, progress, ray_jobs, ...). For tests that put runs in the ledger by hand."""
-    provider = next(name for name, model in SECTION_MODELS.items() if isinstance(section, model))
-    spec = JobSpec(train=train_config(), provider=provider, section=section)
+    spec = job_spec(section)
     return Run(
         run_id=run_id,
-        provider=provider.value,
+        provider=spec.provider,
         source="t",
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         run_dir="/r",
         output_dir="/r/o",
         state=state,
@@ -117,9 +134,14 @@ class Script:
 
     def create(self, run_id: str) -> None:
         run = Run(
-            run_id=run_id, provider="local", source="job.yaml", spec={}, run_dir="/r", output_dir="/out"
+            run_id=run_id,
+            provider="local",
+            source="job.yaml",
+            spec=job_spec(),
+            run_dir="/r",
+            output_dir="/out",
         )
-        self.ledger.create_run(run, [(EventType.RUN_QUEUED, {})])
+        self.ledger.create_run(run, [RunQueued(source=run.source, provider=run.provider)])
 
     def change(self, run_id: str, fn: Callable[[Run], list[Draft]]) -> None:
         self.ledger.update_run(run_id, fn)
@@ -128,8 +150,8 @@ class Script:
         def provision(r: Run) -> list[Draft]:
             r.state, r.instance = RunState.PROVISIONING, f"tf-{run_id}-1"
             return [
-                (EventType.STAGE_STARTED, {"stage": "provision"}),
-                (EventType.INSTANCE_REQUESTED, {"instance": r.instance, "price_per_hour": 2.5}),
+                StageStarted(stage=Stage.PROVISION),
+                InstanceRequested(instance=r.instance, provider=r.provider, price_per_hour=2.5),
             ]
 
         self.ledger.put_instance(
@@ -138,14 +160,16 @@ class Script:
         self.change(run_id, provision)
 
         def wandb(r: Run) -> list[Draft]:
-            r.progress["wandb"] = {"url": f"https://wandb.example/{run_id}"}
-            return [(EventType.WANDB_RUN, {"url": f"https://wandb.example/{run_id}"})]
+            r.progress.wandb = WandbPlan(
+                run_id=f"tf-{run_id}", project="p", url=f"https://wandb.example/{run_id}"
+            )
+            return [WandbRun(run_id=f"tf-{run_id}", project="p", mode="online", url=r.progress.wandb.url)]
 
         self.change(run_id, wandb)
 
         def train(r: Run) -> list[Draft]:
             r.state = RunState.TRAINING
-            return [(EventType.STAGE_STARTED, {"stage": "train"})]
+            return [StageStarted(stage=Stage.TRAIN)]
 
         self.change(run_id, train)
 
@@ -153,19 +177,19 @@ class Script:
         for step in steps:
 
             def one(r: Run, step: int = step) -> list[Draft]:
-                r.progress.update(step=step, total_steps=10, loss=1.0 / step)
-                return [(EventType.TRAIN_STEP, {"step": step})]
+                r.progress.step, r.progress.total_steps, r.progress.loss = step, 10, 1.0 / step
+                return [TrainStep(step=step)]
 
             self.change(run_id, one)
 
     def succeed(self, run_id: str) -> None:
         def evaluate(r: Run) -> list[Draft]:
             r.metrics.update(eval_loss_first=2.0, eval_loss=0.5)
-            return [(EventType.TRAIN_EVAL, {"eval_loss": 0.5})]
+            return [TrainEval(eval_loss=0.5)]
 
         def done(r: Run) -> list[Draft]:
             r.state = RunState.SUCCEEDED
-            return [(EventType.RUN_SUCCEEDED, {"output_dir": "/out", "metrics": r.metrics, "hub": None})]
+            return [RunSucceeded(output_dir="/out", metrics=r.metrics, hub=None)]
 
         self.change(run_id, evaluate)
         self.change(run_id, done)
@@ -177,7 +201,7 @@ class Script:
                 FailureReason.TRAINING_FAILED,
                 message,
             )
-            return [(EventType.RUN_FAILED, {"reason": "TRAINING_FAILED", "message": message})]
+            return [RunFailed(reason=FailureReason.TRAINING_FAILED, message=message)]
 
         self.change(run_id, failed)
 

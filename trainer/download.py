@@ -36,7 +36,8 @@ from typing import Any
 
 from trainer.errors import DownloadError
 from trainer.fslock import exclusive
-from trainer.transfer import DEFAULT_RETRIES, Item, transfer
+from trainer.transfer import DEFAULT_RETRIES, transfer
+from trainer.transfer_state import Item
 
 ENDPOINT = "https://huggingface.co"
 DEFAULT_CONNECTIONS = 16

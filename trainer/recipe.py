@@ -15,43 +15,28 @@ optimizer, scheduler, RNG states, counters, and the data position (the same epoc
 batches already consumed skipped); the total number of steps does not change. The first STEP line after a
 resume averages only the steps after it. Rollbacks: trainer.watchdog; auto_find_batch_size:
 trainer.batch_size; test hooks: trainer.faults.
+
+This module holds the entry points and the loop (steps, evaluation, checkpoints, rollbacks); building a
+worker's model, data, optimizer and resume point before it is trainer.recipe_setup's.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from trainer import batch_size, dist, faults, hub_checkpoints, outputs, resume, samples, snapshot
-from trainer.config import TrainConfig, TrainJob
-from trainer.data import IGNORE_INDEX, Collator, prepare
+from trainer import dist, faults, hub_checkpoints, outputs, samples
+from trainer.config import TrainJob
+from trainer.data import IGNORE_INDEX
 from trainer.faults import InjectedCrash
-from trainer.lora import build_optimizer, load_lora_model
-from trainer.progress import Kind, emit
-from trainer.snapshot import Position, Snapshot
-from trainer.tracking import Tracker
-from trainer.watchdog import LR_FACTOR, Reason, Trip, Watchdog, scale_learning_rate
+from trainer.progress import Kind
+from trainer.recipe_setup import RunSetup
+from trainer.watchdog import LR_FACTOR, Reason, Trip, scale_learning_rate
 
 MAX_GRAD_NORM = 1.0
-
-
-def plan_steps(batches_per_epoch: int, config: TrainConfig) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps) for one worker's `batches_per_epoch`."""
-    per_epoch = max(1, math.ceil(batches_per_epoch / config.gradient_accumulation_steps))
-    total = config.max_steps if config.max_steps is not None else math.ceil(config.num_epochs * per_epoch)
-    return per_epoch, max(1, total)
-
-
-def warmup_steps(config: TrainConfig, total: int) -> int:
-    """`warmup_steps`, or `warmup_ratio` of `total` rounded up, or 0."""
-    if config.warmup_steps is not None:
-        return config.warmup_steps
-    return math.ceil((config.warmup_ratio or 0.0) * total)
 
 
 def loop_config(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
@@ -90,99 +75,8 @@ def run(
     return metrics
 
 
-class _Run:
-    """The state of one worker's training run; `train` is the loop."""
-
-    def __init__(self, job: TrainJob, model_path: Path, base_dir: Path | None, under_ray: bool) -> None:
-        import torch
-        from torch.utils.data import DataLoader, DistributedSampler
-        from transformers import AutoTokenizer, get_scheduler
-        from transformers.utils import logging as hf_logging
-
-        self.started = time.monotonic()
-        self.job, self.config = job, job.config
-        cfg = self.config
-        hf_logging.disable_progress_bar()
-        self.worker = dist.current_worker(job.use_gpu, under_ray)
-        self.tracker = Tracker(job, self.worker.is_main)
-        self.faults = faults.from_env(os.environ)
-        self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)  # same LoRA init on every rank
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        pad_id = self.tokenizer.pad_token_id
-        self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
-        self.data = prepare(cfg, self.tokenizer, base_dir)
-        peft_model, self.targets = load_lora_model(model_path, cfg)
-        self.trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-        self.total_params = sum(p.numel() for p in peft_model.parameters())
-        self.model = dist.prepare_model(peft_model, self.worker)
-        self.peft_model = dist.unwrap(self.model)
-
-        w = self.worker
-        self.resumed = resume.find(Path(job.work_dir), w)
-        shard = DistributedSampler(
-            self.data.train, num_replicas=w.world_size, rank=w.rank, shuffle=True, seed=cfg.seed
-        )
-        self.config = cfg = self.choose_batch_size(cfg, len(shard))
-        self.sampler = resume.ShardFrom(shard)
-        # Own generators: creating an iterator draws a seed, which must not move torch's global RNG.
-        self.train_loader = DataLoader(
-            self.data.train,
-            batch_size=cfg.micro_batch_size,
-            sampler=self.sampler,
-            collate_fn=self.collate,
-            generator=torch.Generator().manual_seed(cfg.seed),
-        )
-        self.batches_per_epoch = len(self.train_loader)
-        # Eval shards without padding (each example counted once); losses are summed over all ranks.
-        self.eval_loader = DataLoader(
-            self.data.eval[w.rank :: w.world_size],
-            batch_size=cfg.micro_batch_size,
-            collate_fn=self.collate,
-            generator=torch.Generator(),
-        )
-        _, self.total = plan_steps(self.batches_per_epoch, cfg)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, cfg, w.device)
-        self.scheduler = get_scheduler(
-            cfg.lr_scheduler,
-            self.optimizer,
-            num_warmup_steps=warmup_steps(cfg, self.total),
-            num_training_steps=self.total,
-        )
-        self.watchdog = Watchdog.from_config(cfg)
-        self.pos = Position()
-        if self.resumed is not None:
-            self.pos = self.restore(self.resumed.snapshot)
-        self.anchor = self.capture()  # what a rollback goes back to: the last checkpoint, else this
-        self.window: list[float] = []  # micro-batch-averaged losses of the steps since the last STEP line
-
-    def choose_batch_size(self, cfg: TrainConfig, shard_size: int) -> TrainConfig:
-        """`cfg` with auto_find_batch_size's micro batch and accumulation (a resumed run keeps its own)."""
-        if not cfg.auto_find_batch_size:
-            return cfg
-        choice = batch_size.Choice.of_checkpoint(self.resumed.state) if self.resumed is not None else None
-        if choice is None:
-            choice = batch_size.find(
-                self.peft_model,
-                self.data.train,
-                self.collate,
-                micro_batch_size=cfg.micro_batch_size,
-                gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                shard_size=shard_size,
-                device=self.worker.device,
-                cap_bytes=self.faults.memory_cap_bytes(self.worker.rank),
-                agree=lambda fits: dist.all_true(fits, self.worker),
-            )
-        self.say(Kind.BATCH_SIZE, **choice.to_json())
-        return cfg.model_copy(update=choice.config_update())
-
-    def say(self, kind: Kind, **data: Any) -> None:
-        if self.worker.is_main:
-            emit(kind, **data)
-            self.tracker.record(kind, data)
+class _Run(RunSetup):
+    """One worker's training run; `train` is the loop."""
 
     def train(self) -> dict[str, Any]:
         cfg, w = self.config, self.worker
@@ -349,14 +243,6 @@ class _Run:
             rollbacks=self.pos.rollbacks,
         )
 
-    def capture(self) -> Snapshot:
-        position = self.pos.normalized(self.batches_per_epoch)
-        return snapshot.capture(self.peft_model, self.optimizer, self.scheduler, position, self.worker.device)
-
-    def restore(self, snap: Snapshot) -> Position:
-        restored = snapshot.restore(snap, self.peft_model, self.optimizer, self.scheduler, self.worker.device)
-        return restored.normalized(self.batches_per_epoch)
-
     def evaluate(self) -> float | None:
         """Token-weighted mean loss over the whole eval set (all ranks' shards); None without one."""
         if not self.data.eval:
@@ -413,6 +299,3 @@ class _Run:
             hub = hub_checkpoints.push(path, self.job)
         dist.report(w, {"step": self.pos.step, "eval_loss": self.pos.eval_loss}, checkpoint_dir=path)
         self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path), hub=hub)
-
-    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v.to(self.worker.device) for k, v in batch.items()}

@@ -43,7 +43,7 @@ def init(settings: Settings, redis_url: str) -> Context:
         redis=client,
         ledger=Ledger(client, settings.events_maxlen),
         dispatcher=Dispatcher(app, client, settings.stall_after_s),
-        provider_context=provider_context(settings.home, settings.api_urls()),
+        provider_context=provider_context(settings),
     )
     return _context
 

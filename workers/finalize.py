@@ -17,40 +17,36 @@ from broker.app import app
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.ledger import Draft
-from broker.models import EventType, Run, RunState
+from broker.models import Run, RunState
+from broker.payloads import FinalizePulled, HubPush, RunSucceeded, StageFinished
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus
 from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context
-from workers.common import (
-    RETRY_POLICY,
-    Next,
-    job_spec,
-    node,
-    node_env,
-    run_stage,
-    terminate_instance,
-)
+from workers.ending import terminate_instance
+from workers.node_job import node, node_env
+from workers.runner import run_stage
+from workers.stage import RETRY_POLICY, Next
 
 PUSH_ENTRYPOINT = "python -m trainer push"
 PACK_ENTRYPOINT = "python -m trainer pack"
 
 
 def step(ctx: context.Context, run: Run) -> Next:
-    if not run.progress.get("finished"):
+    if not run.progress.finished:
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the trainer reported no result")
-    if job_spec(run).train.hub_model_id and not run.progress.get("pushed"):
+    if run.spec.train.hub_model_id and not run.progress.pushed:
         waiting = push_results(ctx, run)
         if waiting is not None:
             return waiting
         run = ctx.ledger.get_run(run.run_id)
-    if not ctx.provider(run.provider).shares_files and not run.progress.get("pulled"):
+    if not ctx.provider(run.provider).shares_files and not run.progress.pulled:
         waiting = pull_results(ctx, run)
         if waiting is not None:
             return waiting
     drafts: list[Draft] = []
-    if job_spec(run).one_shot:
+    if run.spec.one_shot:
         drafts += terminate_instance(ctx, run)
     cost = run_cost(
         ctx.ledger, run
@@ -64,16 +60,8 @@ def step(ctx: context.Context, run: Run) -> Next:
         r.state = RunState.SUCCEEDED
         return [
             *drafts,
-            (EventType.STAGE_FINISHED, {"stage": Stage.FINALIZE.value, "seconds": timing.seconds}),
-            (
-                EventType.RUN_SUCCEEDED,
-                {
-                    "output_dir": r.output_dir,
-                    "metrics": r.metrics,
-                    "hub": r.progress.get("hub"),
-                    "cost_usd": cost,
-                },
-            ),
+            StageFinished(stage=Stage.FINALIZE, seconds=timing.seconds),
+            RunSucceeded(output_dir=r.output_dir, metrics=r.metrics, hub=r.progress.hub, cost_usd=cost),
         ]
 
     ctx.ledger.update_run(run.run_id, succeed)
@@ -107,12 +95,11 @@ def push_results(ctx: context.Context, run: Run) -> Next | None:
     pushed = [r for r in progress.parse(log) if r["kind"] == progress.Kind.PUSHED]
     if not pushed:
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the push job said nothing of where it pushed")
-    hub = {k: v for k, v in pushed[-1].items() if k != "kind"}
+    hub = HubPush.model_validate({k: pushed[-1].get(k) for k in HubPush.model_fields})
 
     def record(r: Run) -> list[Draft]:
-        r.progress["pushed"] = True
-        r.progress["hub"] = hub
-        return [(EventType.FINALIZE_PUSHED, hub)]
+        r.progress.hub = hub
+        return [hub]
 
     ctx.ledger.update_run(run.run_id, record)
     return None
@@ -121,7 +108,7 @@ def push_results(ctx: context.Context, run: Run) -> Next | None:
 def pull_results(ctx: context.Context, run: Run) -> Next | None:
     """Copy the node's output directory into the run's own (trainer.pack through a Ray job's log); None
     once the results are here, or (pushed to the hub already) too large to travel."""
-    entrypoint = PACK_ENTRYPOINT + (" --skip-over-limit" if run.progress.get("pushed") else "")
+    entrypoint = PACK_ENTRYPOINT + (" --skip-over-limit" if run.progress.pushed else "")
     log = node_job(ctx, run, "pack", entrypoint)
     if isinstance(log, Next):
         return log
@@ -130,19 +117,19 @@ def pull_results(ctx: context.Context, run: Run) -> Next | None:
         packed = pack.unpack(progress.parse(log), Path(run.output_dir))
     except PackError as exc:
         raise StageFailed(FailureReason.FINALIZE_FAILED, str(exc)) from None
-    pulled = {
-        "output_dir": run.output_dir,
-        "files": packed.files,
-        "bytes": packed.bytes,
-        "sha256": packed.sha256,
-        "unpack_seconds": round(time.monotonic() - started, 2),
-    }
+    pulled = FinalizePulled(
+        output_dir=run.output_dir,
+        files=packed.files,
+        bytes=packed.bytes,
+        sha256=packed.sha256,
+        unpack_seconds=round(time.monotonic() - started, 2),
+    )
     if packed.skipped:
-        pulled = {"skipped": packed.skipped, "files": packed.files}
+        pulled = FinalizePulled(skipped=packed.skipped, files=packed.files)
 
     def record(r: Run) -> list[Draft]:
-        r.progress["pulled"] = True
-        return [(EventType.FINALIZE_PULLED, pulled)]
+        r.progress.pulled = True
+        return [pulled]
 
     ctx.ledger.update_run(run.run_id, record)
     return None

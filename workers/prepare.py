@@ -7,20 +7,15 @@ from celery import Task
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, Run
+from broker.models import Run
+from broker.payloads import EventType, PrepareFetched, RaySubmitted
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus
 from trainer import progress
 from workers import context
-from workers.common import (
-    RETRY_POLICY,
-    Next,
-    enter,
-    files_for_node,
-    node,
-    node_env,
-    run_stage,
-)
+from workers.node_job import files_for_node, node, node_env, node_record
+from workers.runner import run_stage
+from workers.stage import RETRY_POLICY, Next, enter_next
 
 ENTRYPOINT = "python -m trainer fetch"
 
@@ -37,7 +32,7 @@ def step(ctx: context.Context, run: Run) -> Next:
 
         def submitted(r: Run) -> list[Draft]:
             r.ray_jobs[Stage.PREPARE.value] = sid
-            return [(EventType.PREPARE_SUBMITTED, {"ray_job": sid})]
+            return [RaySubmitted(ray_job=sid)]
 
         run = ctx.ledger.update_run(run.run_id, submitted)
     info = client.info(sid)
@@ -46,13 +41,14 @@ def step(ctx: context.Context, run: Run) -> Next:
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
     if info.status == JobStatus.SUCCEEDED:
         fetched = [r for r in progress.parse(client.logs(sid)) if r["kind"] == progress.Kind.FETCHED]
-        data = {k: v for k, v in (fetched[-1] if fetched else {}).items() if k != "kind"}
+        said = node_record(EventType.PREPARE_FETCHED, fetched[-1] if fetched else {})
+        data = said if said is not None else PrepareFetched()
 
         def done(r: Run) -> list[Draft]:
-            return [(EventType.PREPARE_FETCHED, data), *enter(r, Stage.TRAIN)]
+            return [data, *enter_next(r, Stage.PREPARE)]
 
         ctx.ledger.update_run(run.run_id, done)
-        return Next.advance(Stage.TRAIN)
+        return Next.onward(Stage.PREPARE)
     if info.status.is_terminal():
         tail = client.logs(sid)[-1500:]
         raise StageFailed(FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{tail}")

@@ -12,21 +12,17 @@ from celery import Task
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NodeLost, ProviderUnavailable, StageFailed
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
 from workers import context, wandb_plan
-from workers.common import (
-    RETRY_POLICY,
-    Next,
-    enter,
-    instance_lost,
-    job_spec,
-    node_secrets,
-    run_stage,
-)
+from workers.ending import instance_lost
+from workers.node_job import node_secrets
+from workers.runner import run_stage
+from workers.stage import RETRY_POLICY, Next, enter, enter_next
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -66,22 +62,21 @@ def step(ctx: context.Context, run: Run) -> Next:
     if endpoint is not None and len(up) == len(names):
         joined = len(names) == 1 or _joined(ctx, run, endpoint)
         if joined:
-            ready: dict[str, object] = {"instance": head, "dashboard_url": endpoint.dashboard_url}
-            if len(names) > 1:
-                ready.update(instances=names, num_nodes=len(names))
+            cluster = {"instances": names, "num_nodes": len(names)} if len(names) > 1 else {}
+            ready = InstanceReady(instance=head, dashboard_url=endpoint.dashboard_url, **cluster)
 
             def go(r: Run) -> list[Draft]:
-                return [(EventType.INSTANCE_READY, ready), *enter(r, Stage.PREPARE)]
+                return [ready, *enter_next(r, Stage.PROVISION)]
 
             ctx.ledger.update_run(run.run_id, go)
-            return Next.advance(Stage.PREPARE)
+            return Next.onward(Stage.PROVISION)
     started = run.stage(Stage.PROVISION).started or run.created_at
     if time.time() - started > ctx.settings.node_ready_timeout_s:
         late = [name for name in names if name not in up]
         what = f"instance {', '.join(late)}" if late else "the cluster's nodes"
         why = f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
         if len(names) > 1:
-            joined_now = len(run.progress.get("cluster") or [])
+            joined_now = len(run.progress.cluster)
             why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
         raise StageFailed(FailureReason.NODE_TIMEOUT, why)
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
@@ -113,7 +108,7 @@ def _bring_up(
         request = LaunchRequest(
             name,
             run.run_id,
-            job_spec(run).section,
+            run.spec.section,
             node_secrets(ctx),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,
@@ -132,13 +127,17 @@ def _bring_up(
             provider_id=found.provider_id,
             price_per_hour=found.price_per_hour,
         )
-        requested = {"instance": name, "provider": run.provider, "price_per_hour": found.price_per_hour}
-        if run.num_nodes > 1:
-            requested.update(node=k, num_nodes=run.num_nodes)
-        _emit(ctx, run, EventType.INSTANCE_REQUESTED, requested)
+        node = {"node": k, "num_nodes": run.num_nodes} if run.num_nodes > 1 else {}
+        _emit(
+            ctx,
+            run,
+            InstanceRequested(
+                instance=name, provider=run.provider, price_per_hour=found.price_per_hour, **node
+            ),
+        )
     elif record.state == InstanceState.REQUESTED:
         ctx.ledger.update_instance(name, state=InstanceState.STARTING, provider_id=found.provider_id)
-        _emit(ctx, run, EventType.INSTANCE_ADOPTED, {"instance": name, "provider": run.provider})
+        _emit(ctx, run, InstanceAdopted(instance=name, provider=run.provider))
     return found
 
 
@@ -149,21 +148,19 @@ def _joined(ctx: context.Context, run: Run, endpoint: NodeEndpoint) -> bool:
         alive = [n for n in cluster_nodes(endpoint) if n.get("state") == "ALIVE"]
     except FleetError:
         return False  # the head's State API is not up yet: ask again at the next poll
-    known = list(run.progress.get("cluster") or [])
+    known = list(run.progress.cluster)
     new = [n for n in alive if n.get("node_id") not in known]
     if new:
 
         def note(r: Run) -> list[Draft]:
-            seen = list(r.progress.get("cluster") or [])
+            seen = list(r.progress.cluster)
             drafts: list[Draft] = []
             for n in new:
                 if n.get("node_id") in seen:
                     continue
-                seen.append(n.get("node_id"))
-                drafts.append(
-                    (EventType.NODE_JOINED, node_summary(n) | {"nodes": len(seen), "of": r.num_nodes})
-                )
-            r.progress["cluster"] = seen
+                seen.append(str(n.get("node_id")))
+                drafts.append(NodeJoined(**node_summary(n), nodes=len(seen), of=r.num_nodes))
+            r.progress.cluster = seen
             return drafts
 
         ctx.ledger.update_run(run.run_id, note)
@@ -178,18 +175,17 @@ def _refused(exc: FleetError) -> bool:
     return True
 
 
-def _emit(ctx: context.Context, run: Run, kind: EventType, data: dict[str, object]) -> None:
-    ctx.ledger.update_run(run.run_id, lambda r: [(kind, dict(data))])
+def _emit(ctx: context.Context, run: Run, payload: Draft) -> None:
+    ctx.ledger.update_run(run.run_id, lambda r: [payload])
 
 
 def _start(ctx: context.Context, run: Run) -> list[Draft]:
     """Enter provision; decide the run's W&B run and announce it at once."""
     drafts = enter(run, Stage.PROVISION)
-    planned = wandb_plan.plan(ctx.settings, job_spec(run), run.run_id, group=run.sweep_id)
+    planned = wandb_plan.plan(ctx.settings, run.spec, run.run_id, group=run.sweep_id)
     if planned is not None:
-        run.progress["wandb"] = planned
-        announced = {k: planned[k] for k in ("run_id", "project", "entity", "mode", "url")}
-        drafts.append((EventType.WANDB_RUN, announced))
+        run.progress.wandb = planned
+        drafts.append(WandbRun.model_validate(planned.model_dump(include=set(WandbRun.model_fields))))
     return drafts
 
 

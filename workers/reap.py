@@ -36,7 +36,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -46,14 +45,24 @@ from broker.constants import REAP_LOCK, REAP_TASK, Stage
 from broker.events import new_event
 from broker.ledger import Draft
 from broker.locks import Lease
-from broker.models import EventType, Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import (
+    InstanceIdle,
+    InstanceLost,
+    InstanceReminder,
+    InstanceStuck,
+    InstanceTerminated,
+    Payload,
+    ReapTerminated,
+    RunKicked,
+)
 from core.errors import FailureReason, FleetError, NotFound
 from jobs.spec import JobSpec
 from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
 from providers.node import ping
 from providers.registry import configured_providers
 from workers import context
-from workers.common import teardown
+from workers.ending import teardown
 
 log = logging.getLogger("trainfleet.reap")
 
@@ -152,7 +161,7 @@ class Pass:
             self.terminate(inst.name, record, "orphan")
             return
         try:
-            spec = JobSpec.model_validate(run.spec)
+            spec = run.spec
         except ValidationError:  # cannot happen to a run the fleet stored; never let it stop reaping
             log.error("reap: run %s has an unreadable job; its node is ended with the run", run.run_id)
             if run.state.is_terminal():
@@ -197,8 +206,8 @@ class Pass:
         self.heartbeat(inst.name)  # kept alive on purpose: its own failsafe must not end it early
         if not record.reminded and self.now >= until - self.settings.kept_reminder_s:
             self.ctx.ledger.update_instance(inst.name, reminded=True)
-            data = {"instance": inst.name, "until": until, "in_s": round(until - self.now)}
-            self._event(EventType.INSTANCE_REMINDER, data, run.run_id)
+            reminder = InstanceReminder(instance=inst.name, until=until, in_s=round(until - self.now))
+            self._event(reminder, run.run_id)
             self.report.reminded.append(inst.name)
 
     def idle(self, inst: NodeInstance, record: Instance, run: Run, spec: JobSpec) -> None:
@@ -217,8 +226,8 @@ class Pass:
         if since is None:
             since = max(run.updated_at, record.created_at)
             self.ctx.ledger.update_instance(inst.name, idle_since=since)
-            data = {"instance": inst.name, "idle_since": since, "terminate_at": since + stop_after}
-            self._event(EventType.INSTANCE_IDLE, data, run.run_id)
+            idle = InstanceIdle(instance=inst.name, idle_since=since, terminate_at=since + stop_after)
+            self._event(idle, run.run_id)
             self.report.idle.append(inst.name)
         if self.now >= since + stop_after:
             self.terminate(inst.name, record, f"idle for {round(self.now - since)} s")
@@ -243,7 +252,7 @@ class Pass:
         self.ctx.ledger.update_instance(
             name, state=InstanceState.TERMINATING, why_terminated=why, terminate_requested_at=self.now
         )
-        self._event(EventType.REAP_TERMINATED, {"instance": name, "why": why}, run_id)
+        self._event(ReapTerminated(instance=name, why=why), run_id)
         self.report.terminated.append(name)
         self._call_terminate(name, 0)
 
@@ -252,14 +261,14 @@ class Pass:
         long."""
         since = record.terminate_requested_at or record.updated_at
         if self.now - since >= self.settings.stuck_alert_after_s:
-            data = {
-                "instance": record.name,
-                "since": since,
-                "attempts": record.terminate_attempts,
-                "price_per_hour": inst.price_per_hour or record.price_per_hour,
-                "provider_id": inst.provider_id,
-            }
-            self._event(EventType.INSTANCE_STUCK, data, record.run_id or None)
+            stuck = InstanceStuck(
+                instance=record.name,
+                since=since,
+                attempts=record.terminate_attempts,
+                price_per_hour=inst.price_per_hour or record.price_per_hour,
+                provider_id=inst.provider_id,
+            )
+            self._event(stuck, record.run_id or None)
             self.report.stuck.append(record.name)
             log.error(
                 "reap: %s (%s id %s) still listed %.0f s after it was terminated; terminate it by hand "
@@ -288,7 +297,7 @@ class Pass:
         if record.state == InstanceState.TERMINATING:
             self.ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
             self.report.confirmed.append(record.name)
-            self._event(EventType.INSTANCE_TERMINATED, {"instance": record.name}, record.run_id or None)
+            self._event(InstanceTerminated(instance=record.name), record.run_id or None)
             return
         if record.state not in (InstanceState.STARTING, InstanceState.RUNNING):
             return  # REQUESTED: maybe never created (the provision stage looks it up by name)
@@ -297,9 +306,7 @@ class Pass:
             self.ctx.ledger.update_instance(record.name, missed=missed)
             return
         self.ctx.ledger.update_instance(record.name, missed=missed, state=InstanceState.LOST)
-        self._event(
-            EventType.INSTANCE_LOST, {"instance": record.name, "looks": missed}, record.run_id or None
-        )
+        self._event(InstanceLost(instance=record.name, looks=missed), record.run_id or None)
         self.report.lost.append(record.name)
 
     # helpers ----------------------------------------------------------------------------------------
@@ -311,15 +318,15 @@ class Pass:
         except NotFound:
             return None
 
-    def _event(self, kind: EventType, data: dict[str, Any], run_id: str | None) -> None:
-        self.ctx.ledger.emit(new_event(kind, data, run_id))
+    def _event(self, payload: Payload, run_id: str | None) -> None:
+        self.ctx.ledger.emit(new_event(payload, run_id))
 
 
 _SETTLED = (InstanceState.TERMINATED, InstanceState.LOST)  # ...and yet listed: terminate it again
 
 
 def _kicked_event(stage: Stage) -> Callable[[Run], list[Draft]]:
-    return lambda _run: [(EventType.RUN_KICKED, {"stage": stage.value})]
+    return lambda _run: [RunKicked(stage=stage)]
 
 
 @app.task(name=REAP_TASK)

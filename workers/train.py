@@ -6,28 +6,29 @@ in the same transaction as the events it produced, so a line is never relayed tw
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import Task
 
 from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import EventType, Run
+from broker.models import Run
+from broker.payloads import (
+    EventType,
+    TrainEval,
+    TrainFinished,
+    TrainRestarted,
+    TrainStarted,
+    TrainStep,
+    TrainSubmitted,
+)
 from core.errors import FailureReason, NodeLost, StageFailed
 from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
-from workers.common import (
-    RETRY_POLICY,
-    Next,
-    enter,
-    files_for_node,
-    node,
-    node_env,
-    node_lost,
-    run_stage,
-)
+from workers.ending import node_lost
+from workers.node_job import files_for_node, node, node_env, node_record
+from workers.runner import run_stage
+from workers.stage import RETRY_POLICY, Next, enter_next
 
 ENTRYPOINT = "python -m trainer train"
 TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change
@@ -46,7 +47,7 @@ _EVENT_OF = {
 
 def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
-    restarts = int(run.progress.get("train_restarts", 0))
+    restarts = run.progress.train_restarts
     sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
         client.submit(sid, ENTRYPOINT, node_env(ctx, run), files_for_node(ctx, run))
@@ -55,16 +56,16 @@ def step(ctx: context.Context, run: Run) -> Next:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
                 return []
             r.ray_jobs[Stage.TRAIN.value] = sid
-            return [(EventType.TRAIN_SUBMITTED, {"ray_job": sid})]
+            return [TrainSubmitted(ray_job=sid)]
 
         run = ctx.ledger.update_run(run.run_id, submitted)
     info = client.info(sid)  # read before the logs, so a finished job's log is read whole
     run = relay(ctx, run, client, sid)
     if info is None or not info.status.is_terminal():
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
-    if info.status == JobStatus.SUCCEEDED and run.progress.get("finished"):
-        ctx.ledger.update_run(run.run_id, lambda r: enter(r, Stage.FINALIZE))
-        return Next.advance(Stage.FINALIZE)
+    if info.status == JobStatus.SUCCEEDED and run.progress.finished:
+        ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
+        return Next.onward(Stage.TRAIN)
     log = client.logs(sid)
     crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
     if crashed and run.num_nodes > 1 and (lost := node_lost(ctx, run)) is not None:
@@ -73,15 +74,15 @@ def step(ctx: context.Context, run: Run) -> Next:
     if crashed and restarts < ctx.settings.train_restarts:
         # Killed or crashed, not refused by the trainer: run it again; it resumes from its newest
         # checkpoint on the node (trainer.resume), not from step 0.
-        after = run.progress.get("step")
-        restarted = {"restart": restarts + 1, "after_step": after, "why": info.message[:300]}
+        after = run.progress.step
+        restarted = TrainRestarted(restart=restarts + 1, after_step=after, why=info.message[:300])
 
         def again(r: Run) -> list[Draft]:
-            if int(r.progress.get("train_restarts", 0)) != restarts:
+            if r.progress.train_restarts != restarts:
                 return []
-            r.progress["train_restarts"] = restarts + 1
+            r.progress.train_restarts = restarts + 1
             r.log_offset = 0  # the next job's log starts afresh
-            return [(EventType.TRAIN_RESTARTED, restarted)]
+            return [restarted]
 
         ctx.ledger.update_run(run.run_id, again)
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
@@ -96,39 +97,41 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
     end = text.rfind("\n") + 1  # whole lines only
     if end <= offset:
         return run
-    records = list(progress.parse(text[offset:end]))
+    relayed = []
+    for record in progress.parse(text[offset:end]):
+        event = _EVENT_OF.get(progress.Kind(record["kind"]))
+        if event is None:  # a line meant for another stage (the node's own business)
+            continue
+        if (payload := node_record(event, record)) is not None:
+            relayed.append(payload)
 
     def apply(r: Run) -> list[Draft]:
         if r.log_offset != offset:  # another tick relayed these lines already
             return []
         r.log_offset = end
-        drafts: list[Draft] = []
-        for record in records:
-            kind = progress.Kind(record.pop("kind"))
-            event = _EVENT_OF.get(kind)
-            if event is None:  # a line meant for another stage (the node's own business)
-                continue
-            _track(r, kind, record)
-            drafts.append((event, record))
-        return drafts
+        for payload in relayed:
+            _track(r, payload)
+        return list(relayed)
 
     return ctx.ledger.update_run(run.run_id, apply)
 
 
-def _track(run: Run, kind: progress.Kind, record: dict[str, Any]) -> None:
+_STEP_FIELDS = frozenset({"step", "total_steps", "loss", "learning_rate", "epoch"})
+
+
+def _track(run: Run, payload: Draft) -> None:
     """Keep the run's latest progress and first/last eval loss in the ledger."""
-    if kind == progress.Kind.STARTED:
-        run.progress["total_steps"] = record.get("total_steps")
-    elif kind == progress.Kind.STEP:
-        for key in ("step", "total_steps", "loss", "learning_rate", "epoch"):
-            if key in record:
-                run.progress[key] = record[key]
-    elif kind == progress.Kind.EVAL:
-        run.metrics.setdefault("eval_loss_first", record.get("eval_loss"))
-        run.metrics["eval_loss"] = record.get("eval_loss")
-    elif kind == progress.Kind.FINISHED:
-        run.metrics.update(record.get("metrics") or {})
-        run.progress["finished"] = True
+    if isinstance(payload, TrainStarted):
+        run.progress.total_steps = payload.total_steps
+    elif isinstance(payload, TrainStep):
+        for key in sorted(payload.model_fields_set & _STEP_FIELDS):
+            setattr(run.progress, key, getattr(payload, key))
+    elif isinstance(payload, TrainEval):
+        run.metrics.setdefault("eval_loss_first", payload.eval_loss)
+        run.metrics["eval_loss"] = payload.eval_loss
+    elif isinstance(payload, TrainFinished):
+        run.metrics.update(payload.metrics)
+        run.progress.finished = True
 
 
 @app.task(name=Stage.TRAIN.task_name, bind=True, **RETRY_POLICY)

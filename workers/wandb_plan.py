@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from broker.events import read_run
-from broker.models import EventType, Run
+from broker.models import Run
+from broker.payloads import EventType, PrepareFetched
 from core.settings import Settings
 from jobs.spec import JobSpec
 from trainer.config import WandbPlan
@@ -28,7 +29,7 @@ LIFECYCLE = {
 }
 
 
-def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = None) -> dict[str, Any] | None:
+def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = None) -> WandbPlan | None:
     """The W&B run of a job that names a `wandb_project` (None otherwise, or when W&B is disabled); a sweep's
     runs are grouped under the sweep's id."""
     train = spec.train
@@ -40,21 +41,21 @@ def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = Non
     url = None
     if mode == "online" and entity:
         url = f"{settings.wandb_app_url.rstrip('/')}/{entity}/{train.wandb_project}/runs/{run_id_wb}"
-    return {
-        "run_id": run_id_wb,
-        "project": train.wandb_project,
-        "entity": entity,
-        "name": train.wandb_name,
-        "mode": mode,
-        "url": url,
-        **({"group": group} if group else {}),
-    }
+    return WandbPlan(
+        run_id=run_id_wb,
+        project=train.wandb_project,
+        entity=entity,
+        name=train.wandb_name,
+        mode=mode,
+        url=url,
+        group=group,
+    )
 
 
 def for_trainer(ctx: context.Context, run: Run) -> WandbPlan | None:
     """The plan recorded at provision, with the lifecycle so far."""
-    planned = run.progress.get("wandb")
-    if not planned:
+    planned = run.progress.wandb
+    if planned is None:
         return None
     lifecycle = []
     for _sid, event in read_run(ctx.redis, run.run_id):
@@ -62,10 +63,12 @@ def for_trainer(ctx: context.Context, run: Run) -> WandbPlan | None:
         if keep is None:
             continue
         row: dict[str, Any] = {"t": round(event.time, 3), "event": event.type.value}
-        row.update({k: event.data[k] for k in keep if k in event.data})
-        if event.type == EventType.PREPARE_FETCHED:
-            download = event.data.get("download") or {}
-            kept = ("bytes", "seconds", "mb_per_s")
-            row.update({f"download_{k}": download[k] for k in kept if k in download})
+        given = event.data.wire()
+        row.update({k: given[k] for k in keep if k in given})
+        if isinstance(event.data, PrepareFetched) and event.data.download is not None:
+            download = event.data.download.model_dump(
+                include={"bytes", "seconds", "mb_per_s"}, exclude_unset=True
+            )
+            row.update({f"download_{k}": v for k, v in download.items()})
         lifecycle.append(row)
-    return WandbPlan(**planned, lifecycle=lifecycle)
+    return planned.model_copy(update={"lifecycle": lifecycle})

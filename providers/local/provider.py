@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from core.errors import NodeError, ProvisioningFailed
-from jobs.sections import ProviderName
+from jobs.sections import ProviderName, SectionBase
 from jobs.sections.local import LocalSection
 from providers.base import (
     INSTANCE_PREFIX,
@@ -34,6 +34,7 @@ class LocalProvider(Provider):
     """Ray heads on this machine, one per run attempt."""
 
     name: ClassVar[ProviderName] = ProviderName.LOCAL
+    section_model: ClassVar[type[SectionBase]] = LocalSection
     shares_files: ClassVar[bool] = True
 
     def __init__(self, context: ProviderContext) -> None:

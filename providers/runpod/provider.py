@@ -19,8 +19,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
-
 from core.errors import (
     AuthFailed,
     NoCapacity,
@@ -28,16 +26,9 @@ from core.errors import (
     ProviderUnavailable,
     ProvisioningFailed,
 )
-from jobs.sections import ProviderName
+from jobs.sections import ProviderName, SectionBase
 from jobs.sections.runpod import RunPodSection
-from providers.base import (
-    LaunchRequest,
-    NodeInstance,
-    NodeState,
-    Offer,
-    ProviderContext,
-    require_ours,
-)
+from providers.base import LaunchRequest, NodeInstance, NodeState, ProviderContext
 from providers.bootstrap import (
     GCS_PORT,
     HEAD_ADDRESS_ENV,
@@ -47,12 +38,13 @@ from providers.bootstrap import (
     failsafe_env,
 )
 from providers.failsafe import RUNPOD_URL_ENV
-from providers.offers import Candidate, Choice, choose
+from providers.offers import Candidate, Choice, Priced, choose
 from providers.remote import Record, RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from trainer.config import NODE_ROOT_ENV
 
 DEFAULT_API = "https://api.runpod.io"
+CREDENTIAL = "RUNPOD_API_KEY"
 NO_CAPACITY_MARK = "no longer any instances available"
 PRIVATE_DOMAIN = ".runpod.internal"  # global networking: every pod is <pod id>.runpod.internal
 PRIVATE_HOST = "$RUNPOD_POD_ID" + PRIVATE_DOMAIN  # a pod's own private name, as its start script writes it
@@ -69,15 +61,19 @@ def translate(exc: RunPodAPIError) -> ProviderError:
     return ProviderError(str(exc))
 
 
-class RunPodProvider(RemoteProvider):
+class RunPodProvider(RemoteProvider[RunPodSection]):
     """Pods on RunPod, through its GraphQL API."""
 
     name: ClassVar[ProviderName] = ProviderName.RUNPOD
+    section_model: ClassVar[type[SectionBase]] = RunPodSection
+    credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
+    vendor: ClassVar[str] = "RunPod"
+    default_api_url: ClassVar[str] = DEFAULT_API
+    api_url_env: ClassVar[str] = "RUNPOD_API_BASE_URL"
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.api_url = context.urls.get("runpod", DEFAULT_API)
-        self.client = RunPodClient(context.credential("RUNPOD_API_KEY"), self.api_url)
+        self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
@@ -113,24 +109,8 @@ class RunPodProvider(RemoteProvider):
                 )
         return choose(section, section.gpu, candidates)
 
-    def list_offers(self, section: BaseModel) -> list[Offer]:
-        assert isinstance(section, RunPodSection)
-        return [
-            Offer(self.name, p.candidate.offer_id, p.candidate.gpu, p.candidate.gpu_count, p.price_per_hour)
-            for p in self.choose(section).fits
-        ]
-
     # lifecycle ------------------------------------------------------------------------------------
-    def launch(self, request: LaunchRequest) -> NodeInstance:
-        section = request.section
-        if not isinstance(section, RunPodSection):
-            raise ProvisioningFailed(f"runpod provider got a {type(section).__name__} section")
-        require_ours(request.name)
-        best = self.choose(section).best
-        if best is None:
-            raise NoCapacity(
-                f"no RunPod offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
-            )
+    def _create(self, request: LaunchRequest, section: RunPodSection, best: Priced) -> NodeInstance:
         env = {
             **request.node_env(section.env),
             RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
@@ -158,11 +138,7 @@ class RunPodProvider(RemoteProvider):
             else:
                 pod = self.client.deploy_on_demand(spec)
         except RunPodAPIError as exc:
-            # The create may have happened although the call failed: whatever exists under the name is ours.
-            existing = self.get(request.name)
-            if existing is not None:
-                return existing
-            raise translate(exc) from None
+            return self._created_anyway(request.name, translate(exc))
         return self._instance(pod, probe=False)
 
     def _pod_spec(

@@ -20,28 +20,19 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import requests
-from pydantic import BaseModel
 
 from core.errors import (
     AuthFailed,
     NoCapacity,
     ProviderError,
     ProviderUnavailable,
-    ProvisioningFailed,
 )
-from jobs.sections import ProviderName
+from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
-from providers.base import (
-    LaunchRequest,
-    NodeInstance,
-    NodeState,
-    Offer,
-    ProviderContext,
-    require_ours,
-)
+from providers.base import LaunchRequest, NodeInstance, NodeState, ProviderContext
 from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, start_script
 from providers.failsafe import VAST_URL_ENV
-from providers.offers import Candidate, Choice, Rule, choose
+from providers.offers import Candidate, Choice, Priced, Rule, choose
 from providers.remote import Record, RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 
@@ -143,14 +134,18 @@ def vendor_rules(section: VastAISection, offers: dict[str, dict[str, Any]]) -> l
     return [check(reliability), check(verified), check(gpu_ram), check(cuda)]
 
 
-class VastAIProvider(RemoteProvider):
+class VastAIProvider(RemoteProvider[VastAISection]):
     """Instances on vast.ai, through the official `vastai` library."""
 
     name: ClassVar[ProviderName] = ProviderName.VASTAI
+    section_model: ClassVar[type[SectionBase]] = VastAISection
+    credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
+    vendor: ClassVar[str] = "vast.ai"
+    default_api_url: ClassVar[str] = DEFAULT_API
+    api_url_env: ClassVar[str] = "VAST_URL"
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.api_url = context.urls.get("vastai", DEFAULT_API)
         self.client = VastAIClient(context.credential(CREDENTIAL), self.api_url)
 
     # offers ---------------------------------------------------------------------------------------
@@ -207,24 +202,8 @@ class VastAIProvider(RemoteProvider):
             },
         )
 
-    def list_offers(self, section: BaseModel) -> list[Offer]:
-        assert isinstance(section, VastAISection)
-        return [
-            Offer(self.name, p.candidate.offer_id, p.candidate.gpu, p.candidate.gpu_count, p.price_per_hour)
-            for p in self.choose(section).fits
-        ]
-
     # lifecycle ------------------------------------------------------------------------------------
-    def launch(self, request: LaunchRequest) -> NodeInstance:
-        section = request.section
-        if not isinstance(section, VastAISection):
-            raise ProvisioningFailed(f"vastai provider got a {type(section).__name__} section")
-        require_ours(request.name)
-        best = self.choose(section).best
-        if best is None:
-            raise NoCapacity(
-                f"no vast.ai offer fits the job (see `fleet offers`) for {section.gpu} x{section.gpu_count}"
-            )
+    def _create(self, request: LaunchRequest, section: VastAISection, best: Priced) -> NodeInstance:
         token = self.tokens.ensure(request.name)
         deadline = section.terminate_after if section.terminate_after != -1 else None
         env = {
@@ -247,11 +226,7 @@ class VastAIProvider(RemoteProvider):
                 price=price,
             )
         except requests.RequestException as exc:
-            # The create may have happened although the call failed: whatever carries our label is ours.
-            existing = self.get(request.name)
-            if existing is not None:
-                return existing
-            raise translate(exc) from None
+            return self._created_anyway(request.name, translate(exc))
         return NodeInstance(
             request.name,
             self.name,

@@ -2,7 +2,7 @@
 against a real Redis and in-process fake clouds, and `workers.reap.reap_once`, as test_reap.py does.
 
 `DirectFleet.drive` plays the Celery worker for one run: it calls the real stage task body
-(`workers.common.run_stage`, so claiming, cancelling, teardown and Retry-After are the fleet's own) with
+(`workers.runner.run_stage`, so claiming, cancelling, teardown and Retry-After are the fleet's own) with
 the task's id and retry count, and retries what Celery's autoretry would, after the same back-off
 (`RETRY_POLICY`, Celery's own jittered interval, seeded per case). What it leaves out is only the broker
 round trip: the next task is run here instead of being consumed from the queue it was sent to.
@@ -33,8 +33,9 @@ from tests.fakes import FakeCloud
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
 from workers import context, finalize, prepare, provision, train
-from workers.common import RETRY_POLICY, Next, run_stage
 from workers.reap import reap_once
+from workers.runner import run_stage
+from workers.stage import RETRY_POLICY, Next
 
 STEPS: dict[Stage, Callable[[context.Context, Run], Next]] = {
     Stage.PROVISION: provision.step,

@@ -25,11 +25,12 @@ import redis
 from bot.app import FleetBot
 from bot.render import separate_message
 from broker import sweeps as sweep_slots
-from broker.models import Event, EventType, Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import Event, EventType
 from core.errors import ConfigError
-from core.secrets import load_secrets
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
+from providers.registry import load_fleet_secrets
 from service.runs import Fleet
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
@@ -116,7 +117,7 @@ class Harness:
 
 def run_bot(fleet: Fleet, fake_discord: FakeDiscord, scenario: Scenario) -> None:
     async def main() -> None:
-        bot = FleetBot(fleet, load_secrets())
+        bot = FleetBot(fleet, load_fleet_secrets())
         await bot.login(TOKEN)
         try:
             await scenario(Harness(bot, fake_discord))
@@ -229,7 +230,7 @@ def test_train_attachment_validates_and_enqueues(
         assert kind == 5 and not (data.get("flags") or 0) & EPHEMERAL
         (run,) = fleet.ledger.list_runs()
         assert data["embeds"][0]["title"] == f"Run {run.run_id} queued"
-        assert run.source == "tiny-lora.yml" and run.spec["train"]["lora_r"] == 8
+        assert run.source == "tiny-lora.yml" and run.spec.train.lora_r == 8
         assert _queued(redis_client) == 1
 
         record = await h.invoke("train", {"config": "tiny"}, focused="config")

@@ -13,21 +13,26 @@ from broker import events
 from broker.constants import Stage, tick_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
-from broker.models import EventType, Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import EventType, RunQueued, StageStarted, TrainStep
 from core.errors import NotFound
+from jobs.sections import ProviderName
+from tests.factories import job_spec
 
 
 def make_run(run_id: str = "r1") -> Run:
-    return Run(run_id=run_id, provider="local", source="t.yml", spec={}, run_dir="/x", output_dir="/x/o")
+    return Run(
+        run_id=run_id, provider="local", source="t.yml", spec=job_spec(), run_dir="/x", output_dir="/x/o"
+    )
 
 
 def test_create_and_update_write_events_with_the_state(redis_client: redis.Redis[str]) -> None:
     ledger = Ledger(redis_client)
-    ledger.create_run(make_run(), [(EventType.RUN_QUEUED, {"source": "t.yml"})])
+    ledger.create_run(make_run(), [RunQueued(source="t.yml", provider=ProviderName.LOCAL)])
 
     def move(run: Run) -> list[Draft]:
         run.state = RunState.PROVISIONING
-        return [(EventType.STAGE_STARTED, {"stage": "provision"})]
+        return [StageStarted(stage=Stage.PROVISION)]
 
     ledger.update_run("r1", move)
     assert ledger.get_run("r1").state == RunState.PROVISIONING
@@ -43,7 +48,7 @@ def test_concurrent_updates_never_lose_one(redis_client: redis.Redis[str], redis
 
     def bump(run: Run) -> list[Draft]:
         run.log_offset += 1
-        return [(EventType.TRAIN_STEP, {"step": run.log_offset})]
+        return [TrainStep(step=run.log_offset)]
 
     def worker() -> None:
         other = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
@@ -84,7 +89,8 @@ def test_instances_round_trip(redis_client: redis.Redis[str]) -> None:
 
 def test_consumer_group_redelivers_unacked_after_restart(redis_client: redis.Redis[str]) -> None:
     ledger = Ledger(redis_client)
-    ledger.create_run(make_run(), [(EventType.RUN_QUEUED, {}), (EventType.STAGE_STARTED, {"stage": "x"})])
+    queued = RunQueued(source="t.yml", provider=ProviderName.LOCAL)
+    ledger.create_run(make_run(), [queued, StageStarted(stage=Stage.PROVISION)])
     first = events.EventConsumer(redis_client, "notifier", "c1")
     got = first.read(block_ms=100)
     assert [e.type for _, e in got] == [EventType.RUN_QUEUED, EventType.STAGE_STARTED]

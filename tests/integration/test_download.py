@@ -22,7 +22,7 @@ from trainer.data import LOCAL_COPY, load_records, localize_datasets
 from trainer.download import HubAccess, download, list_repo, model_files, snapshot
 from trainer.errors import DatasetError, DownloadError, ModelUnavailable
 from trainer.tiny import build_tiny, resolve_model
-from trainer.transfer import STATE_DIR, merged, missing
+from trainer.transfer_state import STATE_DIR, merged, missing
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from fleet.cli import cli
 from jobs.sections.local import LocalSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.local.provider import LocalProvider
+from tests.factories import job_spec
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,7 @@ def test_list_and_terminate(env: dict[str, str], redis_client: redis.Redis[str],
             run_id="busy",
             provider="local",
             source="t",
-            spec={},
+            spec=job_spec(),
             run_dir="/r",
             output_dir="/r/o",
             state=RunState.TRAINING,

@@ -18,8 +18,8 @@ import requests
 from bot.notifier import Notifier, webhook_parts
 from broker.constants import notify_sent_key as sent_key
 from broker.constants import notify_status_key as status_key
-from core.secrets import load_secrets
 from core.settings import Settings
+from providers.registry import load_fleet_secrets
 from tests.factories import Script
 from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import fleet_env
@@ -46,7 +46,7 @@ def make(
     def build(consumer: str = "n1") -> Notifier:
         session = requests.Session()
         sessions.append(session)
-        notifier = Notifier.from_settings(settings, redis_client, load_secrets(), session)
+        notifier = Notifier.from_settings(settings, redis_client, load_fleet_secrets(), session)
         notifier.consumer.consumer = consumer
         notifier.block_ms, notifier.backoff_s = 20, 0.0
         return notifier

@@ -52,7 +52,8 @@ from broker.constants import NOTIFIER_GROUP as GROUP
 from broker.constants import notify_sent_key as sent_key
 from broker.constants import notify_status_key as status_key
 from broker.ledger import Ledger
-from broker.models import Event, RunState
+from broker.models import RunState
+from broker.payloads import Event
 from tests.factories import Script
 from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import fleet_env

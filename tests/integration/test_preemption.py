@@ -1,5 +1,5 @@
 """A node lost under a run (preempted, outbid, gone from the list) is replaced, not counted as the run's
-failure: the stage task that finds it (workers.common.run_stage) against a real Redis and the fake RunPod
+failure: the stage task that finds it (workers.runner.run_stage) against a real Redis and the fake RunPod
 through the real runpod client."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from providers.base import LaunchRequest
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
-from workers.common import Next, run_stage
+from workers.runner import run_stage
+from workers.stage import Next
 
 pytestmark = pytest.mark.integration
 SECTION = RunPodSection(gpu="NVIDIA RTX A5000")  # INTERRUPTABLE by default
@@ -84,7 +85,7 @@ def test_a_preempted_node_is_replaced_and_the_run_goes_on_on_a_new_one(
 
     run = ctx.ledger.get_run("r1")
     assert run.state == RunState.PROVISIONING and run.attempt == 2 and run.preemptions == 1
-    assert run.instance is None and run.ray_jobs == {} and run.progress["step"] == 40
+    assert run.instance is None and run.ray_jobs == {} and run.progress.step == 40
     assert run.instance_name == "tf-r1-2"
     (preempted,) = [e.data for _, e in read_run(ctx.redis, "r1") if e.type.value == "run.preempted"]
     assert preempted["instance"] == "tf-r1-1" and preempted["at_step"] == 40

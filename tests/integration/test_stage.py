@@ -1,4 +1,4 @@
-"""The shape every stage task shares (workers.common.run_stage), against a real Redis."""
+"""The shape every stage task shares (workers.runner.run_stage), against a real Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from broker.models import Run, RunState
 from core.errors import FailureReason, NodeError, ProviderUnavailable, StageFailed
 from core.settings import Settings
 from workers import context
-from workers.common import Next, run_stage
+from workers.runner import run_stage
+from workers.stage import Next
 
 
 @pytest.fixture

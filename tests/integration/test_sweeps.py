@@ -16,11 +16,14 @@ import redis
 from broker import events
 from broker import sweeps as slots
 from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
-from broker.models import Event, EventType, Run, RunState
+from broker.models import Run, RunState
+from broker.payloads import Event, EventType
 from core.errors import FailureReason, NotFound
 from core.settings import Settings
 from service import sweeps
 from service.runs import Fleet
+from service.sweep_load import load_sweep
+from service.sweep_spec import SweepPlan
 from tests.factories import light_job_file
 from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, ledger_of, wait_until
 from tests.integration.fleetproc import fleet as fleet_cli
@@ -40,12 +43,12 @@ def fleet(redis_client: redis.Redis[str], redis_url: str, tmp_path: Path) -> Ite
     connected.redis.close()
 
 
-def plan_of(tmp_path: Path, max_parallel: int = 2) -> sweeps.SweepPlan:
+def plan_of(tmp_path: Path, max_parallel: int = 2) -> SweepPlan:
     job = light_job_file(tmp_path / "job")
     job.write_text(
         job.read_text() + "sweep:\n  grid:\n    learning_rate: [0.01, 0.02]\n    lora_r: [4, 8, 16]\n"
     )
-    return sweeps.load_sweep(job, max_parallel=max_parallel)
+    return load_sweep(job, max_parallel=max_parallel)
 
 
 def runs_of(fleet: Fleet, sweep_id: str) -> list[Run]:

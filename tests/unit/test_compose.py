@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from broker.constants import QUEUES
-from core.secrets import KNOWN
 from fleet.cli import cli
+from providers.registry import CREDENTIAL_NAMES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 REFERENCE = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:?-[^}]*)?\}$")  # ${VAR} or ${VAR:-default}
@@ -76,10 +76,12 @@ def test_no_credential_is_written_in_the_file() -> None:
     or a non-empty default; every other value given by reference is a plain ${VAR[:-default]}."""
     for name, svc in services().items():
         for key, value in (svc.get("environment") or {}).items():
-            if key in KNOWN or any(word in key for word in ("TOKEN", "KEY", "AUTH", "WEBHOOK", "PASS")):
+            if key in CREDENTIAL_NAMES or any(
+                word in key for word in ("TOKEN", "KEY", "AUTH", "WEBHOOK", "PASS")
+            ):
                 assert value is None or BARE.match(str(value)), (name, key)
             elif isinstance(value, str) and "$" in value:
                 assert REFERENCE.match(value), (name, key)
     # Every credential the fleet knows reaches the services that need it, by name.
     env = services()["worker-provision"]["environment"]
-    assert {k for k in KNOWN if k != "FLEET_DISCORD_BOT_TOKEN"} <= set(env)
+    assert {k for k in CREDENTIAL_NAMES if k != "FLEET_DISCORD_BOT_TOKEN"} <= set(env)

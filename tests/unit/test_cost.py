@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from bot.render import separate_message, status_embed
 from broker.cost import instance_cost
-from broker.models import Event, EventType, Instance, InstanceState, Run, RunState
+from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import Event, EventType
+from jobs.sections import RunPodSection
+from tests.factories import job_spec
 
 
 def test_instance_cost_counts_time_up() -> None:
@@ -21,10 +24,12 @@ def test_the_last_message_and_the_status_say_the_cost() -> None:
     data = {"output_dir": "/o", "metrics": {"eval_loss_first": 2.0, "eval_loss": 1.0}, "cost_usd": 0.4567}
     done = separate_message(Event(id="r-9", type=EventType.RUN_SUCCEEDED, run_id="r", data=data))
     assert done is not None and done.endswith("\ncost: $0.46")
-    failed = Event(id="r-9", type=EventType.RUN_FAILED, run_id="r", data={"reason": "X", "cost_usd": 1.5})
+    failed = Event(
+        id="r-9", type=EventType.RUN_FAILED, run_id="r", data={"reason": "TRAINING_FAILED", "cost_usd": 1.5}
+    )
     assert (separate_message(failed) or "").endswith("\ncost: $1.50")
     local = separate_message(
-        Event(id="r-9", type=EventType.RUN_SUCCEEDED, run_id="r", data={"cost_usd": 0.0})
+        Event(id="r-9", type=EventType.RUN_SUCCEEDED, run_id="r", data={"output_dir": "/o", "cost_usd": 0.0})
     )
     assert "cost" not in (local or "x")  # a run that rented nothing says nothing about cost
 
@@ -33,7 +38,7 @@ def test_the_last_message_and_the_status_say_the_cost() -> None:
         state=RunState.TRAINING,
         provider="runpod",
         source="j",
-        spec={},
+        spec=job_spec(RunPodSection()),
         run_dir="/",
         output_dir="/o",
     )

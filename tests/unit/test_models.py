@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from broker.constants import Stage
-from broker.models import Event, EventType, InstanceState, Run, RunState
+from broker.models import InstanceState, Run, RunState
+from broker.payloads import Event, EventType
 from fleet.live import LiveView
+from jobs.sections import ProviderName, RunPodSection
 from service.describe import describe
+from tests.factories import job_spec
 
 
 def test_run_states_map_to_their_stage_and_terminality() -> None:
@@ -25,7 +31,7 @@ def test_instance_name_is_deterministic() -> None:
         run_id="261129-1-ab",
         provider="local",
         source="x",
-        spec={},
+        spec=job_spec(),
         run_dir="/r",
         output_dir="/r/o",
         attempt=2,
@@ -39,7 +45,7 @@ def test_a_clusters_instances_are_named_by_node_head_first() -> None:
         run_id="261129-1-ab",
         provider="runpod",
         source="x",
-        spec={"section": {"num_nodes": 3}},
+        spec=job_spec(RunPodSection(num_nodes=3, network_volume_id="vol")),
         run_dir="/r",
         output_dir="/r/o",
     )
@@ -54,11 +60,11 @@ def test_describe_and_live_view_render() -> None:
         id="r-1", type=EventType.TRAIN_EVAL, run_id="r", time=0, data={"step": 20, "eval_loss": 1.23456}
     )
     assert describe(event) == "00:00:00 train.eval             step=20 eval_loss=1.235"
-    run = Run(run_id="r", provider="local", source="x", spec={}, run_dir="/r", output_dir="/r/o")
+    run = Run(run_id="r", provider="local", source="x", spec=job_spec(), run_dir="/r", output_dir="/r/o")
     run.state = RunState.TRAINING
     run.stage(Stage.PROVISION).started, run.stage(Stage.PROVISION).ended = 1.0, 3.5
     run.stage(Stage.TRAIN).started = 4.0
-    run.progress.update(step=5, total_steps=10, loss=2.0)
+    run.progress.step, run.progress.total_steps, run.progress.loss = 5, 10, 2.0
     view = LiveView(run)
     view.update(run, event)
     from rich.console import Console
@@ -73,7 +79,7 @@ def test_describe_and_live_view_render() -> None:
 def test_live_view_marks_the_stage_a_run_ended_in() -> None:
     from rich.console import Console
 
-    run = Run(run_id="r", provider="local", source="x", spec={}, run_dir="/r", output_dir="/r/o")
+    run = Run(run_id="r", provider="local", source="x", spec=job_spec(), run_dir="/r", output_dir="/r/o")
     run.stage(Stage.PROVISION).started, run.stage(Stage.PROVISION).ended = 1.0, 2.0
     run.stage(Stage.PREPARE).started, run.stage(Stage.PREPARE).ended = 2.0, 4.0
     run.state = RunState.CANCELLED
@@ -81,3 +87,27 @@ def test_live_view_marks_the_stage_a_run_ended_in() -> None:
     console.print(LiveView(run).render())
     text = console.export_text()
     assert "provision  done" in text and "prepare    stopped" in text and "train      waiting" in text
+
+
+def test_the_stages_follow_one_order() -> None:
+    assert [s.following for s in (Stage.PROVISION, Stage.PREPARE, Stage.TRAIN)] == [
+        Stage.PREPARE,
+        Stage.TRAIN,
+        Stage.FINALIZE,
+    ]
+    with pytest.raises(ValueError, match="last stage"):
+        _ = Stage.FINALIZE.following
+
+
+def test_a_run_holds_its_job_typed() -> None:
+    """The ledger's Run keeps the JobSpec, its provider and its progress as models, through JSON."""
+    spec = job_spec(RunPodSection(num_nodes=2, network_volume_id="vol"))
+    run = Run(run_id="r", provider="runpod", source="x", spec=spec, run_dir="/r", output_dir="/r/o")
+    run.progress.step, run.progress.cluster = 3, ["n1"]
+    again = Run.model_validate_json(run.model_dump_json())
+    assert again == run and again.spec == spec and isinstance(again.spec.section, RunPodSection)
+    assert again.provider is ProviderName.RUNPOD and again.num_nodes == 2 and again.progress.step == 3
+    with pytest.raises(ValidationError, match="not the job's"):
+        Run(run_id="r", provider="local", source="x", spec=spec, run_dir="/r", output_dir="/r/o")
+    with pytest.raises(ValidationError):
+        run.progress.step = "three"  # type: ignore[assignment]  # assignments are validated

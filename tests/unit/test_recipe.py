@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.factories import train_config, train_job
-from trainer import lora, progress, recipe
+from trainer import lora, progress, recipe, recipe_setup
 from trainer.tiny import build_tiny
 
 
@@ -144,10 +144,10 @@ def test_lora_targets(model_path: Path) -> None:
     ],
 )
 def test_plan_steps(batches: int, overrides: dict[str, Any], expected: tuple[int, int]) -> None:
-    assert recipe.plan_steps(batches, train_config(**overrides)) == expected
+    assert recipe_setup.plan_steps(batches, train_config(**overrides)) == expected
 
 
 def test_warmup_steps() -> None:
-    assert recipe.warmup_steps(train_config(warmup_steps=5), 100) == 5
-    assert recipe.warmup_steps(train_config(warmup_steps=None, warmup_ratio=0.05), 90) == 5
-    assert recipe.warmup_steps(train_config(warmup_steps=None), 90) == 0
+    assert recipe_setup.warmup_steps(train_config(warmup_steps=5), 100) == 5
+    assert recipe_setup.warmup_steps(train_config(warmup_steps=None, warmup_ratio=0.05), 90) == 5
+    assert recipe_setup.warmup_steps(train_config(warmup_steps=None), 90) == 0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from bot.render import SEPARATE, separate_message
-from broker.models import Event, EventType
+from broker.payloads import PAYLOADS, Event, EventType, InstanceLost
 
 NODE_EVENTS = (
     EventType.RUN_PREEMPTED,
@@ -24,8 +27,28 @@ def message(kind: EventType, **data: Any) -> str:
 
 def test_every_node_event_gets_a_message_of_its_own() -> None:
     assert set(NODE_EVENTS) <= SEPARATE
+    least = {  # each event's required fields only: the optional ones may be missing
+        EventType.RUN_PREEMPTED: {
+            "why": "gone", "preemption": 1, "max_preemptions": 5, "next_instance": "tf-r-2", "retry_in_s": 10,
+        },
+        EventType.INSTANCE_IDLE: {"idle_since": 0, "terminate_at": 60},
+        EventType.INSTANCE_REMINDER: {"until": 120, "in_s": 60},
+        EventType.INSTANCE_STUCK: {"since": 0, "attempts": 2},
+        EventType.INSTANCE_LOST: {"looks": 3},
+    }  # fmt: skip
     for kind in NODE_EVENTS:
-        assert message(kind, instance="tf-r-1")  # tolerates missing fields
+        assert message(kind, instance="tf-r-1", **least[kind])
+
+
+def test_an_event_whose_data_does_not_fit_its_type_is_refused() -> None:
+    """Payloads are validated when an event is made: a missing, unknown or ill-typed key is an error."""
+    with pytest.raises(ValidationError, match="looks"):
+        Event(id="r-1", type=EventType.INSTANCE_LOST, data={"instance": "tf-r-1"})
+    with pytest.raises(ValidationError, match="extra"):
+        Event(id="r-1", type=EventType.INSTANCE_LOST, data={"instance": "tf-r-1", "looks": 3, "look": 3})
+    with pytest.raises(ValidationError, match="cannot carry"):
+        Event(id="r-1", type=EventType.INSTANCE_IDLE, data=InstanceLost(instance="tf-r-1", looks=3))
+    assert set(PAYLOADS) == set(EventType)  # every event type has its payload model
 
 
 def test_a_preemption_says_what_was_lost_where_and_what_comes_next() -> None:
@@ -46,5 +69,8 @@ def test_a_stuck_node_alert_names_its_provider_id_and_price() -> None:
 
 
 def test_idle_and_reminder_say_when_the_node_ends() -> None:
-    assert "1970-01-01 00:01 UTC" in message(EventType.INSTANCE_IDLE, instance="tf-r-1", terminate_at=60)
-    assert "1970-01-01 00:02 UTC" in message(EventType.INSTANCE_REMINDER, instance="tf-r-1", until=120)
+    idle = message(EventType.INSTANCE_IDLE, instance="tf-r-1", idle_since=0, terminate_at=60)
+    assert "1970-01-01 00:01 UTC" in idle
+    assert "1970-01-01 00:02 UTC" in message(
+        EventType.INSTANCE_REMINDER, instance="tf-r-1", until=120, in_s=60
+    )

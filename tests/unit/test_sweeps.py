@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from service.sweeps import MAX_RUNS, load_sweep, table_lines
+from service.sweep_load import load_sweep
+from service.sweep_spec import MAX_RUNS
+from service.sweeps import table_lines
 from tests.factories import light_job_file
 
 

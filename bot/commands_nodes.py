@@ -1,0 +1,84 @@
+"""/instances, /terminate and /budget: the fleet's live instances, ending one, and what is being spent
+(the caller's caps and use, and the fleet's hourly rate)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import discord
+from discord import app_commands
+
+from bot.access import Caller
+from bot.render import COLOURS
+from bot.replies import CHOICES_MAX, plain_embed
+from broker.models import RunState
+from broker.payloads import EventType
+
+if TYPE_CHECKING:
+    from bot.commands import FleetTree
+
+
+def register_nodes(tree: FleetTree) -> None:
+    """Add the instance and budget commands to `tree`."""
+    fleet = tree.fleet
+
+    async def instance_choices(
+        interaction: discord.Interaction[Any], current: str
+    ) -> list[app_commands.Choice[str]]:
+        records = await tree.run(fleet.ledger.list_instances)
+        found = [i.name for i in records if not i.state.is_terminal() and current in i.name][:CHOICES_MAX]
+        return [app_commands.Choice(name=n, value=n) for n in found]
+
+    @tree.command(name="instances", description="The fleet's live instances at every provider.")
+    async def instances(interaction: discord.Interaction[Any]) -> None:
+        from service.instances import live_instances
+
+        await interaction.response.defer(thinking=True)
+        rows = await tree.run(live_instances, fleet)
+        lines = [
+            f"`{r.node.name}` {r.node.provider.value} {r.node.state.value} · {r.node.age_s / 60:.0f}m · "
+            f"${r.node.price_per_hour:.3f}/h · run {r.run_id or '-'} {r.run_state or ''}"
+            for r in rows
+        ]
+        per_hour = sum(r.node.price_per_hour for r in rows)
+        await tree.say(
+            interaction,
+            plain_embed(f"{len(rows)} live instances · ${per_hour:.3f}/h", "\n".join(lines) or "none"),
+        )
+
+    @tree.command(name="terminate", description="Terminate one instance now (not while its run is going).")
+    @app_commands.describe(
+        instance="An instance name, tf-<run>-<attempt>.", force="Even while its run is going."
+    )
+    @app_commands.autocomplete(instance=instance_choices)
+    async def terminate(interaction: discord.Interaction[Any], instance: str, force: bool = False) -> None:
+        from service.instances import terminate as terminate_instance
+
+        await interaction.response.defer(thinking=True)
+        row = await tree.run(terminate_instance, fleet, instance, force)
+        await tree.audit(
+            EventType.BOT_COMMAND,
+            Caller.of(interaction),
+            command="terminate",
+            instance=instance,
+            force=force,
+        )
+        await tree.say(
+            interaction,
+            plain_embed(
+                f"Terminated {row.node.name}", f"at {row.node.provider.value}", COLOURS[RunState.CANCELLED]
+            ),
+        )
+
+    @tree.command(name="budget", description="Your caps and use, and what the fleet is spending.")
+    async def budget(interaction: discord.Interaction[Any]) -> None:
+        usage = await tree.run(tree.caps.usage, interaction.user.id)
+        records = await tree.run(fleet.ledger.list_instances)
+        live = [i for i in records if not i.state.is_terminal()]
+        per_hour = sum(i.price_per_hour or 0.0 for i in live)
+        text = (
+            f"your runs in the last hour: **{usage.runs_last_hour}** of {usage.runs_per_hour}\n"
+            f"your runs' cost in 24 h: **${usage.spent_today:.2f}** of ${usage.dollars_per_day:.2f}\n"
+            f"the fleet now: **{len(live)}** instances at **${per_hour:.3f}/h**"
+        )
+        await tree.say(interaction, plain_embed("Budget", text), ephemeral=True)

@@ -1,0 +1,94 @@
+"""Providers declare themselves: the registry, the job's section models and what the fleet derives from
+the declarations (credential names, API URLs) agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from core.errors import ConfigError
+from core.secrets import FLEET_CREDENTIALS
+from core.settings import Settings, load_settings
+from jobs.sections import SECTION_MODELS, ProviderName
+from providers.base import ProviderContext
+from providers.registry import (
+    CREDENTIAL_NAMES,
+    PROVIDERS,
+    api_url_setting,
+    api_urls,
+    get_provider,
+    provider_name,
+)
+from providers.remote import RemoteProvider
+
+NAMES = sorted(ProviderName)
+
+
+def test_every_provider_name_is_registered_under_its_own_name() -> None:
+    assert set(PROVIDERS) == set(ProviderName)
+    for name, cls in PROVIDERS.items():
+        assert cls.name is name, cls
+
+
+@pytest.mark.parametrize("name", NAMES, ids=str)
+def test_a_provider_s_section_model_is_the_job_s(name: ProviderName) -> None:
+    assert PROVIDERS[name].section_model is SECTION_MODELS[name]
+
+
+def test_the_known_credentials_are_every_provider_s_and_the_fleet_s() -> None:
+    for cls in PROVIDERS.values():
+        assert set(cls.credential_names) <= set(CREDENTIAL_NAMES), cls
+    assert set(FLEET_CREDENTIALS) <= set(CREDENTIAL_NAMES)
+    assert len(CREDENTIAL_NAMES) == len(set(CREDENTIAL_NAMES))
+    assert PROVIDERS[ProviderName.RUNPOD].credential_names == ("RUNPOD_API_KEY",)
+    assert PROVIDERS[ProviderName.VASTAI].credential_names == ("VAST_API_KEY",)
+    assert PROVIDERS[ProviderName.LOCAL].credential_names == ()
+
+
+@pytest.mark.parametrize("name", NAMES, ids=str)
+def test_a_cloud_declares_its_api_url_and_the_setting_that_overrides_it(name: ProviderName) -> None:
+    cls = PROVIDERS[name]
+    if not issubclass(cls, RemoteProvider):
+        assert cls.default_api_url is None and cls.api_url_env is None
+        assert api_url_setting(cls) is None
+        return
+    field = api_url_setting(cls)
+    assert field is not None and field in Settings.model_fields
+    assert Settings.model_fields[field].default == cls.default_api_url
+
+
+def test_the_api_urls_come_from_the_settings_under_the_vendors_names(tmp_path: Path) -> None:
+    none = {"FLEET_SETTINGS_FILE": str(tmp_path / "absent.yml")}
+    (tmp_path / "absent.yml").write_text("")
+    defaults = {n.value: c.default_api_url for n, c in PROVIDERS.items() if c.default_api_url is not None}
+    assert (
+        api_urls(load_settings(none))
+        == defaults
+        == {
+            "runpod": "https://api.runpod.io",
+            "vastai": "https://console.vast.ai",
+        }
+    )
+    env = {**none, "RUNPOD_API_BASE_URL": "http://rp.test", "FLEET_VAST_URL": "http://vast.test"}
+    assert api_urls(load_settings(env)) == {"runpod": "http://rp.test", "vastai": "http://vast.test"}
+    settings = Settings(runpod_api_base_url="http://a.test", vast_url="http://b.test")
+    assert api_urls(settings) == {"runpod": "http://a.test", "vastai": "http://b.test"}
+
+
+def test_a_provider_reads_its_url_from_the_context_else_its_default(tmp_path: Path) -> None:
+    keys = dict.fromkeys(CREDENTIAL_NAMES, "k")
+    context = ProviderContext(home=tmp_path, credentials={k: SecretStr(v) for k, v in keys.items()})
+    assert get_provider("vastai", context).api_url == "https://console.vast.ai"  # type: ignore[attr-defined]
+    moved = ProviderContext(home=tmp_path, credentials=context.credentials, urls={"runpod": "http://rp.test"})
+    assert get_provider("runpod", moved).api_url == "http://rp.test"  # type: ignore[attr-defined]
+
+
+def test_an_unknown_provider_s_error_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as caught:
+        provider_name("runpd")
+    message = str(caught.value)
+    assert "unknown provider 'runpd'" in message
+    for name in ProviderName:
+        assert name.value in message

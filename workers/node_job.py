@@ -1,0 +1,97 @@
+"""What a stage sends to the run's node: the TrainJob (no secrets), its Ray jobs' environment and files, the
+credentials the node gets at start, and a client for its Ray head."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, ValidationError
+
+from broker.models import Run
+from broker.payloads import PAYLOADS, EventType, Payload
+from jobs import shipping
+from jobs.redact import redact_job
+from providers.node import NodeClient
+from trainer import progress
+from trainer.config import TrainJob
+from workers import context, wandb_plan
+
+log = logging.getLogger("trainfleet.workers")
+
+
+def train_job(ctx: context.Context, run: Run) -> TrainJob:
+    """What the node gets: the training config and where to put things (no secrets). A node that shares
+    this machine's files uses the run's own directories; a rented one gets paths under its own root."""
+    spec = run.spec
+    if ctx.provider(run.provider).shares_files:
+        dirs = {
+            "work_dir": run.run_dir,
+            "output_dir": run.output_dir,
+            "cache_dir": str(ctx.settings.cache_dir),
+        }
+    else:
+        work = f"runs/{run.run_id}"
+        output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
+        dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
+    return TrainJob(
+        run_id=run.run_id,
+        config=spec.train,
+        use_gpu=spec.gpu_count > 0,
+        job_yaml=shown_job(ctx, run),
+        wandb=wandb_plan.for_trainer(ctx, run),
+        **dirs,
+    )
+
+
+def shown_job(ctx: context.Context, run: Run) -> str | None:
+    """The run's job file as a model card may show it (jobs.redact), or None when it is not at hand."""
+    try:
+        text = (Path(run.run_dir) / "job.yml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    known = [v.get_secret_value() for v in ctx.provider_context.credentials.values()]
+    return redact_job(text, known)
+
+
+NODE_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")  # what the node itself uses, when the fleet has them
+
+
+def node_secrets(ctx: context.Context) -> dict[str, SecretStr]:
+    """The credentials a node gets in its environment at start (never in a Ray job's runtime_env)."""
+    found = ctx.provider_context.credentials
+    return {name: found[name] for name in NODE_SECRETS if name in found}
+
+
+def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
+    """The environment of each of the run's Ray jobs: the TrainJob and where the hub is. No secrets."""
+    env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
+    if ctx.settings.hf_hub_disable_xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    return env
+
+
+def files_for_node(ctx: context.Context, run: Run) -> Path | None:
+    """The directory that travels with the run's Ray jobs as their working_dir (None: the node shares
+    this machine's files)."""
+    if ctx.provider(run.provider).shares_files:
+        return None
+    files = shipping.ship_dir(run.run_dir)
+    return files if files.is_dir() else None
+
+
+def node(ctx: context.Context, run: Run) -> NodeClient:
+    assert run.instance is not None
+    return NodeClient(ctx.provider(run.provider).endpoint(run.instance))
+
+
+def node_record(event: EventType, record: Mapping[str, Any]) -> Payload | None:
+    """One of the trainer's progress lines as the payload of `event`; None (and a warning in the log) when
+    it does not fit, so a malformed line from the node is dropped as a garbled one is."""
+    try:
+        return PAYLOADS[event].model_validate({k: v for k, v in record.items() if k != "kind"})
+    except ValidationError as exc:
+        log.warning("a %s line from the node does not fit its event: %s", event.value, exc)
+        return None

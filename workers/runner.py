@@ -1,0 +1,107 @@
+"""The body every stage task shares: claim the run, check it (ended, cancelled, held, over budget, a stale
+message), take one step, and hand it on; a step's failure ends the run cleanly, a lost node replaces it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import redis
+
+from broker import sweeps
+from broker.constants import Stage
+from broker.cost import run_cost
+from broker.models import Run, RunState
+from core.errors import FailureReason, FleetError, NodeLost, StageFailed
+from workers import context
+from workers.ending import node_lost, replace_node, teardown
+from workers.stage import MAX_RETRY_AFTER_S, Next
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from celery import Task
+
+log = logging.getLogger("trainfleet.workers")
+
+NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that work on the run's node
+
+
+def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
+    """The body of every stage task; when it ends a sweep's child, the sweep gives its slot to the next."""
+    try:
+        _run_stage(task, run_id, stage, step)
+    finally:
+        _after_sweep_child(run_id)
+
+
+def _after_sweep_child(run_id: str) -> None:
+    ctx = context.get()
+    try:
+        run = ctx.ledger.get_run(run_id)
+        if run.sweep_id is not None and run.state.is_terminal():
+            sweeps.advance(ctx.ledger, ctx.dispatcher, run.sweep_id)
+    except (FleetError, redis.RedisError) as exc:  # the reaper's pass advances the sweep in any case
+        log.warning("run %s: could not advance its sweep: %s", run_id, exc)
+
+
+def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
+    ctx = context.get()
+    task_id = str(task.request.id)
+    if not ctx.dispatcher.claim(run_id, task_id):
+        log.info("run %s: %s task %s stands down (another task owns the run)", run_id, stage, task_id)
+        return
+    run = ctx.ledger.get_run(run_id)
+    if run.state.is_terminal():
+        return
+    if run.cancel_requested:
+        teardown(ctx, run, RunState.CANCELLED, FailureReason.CANCELLED_BY_USER, "cancelled by request")
+        return
+    if run.held:  # a sweep's child waiting for a slot: its sweep sends provision when it releases it
+        log.info("run %s: held by sweep %s; %s task %s stands down", run_id, run.sweep_id, stage, task_id)
+        return
+    cap = ctx.settings.max_dollars_per_run
+    if cap is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
+        why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
+        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)
+        return
+    current = run.state.stage
+    if current is not None and current != stage:
+        ctx.dispatcher.send(current, run_id, after=task_id)  # a stale message: hand to the right stage
+        return
+    try:
+        nxt = step(ctx, run)
+    except StageFailed as exc:
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc))
+        return
+    except NodeLost as exc:
+        replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id)
+        return
+    except FleetError as exc:
+        if stage in NODE_STAGES and exc.retryable and (lost := node_lost(ctx, run)) is not None:
+            replace_node(ctx, ctx.ledger.get_run(run_id), lost, task_id)
+            return
+        retries, limit = task.request.retries or 0, task.max_retries
+        if exc.retryable and (limit is None or retries < limit):
+            wait = getattr(exc, "retry_after", None)
+            if wait is not None:  # the provider said when: wait that long, not the usual back-off
+                raise task.retry(exc=exc, countdown=min(float(wait), MAX_RETRY_AFTER_S)) from None
+            raise  # Celery's autoretry sends this task again (same id, so it still owns the run)
+        why = f"gave up after {retries} retries: {exc}" if exc.retryable else str(exc)
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), why)
+        return
+    except Exception as exc:  # a bug must not leave a node billing: log it, clean up, fail the run
+        log.exception("run %s: %s step crashed", run_id, stage)
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, FailureReason.INTERNAL_ERROR, repr(exc))
+        return
+    if nxt.stage is not None:
+        ctx.dispatcher.send(nxt.stage, run_id, after=task_id, countdown=nxt.countdown)
+
+
+def _reason_for(stage: Stage) -> FailureReason:
+    return {
+        Stage.PROVISION: FailureReason.PROVISIONING_FAILED,
+        Stage.PREPARE: FailureReason.PREPARE_FAILED,
+        Stage.TRAIN: FailureReason.TRAINING_FAILED,
+        Stage.FINALIZE: FailureReason.FINALIZE_FAILED,
+    }[stage]
