@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import discord
 from discord import app_commands
+from discord.types.embed import Embed as EmbedData
 
 from bot.access import Caller, Caps, audit, refusal
 from bot.commands_nodes import register_nodes
@@ -69,7 +70,7 @@ class FleetTree(app_commands.CommandTree[discord.Client]):
         )
 
     async def say(
-        self, interaction: discord.Interaction[Any], embed: dict[str, Any], ephemeral: bool = False
+        self, interaction: discord.Interaction[Any], embed: EmbedData, ephemeral: bool = False
     ) -> None:
         """Answer with an embed (scrubbed, cut to Discord's limits), or follow up when the interaction was
         already answered (deferred)."""

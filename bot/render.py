@@ -9,8 +9,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from discord.types.embed import Embed as EmbedData
+from discord.types.embed import EmbedField
+
 from broker.models import Instance, Run, RunState
-from broker.payloads import Event, EventType
+from broker.payloads import Event, EventType, SweepFinished, SweepSummary
 from service.sweeps import format_value, table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
@@ -84,9 +87,9 @@ def _url(value: Any) -> str | None:
 
 def status_embed(
     run: Run, instance: Instance | None, wandb_url: str | None = None, cost_usd: float | None = None
-) -> dict[str, Any]:
-    """The status message of a run as an embed dict (not yet fitted to the limits)."""
-    fields: list[dict[str, Any]] = [{"name": "State", "value": run.state.value, "inline": True}]
+) -> EmbedData:
+    """The status message of a run as an embed (not yet fitted to the limits)."""
+    fields: list[EmbedField] = [{"name": "State", "value": run.state.value, "inline": True}]
     if not run.state.is_terminal() and run.state.stage is not None:
         fields.append({"name": "Stage", "value": run.state.stage.value, "inline": True})
     progress = run.progress
@@ -118,14 +121,14 @@ def status_embed(
     }
 
 
-def fit_embed(embed: dict[str, Any]) -> dict[str, Any]:
+def fit_embed(embed: EmbedData) -> EmbedData:
     """The embed cut to Discord's limits: per-part lengths, 25 fields, 6000 characters in all."""
-    out = dict(embed)
+    out = embed.copy()
     out["title"] = truncate(str(embed.get("title", "")), TITLE_MAX)
     if "description" in embed:
         out["description"] = truncate(str(embed["description"]), DESCRIPTION_MAX)
     budget = EMBED_TOTAL_MAX - len(out["title"]) - len(out.get("description", ""))
-    fields = []
+    fields: list[EmbedField] = []
     for field in embed.get("fields", [])[:FIELDS_MAX]:
         name = truncate(str(field["name"]), FIELD_NAME_MAX)
         value = truncate(str(field["value"]) or "-", FIELD_VALUE_MAX)
@@ -168,8 +171,8 @@ def separate_message(event: Event) -> str | None:
             f"🧪 Sweep {data.get('sweep_id')} queued from {data.get('source')}: {len(runs)} runs over "
             f"{', '.join(data.get('keys') or [])}, at most {data.get('max_parallel')} at once"
         )
-    if event.type == EventType.SWEEP_FINISHED:
-        return sweep_text(data, CONTENT_MAX)
+    if isinstance(event.data, SweepFinished):
+        return sweep_text(event.data, CONTENT_MAX)
     if event.type == EventType.WANDB_RUN:
         return f"📈 W&B for run {run}: {data['url']}" if data.get("url") else None
     if event.type == EventType.INSTANCE_KEPT:
@@ -218,33 +221,32 @@ def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None
     return None
 
 
-def sweep_text(view: dict[str, Any], limit: int) -> str:
+def sweep_text(view: SweepSummary, limit: int) -> str:
     """A sweep's summary and its table (parameters against the metric, the best row starred) in a code
     block, cut to `limit` characters by dropping rows (the best one is always kept)."""
-    rows = view.get("rows") or []
-    best = next((r for r in rows if r.get("best")), None)
-    headline = f"🧪 Sweep {view.get('sweep_id')} {view.get('state')} · {view.get('source')}"
+    rows = view.rows
+    best = view.best
+    headline = f"🧪 Sweep {view.sweep_id} {view.state} · {view.source}"
     if best is not None:
-        metric = format_value(best.get("metric"))
-        headline += f"\nbest: {best['run_id']} ({view.get('goal')} {view.get('metric')}: {metric})"
-    keys, metric_name = list(view.get("keys") or []), str(view.get("metric"))
+        metric = format_value(best.metric)
+        headline += f"\nbest: {best.run_id} ({view.goal} {view.metric}: {metric})"
     shown = list(rows)
     while True:
-        lines = table_lines(keys, shown, metric_name)
+        lines = table_lines(view.keys, shown, view.metric)
         more = len(rows) - len(shown)
-        tail = f"\n… {more} more: fleet status {view.get('sweep_id')}" if more else ""
+        tail = f"\n… {more} more: fleet status {view.sweep_id}" if more else ""
         text = f"{headline}\n```\n" + "\n".join(lines) + "\n```" + tail
         if len(text) <= limit or not shown:
             return truncate(text, limit)
-        cut = next((i for i in range(len(shown) - 1, -1, -1) if not shown[i].get("best")), None)
+        cut = next((i for i in range(len(shown) - 1, -1, -1) if not shown[i].best), None)
         if cut is None:
             return truncate(text, limit)
         shown.pop(cut)
 
 
-def sweep_embed(view: dict[str, Any]) -> dict[str, Any]:
+def sweep_embed(view: SweepSummary) -> EmbedData:
     """A sweep as an embed: its table in the description."""
-    state = str(view.get("state"))
+    state = view.state
     colour = {"SUCCEEDED": COLOURS[RunState.SUCCEEDED], "FAILED": COLOURS[RunState.FAILED]}.get(
         state, COLOURS[RunState.CANCELLED] if state == "CANCELLED" else RUNNING_COLOUR
     )

@@ -3,7 +3,7 @@ choices Discord shows."""
 
 from __future__ import annotations
 
-from typing import Any
+from discord.types.embed import Embed as EmbedData
 
 from bot.render import RUNNING_COLOUR
 
@@ -11,5 +11,5 @@ ERROR_COLOUR = 0xE74C3C
 CHOICES_MAX = 25  # Discord shows at most 25 autocomplete choices
 
 
-def plain_embed(title: str, description: str = "", colour: int = RUNNING_COLOUR) -> dict[str, Any]:
+def plain_embed(title: str, description: str = "", colour: int = RUNNING_COLOUR) -> EmbedData:
     return {"title": title, "description": description, "color": colour}

@@ -412,7 +412,7 @@ class SweepRow(BaseModel):
     run_id: str
     state: str
     params: dict[str, JsonValue] = Field(default_factory=dict)
-    metric: float | None = None
+    metric: int | float | None = None
     best: bool = False
 
 
@@ -425,8 +425,11 @@ class SweepStarted(Payload):
     max_parallel: int
 
 
-class SweepFinished(Payload):
-    type = EventType.SWEEP_FINISHED
+class SweepSummary(BaseModel):
+    """A sweep's state and its table: what its last event and its status views show."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     sweep_id: str
     state: str
     source: str
@@ -434,6 +437,16 @@ class SweepFinished(Payload):
     goal: str
     keys: list[str]
     rows: list[SweepRow]
+
+    @property
+    def best(self) -> SweepRow | None:
+        return next((row for row in self.rows if row.best), None)
+
+
+class SweepFinished(SweepSummary, Payload):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type = EventType.SWEEP_FINISHED
 
 
 # The bot's audit trail

@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 from broker.constants import Stage, sweep_lock_key
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.locks import Lease
 from broker.models import Run, RunState, Sweep
-from broker.payloads import Event, EventType, RunReleased
+from broker.payloads import Event, RunReleased, SweepFinished, SweepRow
 
 log = logging.getLogger("trainfleet.sweeps")
 
@@ -81,16 +80,16 @@ def _finish(ledger: Ledger, sweep: Sweep, children: list[Run]) -> None:
         if s.finished_at is not None:
             return None
         s.finished_at = time.time()
-        data: dict[str, Any] = {
-            "sweep_id": s.sweep_id,
-            "state": state,
-            "source": s.source,
-            "metric": s.metric,
-            "goal": s.goal,
-            "keys": s.keys,
-            "rows": rows,
-        }
-        return Event(id=f"{s.sweep_id}-finished", type=EventType.SWEEP_FINISHED, data=data)
+        data = SweepFinished(
+            sweep_id=s.sweep_id,
+            state=state,
+            source=s.source,
+            metric=s.metric,
+            goal=s.goal,
+            keys=s.keys,
+            rows=rows,
+        )
+        return Event(id=f"{s.sweep_id}-finished", type=data.type, data=data)
 
     ledger.update_sweep(sweep.sweep_id, finish)
 
@@ -107,24 +106,21 @@ def sweep_state(sweep: Sweep, children: list[Run]) -> str:
     return "FAILED"
 
 
-def table(sweep: Sweep, children: list[Run]) -> list[dict[str, Any]]:
+def table(sweep: Sweep, children: list[Run]) -> list[SweepRow]:
     """One row per child, in order: its run id, state, the values the sweep set, its final metric (None
     until it has one), and `best` on the one succeeded child with the best metric."""
-    rows: list[dict[str, Any]] = []
+    rows: list[SweepRow] = []
     for index, run in enumerate(children):
         value = run.metrics.get(sweep.metric)
         number = value if isinstance(value, int | float) and math.isfinite(value) else None
         state = "WAITING" if run.held and not run.state.is_terminal() else run.state.value
         rows.append(
-            {"index": index, "run_id": run.run_id, "state": state, "params": run.params, "metric": number}
+            SweepRow(
+                index=index, run_id=run.run_id, state=state, params=run.params, metric=number, best=False
+            )
         )
-    scored = [r for r in rows if r["metric"] is not None and r["state"] == RunState.SUCCEEDED.value]
+    scored = [r for r in rows if r.metric is not None and r.state == RunState.SUCCEEDED.value]
     if scored:
         pick = min if sweep.goal == "minimize" else max
-        best = pick(scored, key=lambda r: r["metric"])
-        for row in rows:
-            row["best"] = row is best
-    else:
-        for row in rows:
-            row["best"] = False
+        pick(scored, key=lambda r: r.metric or 0.0).best = True
     return rows

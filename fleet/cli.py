@@ -29,7 +29,7 @@ from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exi
 from fleet.live import LiveView
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
-from service.describe import describe, run_view
+from service.describe import RUN_VIEWS, describe, run_view
 from service.gitwatch import DEFAULT_GLOB
 from service.sweeps import SWEEP_PREFIX
 
@@ -153,7 +153,7 @@ def run(
         if spawned is not None:
             spawned.stop()
     if as_json:
-        out.print_json(json.dumps(run_view(fleet, final)))
+        out.print_json(run_view(fleet, final).model_dump_json())
     else:
         _summary(final)
     raise typer.Exit(0 if final.state.value == "SUCCEEDED" else 1)
@@ -221,25 +221,26 @@ def status(
     if run_id is not None:
         run = _find(fleet, run_id)
         if as_json:
-            out.print_json(json.dumps(run_view(fleet, run)))
+            out.print_json(run_view(fleet, run).model_dump_json())
             return
         view = run_view(fleet, run)
         table = Table(show_header=False, box=None)
+        as_text = view.model_dump(mode="json")
         for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
-            table.add_row(key, str(view[key]))
-        if run.origin:
-            table.add_row("origin", cli_watch.origin_text(run.origin))
-        for stage in view["stages"]:
+            table.add_row(key, str(as_text[key]))
+        if view.origin:
+            table.add_row("origin", cli_watch.origin_text(view.origin))
+        for stage in view.stages:
             table.add_row(
-                f"stage {stage['name']}", f"{stage['seconds']}s" if stage["seconds"] is not None else "..."
+                f"stage {stage.name.value}", f"{stage.seconds}s" if stage.seconds is not None else "..."
             )
-        table.add_row("eval_loss", f"{view['metrics']['eval_loss_first']} -> {view['metrics']['eval_loss']}")
-        table.add_row("cost", f"${view['cost_usd']:.2f}")
+        table.add_row("eval_loss", f"{view.metrics['eval_loss_first']} -> {view.metrics['eval_loss']}")
+        table.add_row("cost", f"${view.cost_usd:.2f}")
         out.print(table)
         return
     runs = fleet.ledger.list_runs(limit)
     if as_json:
-        out.print_json(json.dumps([run_view(fleet, r) for r in runs]))
+        out.print_json(RUN_VIEWS.dump_json([run_view(fleet, r) for r in runs]).decode())
         return
     table = Table()
     table.add_column("run", no_wrap=True, min_width=18)
@@ -302,7 +303,7 @@ def cancel(
         events.wait_for(fleet.redis, run.run_id, TERMINAL_EVENTS, timeout)
         run = fleet.ledger.get_run(run.run_id)
     if as_json:
-        out.print_json(json.dumps(run_view(fleet, run)))
+        out.print_json(run_view(fleet, run).model_dump_json())
     else:
         out.print(f"{run.run_id} {run.state.value}", highlight=False)
     if wait and not run.state.is_terminal():

@@ -14,7 +14,7 @@ from core.errors import ConfigError, FleetError, NodeError, NotFound
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from jobs.spec import format_problems, load_job
 from providers.base import INSTANCE_PREFIX, NodeEndpoint
-from providers.node import cluster_nodes, cluster_status, node_summary
+from providers.node import NodeSummary, cluster_nodes, cluster_status, node_summary
 from providers.offers import Choice
 from providers.registry import get_provider, provider_context
 from service.runs import Fleet
@@ -184,7 +184,13 @@ def _head_of(fleet: Fleet, ident: str) -> str:
     return ident
 
 
-def _cluster_status(endpoint: NodeEndpoint, wait_s: float = 15.0) -> tuple[str, list[dict[str, Any]]]:
+class _NodeRow(NodeSummary):
+    """A node of `fleet node`: its summary and its state (ALIVE, DEAD)."""
+
+    state: str | None
+
+
+def _cluster_status(endpoint: NodeEndpoint, wait_s: float = 15.0) -> tuple[str, list[_NodeRow]]:
     """`ray status`'s text and the node list, from the head's dashboard (waits while it warms up)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -192,4 +198,4 @@ def _cluster_status(endpoint: NodeEndpoint, wait_s: float = 15.0) -> tuple[str, 
         if (listed and not status.startswith("No cluster status")) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
-    return status, [node_summary(n) | {"state": n.get("state")} for n in listed]
+    return status, [_NodeRow(**node_summary(n), state=n.state) for n in listed]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.live import Live
@@ -18,6 +17,7 @@ from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exi
 from jobs.spec import format_problems
 from service import sweep_load, sweep_spec, sweeps
 from service.runs import Fleet
+from service.sweeps import SweepView
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -67,7 +67,7 @@ def sweep(
         )
     if not wait:
         if as_json:
-            out.print_json(json.dumps(sweeps.sweep_view(fleet, found)))
+            out.print_json(sweeps.sweep_view(fleet, found).model_dump_json(by_alias=True))
         else:
             line = f"{found.sweep_id}: {len(found.runs)} runs, at most {found.max_parallel} at once"
             out.print(line, highlight=False)
@@ -76,22 +76,22 @@ def sweep(
         return
     view = follow(fleet, found.sweep_id, live=not as_json and out.is_terminal)
     if as_json:
-        out.print_json(json.dumps(view))
+        out.print_json(view.model_dump_json(by_alias=True))
     else:
         show(view)
-    raise typer.Exit(0 if view["state"] == "SUCCEEDED" else 1)
+    raise typer.Exit(0 if view.state == "SUCCEEDED" else 1)
 
 
-def follow(fleet: Fleet, sweep_id: str, live: bool, every_s: float = 2.0) -> dict[str, Any]:
+def follow(fleet: Fleet, sweep_id: str, live: bool, every_s: float = 2.0) -> SweepView:
     """Poll the sweep until it ends (a live table on a terminal); returns its final view."""
     view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
     if not live:
-        while view["state"] not in FINAL_STATES:
+        while view.state not in FINAL_STATES:
             time.sleep(every_s)
             view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
         return view
     with Live(render(view), console=out, refresh_per_second=2) as screen:
-        while view["state"] not in FINAL_STATES:
+        while view.state not in FINAL_STATES:
             time.sleep(every_s)
             view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep_id))
             screen.update(render(view))
@@ -116,41 +116,40 @@ def _print(fleet: Fleet, get: Callable[[], Sweep], as_json: bool, brief: bool) -
         raise typer.Exit(1) from None
     view = sweeps.sweep_view(fleet, found)
     if as_json:
-        out.print_json(json.dumps(view))
+        out.print_json(view.model_dump_json(by_alias=True))
     elif brief:
-        out.print(f"{found.sweep_id} {view['state']}", highlight=False)
+        out.print(f"{found.sweep_id} {view.state}", highlight=False)
     else:
         show(view)
 
 
-def show(view: dict[str, Any]) -> None:
+def show(view: SweepView) -> None:
     out.print(render(view))
-    best = view["best"]
     out.print(
-        f"{view['sweep_id']} {view['state']} · best {best or '-'} ({view['goal']} {view['metric']}) · "
-        f"cost ${view['cost_usd']:.2f}",
+        f"{view.sweep_id} {view.state} · best {view.best_run or '-'} ({view.goal} {view.metric}) · "
+        f"cost ${view.cost_usd:.2f}",
         highlight=False,
     )
 
 
-def render(view: dict[str, Any]) -> Table:
+def render(view: SweepView) -> Table:
     """The sweep's table: one row per child, its values and its final metric; the best row marked."""
-    title = f"sweep {view['sweep_id']} · {view['state']} · {view['source']}"
+    title = f"sweep {view.sweep_id} · {view.state} · {view.source}"
     table = Table(title=title, title_justify="left")
     table.add_column("", no_wrap=True)
     table.add_column("run", no_wrap=True, min_width=18)
     table.add_column("state")
-    for key in view["keys"]:
+    for key in view.keys:
         table.add_column(key, justify="right")
-    table.add_column(view["metric"], justify="right")
-    for row in view["rows"]:
-        values = [sweeps.format_value(row["params"].get(k)) for k in view["keys"]]
+    table.add_column(view.metric, justify="right")
+    for row in view.rows:
+        values = [sweeps.format_value(row.params.get(k)) for k in view.keys]
         table.add_row(
-            "★ best" if row["best"] else "",
-            row["run_id"],
-            row["state"],
+            "★ best" if row.best else "",
+            row.run_id,
+            row.state,
             *values,
-            sweeps.format_value(row["metric"]),
-            style="bold green" if row["best"] else None,
+            sweeps.format_value(row.metric),
+            style="bold green" if row.best else None,
         )
     return table

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.errors import NodeError
 from providers import failsafe
@@ -70,13 +72,54 @@ def _get_json(endpoint: NodeEndpoint, path: str, timeout_s: float = 10.0) -> Any
         raise NodeError(f"the node's Ray head did not answer {path}: {exc}") from None
 
 
-def cluster_nodes(endpoint: NodeEndpoint) -> list[dict[str, Any]]:
+class RayNode(BaseModel):
+    """One node of a Ray cluster, as the head's State API lists it (`ray list nodes`); the fields the fleet
+    reads (Ray sends more, and null for what it does not know)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    node_id: str | None = None
+    node_ip: str | None = None
+    is_head_node: bool | None = None
+    state: str | None = None
+    """ALIVE or DEAD."""
+    resources_total: dict[str, float] | None = None
+    """CPU, GPU, memory (bytes), accelerator_type:<type>..."""
+
+
+class _NodeList(BaseModel):
+    result: list[RayNode]
+
+
+class _NodeListResult(BaseModel):
+    result: _NodeList
+
+
+class _NodesAnswer(BaseModel):
+    """The State API's envelope: `{"data": {"result": {"result": [node, ...]}}}`."""
+
+    data: _NodeListResult
+
+
+class NodeSummary(TypedDict):
+    """One Ray node in a few fields (providers.node.node_summary); broker.payloads.NodeJoined's fields."""
+
+    node_id: str | None
+    node_ip: str | None
+    head: bool
+    cpus: float
+    gpus: float
+    memory_gb: float
+    accelerator: str | None
+
+
+def cluster_nodes(endpoint: NodeEndpoint) -> list[RayNode]:
     """The Ray nodes of the head's cluster, as its State API lists them (`ray list nodes`): node_id, node_ip,
     is_head_node, state (ALIVE, DEAD), resources_total..."""
     body = _get_json(endpoint, "/api/v0/nodes")
     try:
-        return [dict(n) for n in body["data"]["result"]["result"]]
-    except (KeyError, TypeError):
+        return _NodesAnswer.model_validate(body).data.result.result
+    except ValidationError:
         raise NodeError("the node's Ray head answered /api/v0/nodes without a node list") from None
 
 
@@ -89,20 +132,28 @@ def cluster_status(endpoint: NodeEndpoint) -> str:
         raise NodeError("the node's Ray head answered /api/cluster_status without a status") from None
 
 
-def node_summary(node: dict[str, Any]) -> dict[str, Any]:
+def node_summary(node: RayNode) -> NodeSummary:
     """One Ray node in a few fields: its id and address, whether it is the head, CPUs, GPUs, memory and the
     accelerator type Ray detected (the `accelerator_type:<type>` resource a job may ask for)."""
-    total = node.get("resources_total") or {}
+    total = node.resources_total or {}
     accelerators = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
     return {
-        "node_id": node.get("node_id"),
-        "node_ip": node.get("node_ip"),
-        "head": bool(node.get("is_head_node")),
+        "node_id": node.node_id,
+        "node_ip": node.node_ip,
+        "head": bool(node.is_head_node),
         "cpus": total.get("CPU", 0),
         "gpus": total.get("GPU", 0),
-        "memory_gb": round(float(total.get("memory", 0)) / 2**30, 1),
+        "memory_gb": round(total.get("memory", 0) / 2**30, 1),
         "accelerator": accelerators[0] if accelerators else None,
     }
+
+
+class RuntimeEnv(TypedDict, total=False):
+    """What a job takes along to the node (Ray's runtime_env): the trainer package, env vars, and files."""
+
+    py_modules: list[str]
+    env_vars: dict[str, str]
+    working_dir: str
 
 
 class NodeClient:
@@ -135,7 +186,7 @@ class NodeClient:
         it and is the job's current directory on the node (Ray uploads it once per content hash)."""
         if self.info(submission_id) is not None:
             return
-        runtime_env: dict[str, Any] = {
+        runtime_env: RuntimeEnv = {
             "py_modules": [str(TRAINER_DIR)],
             "env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", **env},
         }

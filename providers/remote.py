@@ -1,13 +1,14 @@
 """What every rented-node cloud shares, as a template: one instance per name, a Ray head reached with the
 node's own token, terminate by name, and the steps of `list_offers` and `launch` around the vendor's own:
 check the section, choose the cheapest fitting offer, refuse when none fits. A cloud says how to choose
-offers, create an instance for one, list its raw records, read one, and destroy one.
+offers, create an instance for one, list its records (its own model of the vendor's instance, parsed by
+its client), read one, and destroy one.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -26,8 +27,6 @@ from providers.base import (
 from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
 
-Record = dict[str, Any]
-
 
 class RentalSection(Protocol):
     """What the template reads of a cloud's section (RunPodSection, VastAISection)."""
@@ -40,10 +39,13 @@ class RentalSection(Protocol):
 
 
 S = TypeVar("S", bound=RentalSection)
+R = TypeVar("R", bound=BaseModel)
+"""The cloud's record of one instance (RunPodPod, VastInstance)."""
 
 
-class RemoteProvider(Provider, Generic[S]):
-    """A cloud reached through its API (RunPod, vast.ai), whose section model is `S`. Subclasses declare
+class RemoteProvider(Provider, Generic[S, R]):
+    """A cloud reached through its API (RunPod, vast.ai), whose section model is `S` and whose instance
+    records are `R`s. Subclasses declare
     `vendor`, `default_api_url` and `api_url_env` (besides `Provider`'s) and implement the hooks below."""
 
     vendor: ClassVar[str]
@@ -66,23 +68,23 @@ class RemoteProvider(Provider, Generic[S]):
         vendor's create call fails, return `self._created_anyway(request.name, <the translated error>)`."""
 
     @abstractmethod
-    def _records(self, name: str | None = None) -> list[Record]:
+    def _records(self, name: str | None = None) -> list[R]:
         """Live instances at the vendor (all of ours, or those called `name`), oldest first."""
 
     @abstractmethod
-    def _name(self, record: Record) -> str:
+    def _name(self, record: R) -> str:
         """The fleet's name of the instance (RunPod's pod name, vast.ai's label)."""
 
     @abstractmethod
-    def _destroy(self, record: Record) -> None:
+    def _destroy(self, record: R) -> None:
         """Ask the vendor to destroy it; an instance already gone is not an error."""
 
     @abstractmethod
-    def _instance(self, record: Record, probe: bool) -> NodeInstance:
+    def _instance(self, record: R, probe: bool) -> NodeInstance:
         """The record as a NodeInstance; with `probe`, RUNNING only once its Jobs API answers (`_ready`)."""
 
     @abstractmethod
-    def _jobs_url(self, record: Record) -> str | None:
+    def _jobs_url(self, record: R) -> str | None:
         """Where the instance publishes its Ray Jobs API, if it does yet."""
 
     def list_offers(self, section: BaseModel) -> list[Offer]:
@@ -111,7 +113,7 @@ class RemoteProvider(Provider, Generic[S]):
             return existing
         raise error from None
 
-    def _endpoint_url(self, record: Record) -> str | None:
+    def _endpoint_url(self, record: R) -> str | None:
         """The Jobs API URL to use now (a cloud may also require the instance to be running)."""
         return self._jobs_url(record)
 
@@ -119,7 +121,7 @@ class RemoteProvider(Provider, Generic[S]):
         token = self.tokens.get(name)
         return None if token is None else {"Authorization": f"Bearer {token}"}
 
-    def _ready(self, record: Record) -> bool:
+    def _ready(self, record: R) -> bool:
         if self.tokens.head_of(self._name(record)) is not None:
             return True  # a worker node serves no Jobs API: up once its container runs; its head's cluster
             # says whether it joined (the provision stage asks the head)

@@ -6,9 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel, Field, JsonValue, TypeAdapter
+
+from broker.constants import Stage
 from broker.cost import run_cost
-from broker.models import Run
-from broker.payloads import Event, RunSucceeded, TrainFinished
+from broker.models import Run, RunProgress, RunState
+from broker.payloads import Event, GitOrigin, Metrics, RunSucceeded, TrainFinished
+from core.errors import FailureReason
+from jobs.sections import ProviderName
 from service.runs import Fleet
 
 
@@ -33,39 +38,52 @@ def describe(event: Event) -> str:
     return f"{stamp} {event.type.value:<22} {parts}".rstrip()
 
 
-def run_view(fleet: Fleet, run: Run) -> dict[str, Any]:
-    """A run as `fleet status --json` prints it (with what its instances cost so far)."""
-    stages = []
-    for timing in run.stages:
-        stages.append(
-            {
-                "name": timing.name.value,
-                "started": timing.started,
-                "ended": timing.ended,
-                "seconds": timing.seconds,
-            }
-        )
-    return {
-        "run_id": run.run_id,
-        "state": run.state.value,
-        "provider": run.provider,
-        "source": run.source,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "attempt": run.attempt,
-        "preemptions": run.preemptions,
-        "instance": run.instance,
-        "instances": run.instance_names if run.instance else [],  # a cluster's: the head first
-        "stages": stages,
-        "output_dir": run.output_dir,
-        "failure_reason": run.failure_reason.value if run.failure_reason else None,
-        "failure_message": run.failure_message,
-        "cancel_requested": run.cancel_requested,
-        "sweep_id": run.sweep_id,
-        "params": run.params,
-        "held": run.held,
-        "origin": run.origin.model_dump(mode="json") if run.origin else {},
-        "progress": run.progress.model_dump(mode="json"),
-        "metrics": {"eval_loss_first": None, "eval_loss": None, **run.metrics},
-        "cost_usd": run_cost(fleet.ledger, run),
-    }
+class StageView(BaseModel):
+    """One stage of a run: when it started and ended, and how long it took (seconds)."""
+
+    name: Stage
+    started: float | None
+    ended: float | None
+    seconds: float | None
+
+
+class RunView(BaseModel):
+    """A run as `fleet status --json` prints it: the ledger's record, its instances, what it cost so far."""
+
+    run_id: str
+    state: RunState
+    provider: ProviderName
+    source: str
+    created_at: float
+    updated_at: float
+    attempt: int
+    preemptions: int
+    instance: str | None
+    instances: list[str] = Field(description="A cluster's instances, the head first; [] before the first.")
+    stages: list[StageView]
+    output_dir: str
+    failure_reason: FailureReason | None
+    failure_message: str | None
+    cancel_requested: bool
+    sweep_id: str | None
+    params: dict[str, JsonValue]
+    held: bool
+    origin: GitOrigin | None
+    progress: RunProgress
+    metrics: Metrics
+    cost_usd: float
+
+
+RUN_VIEWS = TypeAdapter(list[RunView])
+
+
+def run_view(fleet: Fleet, run: Run) -> RunView:
+    """A run as `fleet status RUN` shows it (with what its instances cost so far)."""
+    stages = [StageView(name=t.name, started=t.started, ended=t.ended, seconds=t.seconds) for t in run.stages]
+    return RunView(
+        **run.model_dump(include=set(RunView.model_fields) - {"instances", "stages", "metrics", "cost_usd"}),
+        instances=run.instance_names if run.instance else [],
+        stages=stages,
+        metrics={"eval_loss_first": None, "eval_loss": None, **run.metrics},
+        cost_usd=run_cost(fleet.ledger, run),
+    )

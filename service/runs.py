@@ -7,9 +7,9 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
+from pydantic import JsonValue
 
 from broker import app as broker_app
 from broker.constants import Stage
@@ -102,7 +102,7 @@ def submit(
     *,
     run_id: str | None = None,
     sweep_id: str | None = None,
-    params: dict[str, Any] | None = None,
+    params: dict[str, JsonValue] | None = None,
     held: bool = False,
     origin: GitOrigin | None = None,
 ) -> Run:

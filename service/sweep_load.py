@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from core.errors import ConfigError, Problem
 from jobs.problems import line_of, validate_mapping
 from jobs.sections import ProviderName
@@ -139,7 +141,7 @@ def _from_axolotl(data: Any, layout: Layout) -> SweepSection:
         raise ConfigError(source, [Problem("", message, 1)])
     problems = []
     grid: dict[str, list[Any]] = {}
-    paired: list[dict[str, Any]] = []
+    paired: list[dict[str, JsonValue]] = []
     for key, values in data.items():
         if key == "_":
             if not isinstance(values, list) or not all(isinstance(v, dict) and v for v in values):

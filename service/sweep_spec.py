@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from core.errors import ConfigError, Problem
 from jobs.spec import LoadedJob
@@ -77,7 +77,7 @@ class SweepSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     grid: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
-    paired: list[Annotated[dict[str, Any], Field(min_length=1)]] = Field(default_factory=list)
+    paired: list[Annotated[dict[str, JsonValue], Field(min_length=1)]] = Field(default_factory=list)
     random: RandomSearch | None = None
     max_parallel: int = Field(1, ge=1, le=MAX_PARALLEL)
     metric: str = Field("eval_loss", min_length=1)
@@ -119,7 +119,7 @@ class Layout:
 class Child:
     """One run of a sweep: the values it sets (key -> value) and where each was written (key -> path)."""
 
-    params: dict[str, Any]
+    params: dict[str, JsonValue]
     where: dict[str, str]
 
 
@@ -131,7 +131,7 @@ class SweepPlan:
     section: SweepSection
     keys: list[str]
     jobs: list[LoadedJob]
-    params: list[dict[str, Any]]
+    params: list[dict[str, JsonValue]]
     warnings: list[str]
 
 
@@ -152,7 +152,8 @@ def expand(section: SweepSection, layout: Layout) -> list[Child]:
     if section.random is not None:
         rng = random.Random(section.random.seed)
         for _ in range(section.random.n):
-            params, where = {}, {}
+            params: dict[str, JsonValue] = {}
+            where: dict[str, str] = {}
             for key, space in section.random.space.items():
                 if isinstance(space, Range):
                     params[key], where[key] = space.draw(rng), layout.random(key)
@@ -163,17 +164,20 @@ def expand(section: SweepSection, layout: Layout) -> list[Child]:
     else:
         keys = list(section.grid)
         for combo in itertools.product(*(range(len(section.grid[k])) for k in keys)):
-            params = {k: section.grid[k][j] for k, j in zip(keys, combo, strict=True)}
-            where = {k: layout.grid(k, j) for k, j in zip(keys, combo, strict=True)}
-            points.append(Child(params, where))
+            points.append(
+                Child(
+                    {k: section.grid[k][j] for k, j in zip(keys, combo, strict=True)},
+                    {k: layout.grid(k, j) for k, j in zip(keys, combo, strict=True)},
+                )
+            )
     if not section.paired:
         return points
     children = []
     for point in points:
         for i, pairs in enumerate(section.paired):
-            params = {**point.params, **pairs}
-            where = {**point.where, **{k: layout.paired(i, k) for k in pairs}}
-            children.append(Child(params, where))
+            children.append(
+                Child({**point.params, **pairs}, {**point.where, **{k: layout.paired(i, k) for k in pairs}})
+            )
     return children
 
 

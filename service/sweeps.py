@@ -11,10 +11,12 @@ import secrets
 import time
 from typing import Any
 
+from pydantic import Field
+
 from broker import sweeps as ledger_sweeps
 from broker.cost import run_cost
 from broker.models import Sweep
-from broker.payloads import Event, EventType
+from broker.payloads import Event, SweepRow, SweepStarted, SweepSummary
 from service import runs
 from service.runs import Fleet
 from service.sweep_spec import SweepPlan
@@ -45,14 +47,14 @@ def submit_sweep(fleet: Fleet, plan: SweepPlan) -> Sweep:
         keys=plan.keys,
         runs=run_ids,
     )
-    started = {
-        "sweep_id": sweep.sweep_id,
-        "source": sweep.source,
-        "runs": run_ids,
-        "keys": sweep.keys,
-        "max_parallel": sweep.max_parallel,
-    }
-    event = Event(id=f"{sweep.sweep_id}-started", type=EventType.SWEEP_STARTED, data=started)
+    started = SweepStarted(
+        sweep_id=sweep.sweep_id,
+        source=sweep.source,
+        runs=run_ids,
+        keys=sweep.keys,
+        max_parallel=sweep.max_parallel,
+    )
+    event = Event(id=f"{sweep.sweep_id}-started", type=started.type, data=started)
     fleet.ledger.create_sweep(sweep, event)
     for run_id, job, params in zip(run_ids, plan.jobs, plan.params, strict=True):
         runs.submit(fleet, job, run_id=run_id, sweep_id=sweep.sweep_id, params=params, held=True)
@@ -76,40 +78,51 @@ def cancel_sweep(fleet: Fleet, sweep_id: str) -> Sweep:
     return fleet.ledger.get_sweep(sweep.sweep_id)
 
 
-def sweep_view(fleet: Fleet, sweep: Sweep) -> dict[str, Any]:
-    """A sweep as `fleet status SWEEP --json` prints it: its settings, state and table."""
+class SweepView(SweepSummary):
+    """A sweep as `fleet status SWEEP --json` prints it: its settings, state, table and cost."""
+
+    created_at: float
+    finished_at: float | None
+    max_parallel: int
+    cancel_requested: bool
+    best_run: str | None = Field(serialization_alias="best", description="The best child's run id.")
+    cost_usd: float
+
+
+def sweep_view(fleet: Fleet, sweep: Sweep) -> SweepView:
+    """A sweep as `fleet status SWEEP` shows it (`--json`: `model_dump(by_alias=True)`)."""
     runs = fleet.ledger.get_runs(sweep.runs)
     children = [runs[r] for r in sweep.runs if r in runs]
     rows = ledger_sweeps.table(sweep, children)
-    best = next((r["run_id"] for r in rows if r["best"]), None)
-    return {
-        "sweep_id": sweep.sweep_id,
-        "state": ledger_sweeps.sweep_state(sweep, children),
-        "source": sweep.source,
-        "created_at": sweep.created_at,
-        "finished_at": sweep.finished_at,
-        "max_parallel": sweep.max_parallel,
-        "metric": sweep.metric,
-        "goal": sweep.goal,
-        "keys": sweep.keys,
-        "cancel_requested": sweep.cancel_requested,
-        "rows": rows,
-        "best": best,
-        "cost_usd": round(sum(run_cost(fleet.ledger, run) for run in children), 4),
-    }
+    best = next((r.run_id for r in rows if r.best), None)
+    return SweepView(
+        sweep_id=sweep.sweep_id,
+        state=ledger_sweeps.sweep_state(sweep, children),
+        source=sweep.source,
+        created_at=sweep.created_at,
+        finished_at=sweep.finished_at,
+        max_parallel=sweep.max_parallel,
+        metric=sweep.metric,
+        goal=sweep.goal,
+        keys=sweep.keys,
+        cancel_requested=sweep.cancel_requested,
+        rows=rows,
+        best_run=best,
+        cost_usd=round(sum(run_cost(fleet.ledger, run) for run in children), 4),
+    )
 
 
-def table_lines(keys: list[str], rows: list[dict[str, Any]], metric: str) -> list[str]:
+def table_lines(keys: list[str], rows: list[SweepRow], metric: str) -> list[str]:
     """The sweep's table as fixed-width text (Discord code blocks, plain terminals); the best row starts
     with '*'."""
     header = ["", "run", "state", *keys, metric]
     body = [
         [
-            "*" if row["best"] else "",
-            row["run_id"],
-            row["state"],
-            *(format_value(row["params"].get(k)) for k in keys),
-            format_value(row["metric"]),
+            "*" if row.best else "",
+            row.run_id,
+            row.state,
+            *(format_value(row.params.get(k)) for k in keys),
+            format_value(row.metric),
         ]
         for row in rows
     ]

@@ -22,9 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trainer.errors import TrainingFailed
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_GROWTH = 8  # the search never goes past this many times the configured micro batch
 OOM_MESSAGES = ("out of memory", "can't allocate memory")
@@ -40,6 +43,21 @@ class Trial:
 
     size: int
     fits: bool
+
+
+class TrialJson(TypedDict):
+    """One trial in a BATCH_SIZE line."""
+
+    size: int
+    fits: bool
+
+
+class BatchSizeJson(TypedDict):
+    """A BATCH_SIZE line's fields."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    tried: list[TrialJson]
 
 
 @dataclass(frozen=True)
@@ -63,9 +81,13 @@ class Choice:
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> BatchSizeJson:
         """A BATCH_SIZE line's fields."""
-        return {**self.config_update(), "tried": [{"size": t.size, "fits": t.fits} for t in self.tried]}
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "tried": [{"size": t.size, "fits": t.fits} for t in self.tried],
+        }
 
 
 def search(start: int, limit: int, fits: Callable[[int], bool]) -> tuple[int, list[Trial]]:
@@ -133,7 +155,7 @@ class ActivationMeter:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
-def trial_step(model: Any, batch: dict[str, Any], cap_bytes: int | None) -> None:
+def trial_step(model: Any, batch: dict[str, torch.Tensor], cap_bytes: int | None) -> None:
     """One forward+backward of `batch`; raises an out-of-memory error when it does not fit (SimulatedOOM
     when the activations exceed `cap_bytes`). Leaves gradients behind: the caller drops them."""
     meter = ActivationMeter(model)
@@ -144,7 +166,7 @@ def trial_step(model: Any, batch: dict[str, Any], cap_bytes: int | None) -> None
     loss.backward()
 
 
-def fits(model: Any, batch: dict[str, Any], cap_bytes: int | None, device: Any) -> bool:
+def fits(model: Any, batch: dict[str, torch.Tensor], cap_bytes: int | None, device: Any) -> bool:
     """Whether a trial step of `batch` fits on this worker; errors other than out of memory propagate."""
     import torch
 
@@ -165,7 +187,7 @@ def fits(model: Any, batch: dict[str, Any], cap_bytes: int | None, device: Any) 
 def find(
     model: Any,
     examples: Sequence[Any],
-    collate: Callable[[Sequence[Any]], dict[str, Any]],
+    collate: Callable[[Sequence[Any]], dict[str, torch.Tensor]],
     *,
     micro_batch_size: int,
     gradient_accumulation_steps: int,

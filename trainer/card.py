@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import yaml
 
@@ -42,16 +42,27 @@ def dataset_names(config: TrainConfig) -> list[str]:
     return names
 
 
-def metadata(config: TrainConfig) -> dict[str, Any]:
+class CardMetadata(TypedDict):
+    """The card's YAML header, in this order."""
+
+    base_model: NotRequired[str]  # left out for a local base model
+    datasets: list[str]
+    library_name: str
+    pipeline_tag: str
+    tags: list[str]
+
+
+def metadata(config: TrainConfig) -> CardMetadata:
     """The card's YAML header as a dict."""
     base = hub_id(config.base_model)
-    data: dict[str, Any] = {}
+    data = CardMetadata(
+        datasets=dataset_names(config),
+        library_name="peft",
+        pipeline_tag="text-generation",
+        tags=([f"base_model:adapter:{base}"] if base is not None else []) + list(TAGS),
+    )
     if base is not None:
-        data["base_model"] = base
-    data["datasets"] = dataset_names(config)
-    data["library_name"] = "peft"
-    data["pipeline_tag"] = "text-generation"
-    data["tags"] = ([f"base_model:adapter:{base}"] if base is not None else []) + list(TAGS)
+        data = {"base_model": base, **data}  # first, as PEFT writes it
     return data
 
 

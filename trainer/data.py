@@ -207,7 +207,7 @@ def _names_split(path: str, split: str) -> bool:
     return re.search(rf"(^|[/_.\- ]){re.escape(split)}([/_.\- 0-9]|$)", path) is not None
 
 
-def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
     """Yield (line number, object) for every non-blank line; a line that is not a JSON object is an error."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -225,7 +225,7 @@ def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
         yield number, obj
 
 
-def to_record(ds: DatasetConfig, obj: dict[str, Any], where: str) -> Record:
+def to_record(ds: DatasetConfig, obj: dict[str, object], where: str) -> Record:
     """One JSON object as a Record, per the dataset's `type`. Raises DatasetError on a missing field."""
 
     def text(key: str, *, required: bool) -> str:

@@ -12,10 +12,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     import torch
+
+    from trainer.outputs import Metrics
+
+
+class CheckpointMetrics(TypedDict):
+    """What every worker reports to Ray Train with a checkpoint."""
+
+    step: int
+    eval_loss: float | None
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ def unwrap(model: Any) -> Any:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def report(worker: Worker, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+def report(worker: Worker, metrics: Metrics | CheckpointMetrics, checkpoint_dir: Path | None = None) -> None:
     """Under Ray, report `metrics` (and rank 0's `checkpoint_dir`, copied into the run's storage) to Ray
     Train. A barrier: every worker calls it, with a checkpoint only on rank 0. A no-op without Ray."""
     if not worker.under_ray:

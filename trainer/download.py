@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trainer.errors import DownloadError
 from trainer.fslock import exclusive
@@ -132,7 +132,27 @@ class Snapshot:
 Select = Callable[[Listing], Sequence[RemoteFile]]
 
 
-def summary(stats: Sequence[DownloadStats]) -> dict[str, Any]:
+class RepoSummary(TypedDict):
+    """One repo of a DownloadSummary."""
+
+    repo_id: str
+    type: str
+    sha: str
+
+
+class DownloadSummary(TypedDict):
+    """The FETCHED progress record's `download` (the fleet reads it back: keep the keys)."""
+
+    bytes: int
+    files: int
+    seconds: float
+    mb_per_s: float
+    connections: int
+    bytes_skipped: int
+    repos: list[RepoSummary]
+
+
+def summary(stats: Sequence[DownloadStats]) -> DownloadSummary:
     """The figures of several repos fetched one after the other, for the FETCHED progress record."""
     fetched, seconds = sum(s.bytes for s in stats), sum(s.seconds for s in stats)
     return {

@@ -16,13 +16,13 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from trainer import card
 from trainer.config import TrainConfig
-from trainer.snapshot import Position, Snapshot
+from trainer.snapshot import Position, PositionState, Snapshot
 
 METRICS_FILE = "metrics.json"
 STATE_FILE = "trainer_state.json"
@@ -32,6 +32,34 @@ ADAPTER_FILE = "adapter_model.safetensors"
 # Without these a checkpoint directory is incomplete (rng_state.pt is optional).
 CHECKPOINT_FILES = ("adapter_config.json", ADAPTER_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE)
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+
+
+class TrainerState(PositionState):
+    """A checkpoint's trainer_state.json: the loop's position, then the run's shape (older checkpoints may
+    lack these; `train_loss_sum` is each rank's share of the sum)."""
+
+    total_steps: NotRequired[int]
+    micro_batch_size: NotRequired[int]
+    gradient_accumulation_steps: NotRequired[int]
+    world_size: NotRequired[int]
+
+
+class Metrics(TypedDict):
+    """A run's final metrics: metrics.json, the FINISHED line's `metrics` (trainer.recipe.run has them)."""
+
+    eval_loss_first: float | None
+    eval_loss: float | None
+    train_loss: float
+    global_step: int
+    total_steps: int
+    epoch: float
+    train_runtime_s: float
+    train_examples: int
+    eval_examples: int
+    dropped_examples: int
+    num_workers: int
+    trainable_params: int
+    total_params: int
 
 
 def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:
@@ -44,7 +72,7 @@ def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:
 
 
 def save_checkpoint(
-    path: Path, peft_model: Any, snapshot: Snapshot, state: Mapping[str, Any], base_model: str
+    path: Path, peft_model: Any, snapshot: Snapshot, state: TrainerState, base_model: str
 ) -> Path:
     """Write a checkpoint of `snapshot` (the live `peft_model`'s adapter, saved as a loadable PEFT adapter)
     into `path` atomically, replacing an older one of the same name; return `path`. `state` goes into
@@ -70,12 +98,12 @@ def save_checkpoint(
     return path
 
 
-def read_state(path: Path) -> dict[str, Any]:
+def read_state(path: Path) -> TrainerState:
     """A checkpoint's trainer_state.json (ValueError when it is not a JSON object with a global_step)."""
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         raise ValueError(f"{path / STATE_FILE}: no global_step")
-    return state
+    return cast(TrainerState, state)  # as save_checkpoint wrote it: only global_step is checked
 
 
 def is_complete(path: Path) -> bool:
@@ -122,7 +150,7 @@ def write_results(
     peft_model: Any,
     tokenizer: Any,
     config: TrainConfig,
-    metrics: Mapping[str, Any],
+    metrics: Metrics,
     run_id: str,
     target_modules: Sequence[str],
     job_yaml: str | None = None,

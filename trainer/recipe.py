@@ -26,12 +26,13 @@ import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trainer import dist, faults, hub_checkpoints, outputs, samples
 from trainer.config import TrainJob
 from trainer.data import IGNORE_INDEX
 from trainer.faults import InjectedCrash
+from trainer.outputs import Metrics, TrainerState
 from trainer.progress import Kind
 from trainer.recipe_setup import RunSetup
 from trainer.watchdog import LR_FACTOR, Reason, Trip, scale_learning_rate
@@ -39,20 +40,26 @@ from trainer.watchdog import LR_FACTOR, Reason, Trip, scale_learning_rate
 MAX_GRAD_NORM = 1.0
 
 
-def loop_config(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
+class LoopConfig(TypedDict):
+    """Ray's `train_loop_config`: plain JSON data (picklable as it is); workers rebuild the job from it."""
+
+    job: dict[str, Any]  # TrainJob.model_dump(mode="json")
+    model_path: str
+    base_dir: str
+
+
+def loop_config(job: TrainJob, model_path: Path, base_dir: Path) -> LoopConfig:
     """The `train_loop_config` the entrypoint hands Ray (plain JSON data; workers rebuild the job)."""
     return {"job": job.model_dump(mode="json"), "model_path": str(model_path), "base_dir": str(base_dir)}
 
 
-def train_loop_per_worker(loop_cfg: dict[str, Any]) -> None:
+def train_loop_per_worker(loop_cfg: LoopConfig) -> None:
     """Ray Train's worker function: `run` under Ray with the job from `loop_config`."""
     job = TrainJob.model_validate(loop_cfg["job"])
     run(job, Path(loop_cfg["model_path"]), base_dir=Path(loop_cfg["base_dir"]), under_ray=True)
 
 
-def run(
-    job: TrainJob, model_path: Path, *, base_dir: Path | None = None, under_ray: bool = False
-) -> dict[str, Any]:
+def run(job: TrainJob, model_path: Path, *, base_dir: Path | None = None, under_ray: bool = False) -> Metrics:
     """Train `job` on the base model at `model_path` and return the final metrics (on every rank).
 
     Relative dataset paths are resolved against `base_dir` (default: the working directory). Rank 0
@@ -78,7 +85,7 @@ def run(
 class _Run(RunSetup):
     """One worker's training run; `train` is the loop."""
 
-    def train(self) -> dict[str, Any]:
+    def train(self) -> Metrics:
         cfg, w = self.config, self.worker
         nodes = dist.gather_text(w.node_id, w)  # where each rank runs, as Ray says (a collective)
         self.say(
@@ -99,7 +106,7 @@ class _Run(RunSetup):
             self.train_epoch()
         final_eval = self.evaluate()
         loss_sum, steps = dist.all_reduce_sum([self.pos.train_loss_sum, float(self.pos.step)], w)
-        metrics: dict[str, Any] = {
+        metrics: Metrics = {
             "eval_loss_first": self.pos.eval_loss_first,
             "eval_loss": final_eval,
             "train_loss": loss_sum / max(steps, 1.0),
@@ -285,7 +292,7 @@ class _Run(RunSetup):
         path = Path(self.job.work_dir) / outputs.CHECKPOINTS_DIR / f"step-{self.pos.step}"
         self.anchor = self.capture()
         (loss_sum,) = dist.all_reduce_sum([self.pos.train_loss_sum], w)
-        state = {
+        state: TrainerState = {
             **self.anchor.position.to_state(),
             "train_loss_sum": loss_sum / w.world_size,  # each rank's share, as every rank resumes with it
             "total_steps": self.total,
@@ -297,5 +304,6 @@ class _Run(RunSetup):
         if w.is_main:
             outputs.save_checkpoint(path, self.peft_model, self.anchor, state, cfg.base_model)
             hub = hub_checkpoints.push(path, self.job)
-        dist.report(w, {"step": self.pos.step, "eval_loss": self.pos.eval_loss}, checkpoint_dir=path)
+        reported: dist.CheckpointMetrics = {"step": self.pos.step, "eval_loss": self.pos.eval_loss}
+        dist.report(w, reported, checkpoint_dir=path)
         self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path), hub=hub)

@@ -15,7 +15,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer import batch_size, dist, faults, resume, snapshot
 from trainer.config import TrainConfig, TrainJob
@@ -25,6 +25,9 @@ from trainer.progress import Kind, emit
 from trainer.snapshot import Position, Snapshot
 from trainer.tracking import Tracker
 from trainer.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    import torch
 
 
 def plan_steps(batches_per_epoch: int, config: TrainConfig) -> tuple[int, int]:
@@ -143,5 +146,5 @@ class RunSetup:
         restored = snapshot.restore(snap, self.peft_model, self.optimizer, self.scheduler, self.worker.device)
         return restored.normalized(self.batches_per_epoch)
 
-    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.worker.device) for k, v in batch.items()}

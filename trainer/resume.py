@@ -10,7 +10,7 @@ Every rank must resume from the same step; they check that with one collective.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import islice
@@ -34,7 +34,7 @@ class Resume:
     """A checkpoint read back, ready to restore."""
 
     snapshot: Snapshot
-    state: Mapping[str, Any]  # its trainer_state.json (the run's shape as well as its position)
+    state: outputs.TrainerState  # its trainer_state.json (the run's shape as well as its position)
     source: Source
     location: str  # the directory it was read from
 

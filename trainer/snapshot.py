@@ -12,9 +12,35 @@ import copy
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from trainer.errors import TrainingFailed
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class PositionState(TypedDict):
+    """A Position as trainer_state.json holds it (this key order). Checkpoints of older versions may lack
+    any key but `global_step`; `Position.from_state` gives those their defaults."""
+
+    epoch: NotRequired[float]
+    epoch_index: NotRequired[int]
+    batches_done: NotRequired[int]
+    train_loss_sum: NotRequired[float]
+    eval_loss_first: NotRequired[float | None]
+    eval_loss: NotRequired[float | None]
+    lr_scale: NotRequired[float]
+    rollbacks: NotRequired[int]
+    global_step: int
+
+
+class RngState(TypedDict):
+    """The RNG states `rng_state` takes (rng_state.pt holds this dict)."""
+
+    torch: Tensor  # torch's CPU generator
+    python: tuple[Any, ...]  # random.getstate()
+    cuda: NotRequired[Tensor]  # the device's generator, on CUDA only
 
 
 @dataclass
@@ -37,17 +63,34 @@ class Position:
             return dataclasses.replace(self)
         return dataclasses.replace(self, epoch_index=self.epoch_index + 1, batches_done=0)
 
-    def to_state(self) -> dict[str, Any]:
-        state = dataclasses.asdict(self)
-        state["global_step"] = state.pop("step")
-        return state
+    def to_state(self) -> PositionState:
+        return PositionState(
+            epoch=self.epoch,
+            epoch_index=self.epoch_index,
+            batches_done=self.batches_done,
+            train_loss_sum=self.train_loss_sum,
+            eval_loss_first=self.eval_loss_first,
+            eval_loss=self.eval_loss,
+            lr_scale=self.lr_scale,
+            rollbacks=self.rollbacks,
+            global_step=self.step,
+        )
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Position:
+    def from_state(cls, state: PositionState) -> Position:
         """The position in a trainer_state.json (keys it does not know are ignored, missing ones default)."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"step"}
-        values = {k: v for k, v in state.items() if k in known}
-        return cls(step=int(state["global_step"]), **values)
+        default = cls()
+        return cls(
+            step=int(state["global_step"]),
+            epoch=state.get("epoch", default.epoch),
+            epoch_index=state.get("epoch_index", default.epoch_index),
+            batches_done=state.get("batches_done", default.batches_done),
+            train_loss_sum=state.get("train_loss_sum", default.train_loss_sum),
+            eval_loss_first=state.get("eval_loss_first", default.eval_loss_first),
+            eval_loss=state.get("eval_loss", default.eval_loss),
+            lr_scale=state.get("lr_scale", default.lr_scale),
+            rollbacks=state.get("rollbacks", default.rollbacks),
+        )
 
 
 @dataclass(frozen=True)
@@ -55,10 +98,10 @@ class Snapshot:
     """Copies, on the CPU, of everything a run needs to continue from `position`."""
 
     position: Position
-    adapter: dict[str, Any]  # the PEFT adapter state dict (get_peft_model_state_dict's keys)
+    adapter: dict[str, Tensor]  # the PEFT adapter state dict (get_peft_model_state_dict's keys)
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
-    rng: dict[str, Any] | None  # None: a checkpoint without RNG states (the RNGs are left as they are)
+    rng: RngState | None  # None: a checkpoint without RNG states (the RNGs are left as they are)
 
 
 def capture(peft_model: Any, optimizer: Any, scheduler: Any, position: Position, device: Any) -> Snapshot:
@@ -105,17 +148,17 @@ def cpu_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def rng_state(device: Any) -> dict[str, Any]:
+def rng_state(device: Any) -> RngState:
     """The RNG states training draws from: torch's CPU generator, the device's (CUDA), Python's."""
     import torch
 
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    state: RngState = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if getattr(device, "type", "cpu") == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any], device: Any) -> None:
+def set_rng_state(state: RngState, device: Any) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])

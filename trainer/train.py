@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import ValidationError
 
@@ -29,6 +29,19 @@ from trainer import hub_checkpoints, pack, push
 from trainer.config import TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
+
+if TYPE_CHECKING:
+    from trainer.download import DownloadSummary
+    from trainer.outputs import Metrics
+
+
+class Fetched(TypedDict):
+    """What `fetch` found: the FETCHED progress line's fields."""
+
+    model_path: str
+    examples: int
+    dataset_files: list[str]
+    download: DownloadSummary
 
 
 def load_job(job_file: Path | None, environ: Mapping[str, str]) -> TrainJob:
@@ -55,7 +68,7 @@ def cache_dir(job: TrainJob) -> Path | None:
     return Path(job.cache_dir) if job.cache_dir else None
 
 
-def fetch(job: TrainJob, base_dir: Path) -> dict[str, Any]:
+def fetch(job: TrainJob, base_dir: Path) -> Fetched:
     """Resolve the base model and read every dataset, downloading hub repos into the cache; emit FETCHED
     {model_path, examples, dataset_files, download: {bytes, files, seconds, mb_per_s, connections, ...}}."""
     from trainer.data import dataset_files, load_records, localize_datasets
@@ -71,8 +84,9 @@ def fetch(job: TrainJob, base_dir: Path) -> dict[str, Any]:
     return {"model_path": str(model_path), "examples": examples, "dataset_files": files, "download": download}
 
 
-def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
-    """Train `job` (with Ray or in this process, per `use_ray`); return rank 0's final metrics."""
+def train(job: TrainJob, base_dir: Path) -> Metrics | dict[str, Any]:
+    """Train `job` (with Ray or in this process, per `use_ray`); return the final metrics (in this process)
+    or Ray's `Result.metrics` (`train_with_ray`)."""
     from trainer.data import dataset_files, localize_datasets
     from trainer.tiny import resolve_model
 
@@ -94,7 +108,8 @@ def train(job: TrainJob, base_dir: Path) -> dict[str, Any]:
 
 
 def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
-    """Run the recipe as a Ray Train TorchTrainer; shut Ray down afterwards if this call started it."""
+    """Run the recipe as a Ray Train TorchTrainer and return its `Result.metrics` (Ray Train v2: those
+    reported with the last checkpoint, {} without one); shut Ray down afterwards if this call started it."""
     # Read when Ray is first imported: keep every worker's progress line instead of folding repeats.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray

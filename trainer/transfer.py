@@ -23,11 +23,10 @@ import email.utils
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import httpx
 
@@ -203,7 +202,7 @@ def transfer(
     part_size: int | None = None,
     retries: int = DEFAULT_RETRIES,
     backoff_s: float = 0.5,
-    meta: dict[str, Any] | None = None,
+    meta: Mapping[str, str] | None = None,
 ) -> TransferStats:
     """Fetch `items` into `dest` on `connections` parallel connections; returns what it did.
 

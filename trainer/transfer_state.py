@@ -18,10 +18,9 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainer.errors import DownloadError
 
@@ -145,7 +144,7 @@ class PartialFile:
 class Manifest:
     """``<dest>/.trainfleet/manifest.json``: the identity of every finished file, plus the caller's meta."""
 
-    def __init__(self, dest: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, dest: Path, meta: Mapping[str, str]) -> None:
         self.path = dest / STATE_DIR / "manifest.json"
         self.lock = threading.Lock()
         try:

@@ -145,20 +145,20 @@ def _joined(ctx: context.Context, run: Run, endpoint: NodeEndpoint) -> bool:
     """Whether every node has joined the head's Ray cluster, as the head's State API lists them (ALIVE);
     each node's arrival is an event, once."""
     try:
-        alive = [n for n in cluster_nodes(endpoint) if n.get("state") == "ALIVE"]
+        alive = [n for n in cluster_nodes(endpoint) if n.state == "ALIVE"]
     except FleetError:
         return False  # the head's State API is not up yet: ask again at the next poll
     known = list(run.progress.cluster)
-    new = [n for n in alive if n.get("node_id") not in known]
+    new = [n for n in alive if n.node_id not in known]
     if new:
 
         def note(r: Run) -> list[Draft]:
             seen = list(r.progress.cluster)
             drafts: list[Draft] = []
             for n in new:
-                if n.get("node_id") in seen:
+                if n.node_id in seen:
                     continue
-                seen.append(str(n.get("node_id")))
+                seen.append(str(n.node_id))
                 drafts.append(NodeJoined(**node_summary(n), nodes=len(seen), of=r.num_nodes))
             r.progress.cluster = seen
             return drafts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from broker.constants import Stage
 from broker.ledger import Draft
@@ -20,13 +20,19 @@ from core.errors import RETRYABLE
 
 # Every stage task: retry only what can get better by itself, with jittered exponential back-off.
 MAX_RETRY_AFTER_S = 600.0  # a provider's Retry-After is honoured up to this
-RETRY_POLICY: dict[str, Any] = {
-    "autoretry_for": RETRYABLE,
-    "retry_backoff": 1,
-    "retry_backoff_max": 60,
-    "retry_jitter": True,
-    "max_retries": 12,
-}
+class RetryPolicy(TypedDict):
+    """The retry options of a Celery task (its decorator's keyword arguments)."""
+
+    autoretry_for: tuple[type[Exception], ...]
+    retry_backoff: int
+    retry_backoff_max: int
+    retry_jitter: bool
+    max_retries: int
+
+
+RETRY_POLICY = RetryPolicy(
+    autoretry_for=RETRYABLE, retry_backoff=1, retry_backoff_max=60, retry_jitter=True, max_retries=12
+)
 
 
 @dataclass(frozen=True)

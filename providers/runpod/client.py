@@ -2,16 +2,20 @@
 
 Why not runpod-python for these calls: its f-string queries are not escaped (a `"` in an env value
 breaks the request), it has no interruptible pods, and it reads the API key from a module global. The
-client raises `RunPodAPIError` as the vendor answered; the adapter (provider.py) translates it.
+client raises `RunPodAPIError` as the vendor answered; the adapter (provider.py) translates it. Answers are
+parsed here into providers.runpod.models; one that does not parse is a RunPodAPIError too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from providers.runpod.models import DeployData, GpuTypesData, PodsData, PodSpec, RunPodGpuType, RunPodPod
 
 POD_FIELDS = (
     "id name desiredStatus costPerHr gpuCount "
@@ -33,6 +37,8 @@ SPOT = (
     f"{{ podRentInterruptable(input: $input) {{ {POD_FIELDS} }} }}"
 )
 TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -56,13 +62,15 @@ class RunPodClient:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One GraphQL request; returns `data`, or raises RunPodAPIError."""
+    def call(self, query: str, variables: Mapping[str, object] | None, answer: type[M]) -> M:
+        """One GraphQL request; returns its `data` as an `answer`, or raises RunPodAPIError."""
         headers = {"Authorization": f"Bearer {self._key.get_secret_value()}"}
+        # JSON all through; typed Any only because requests' JsonType takes no TypedDict (the pod spec).
+        request: Any = {"query": query, "variables": variables or {}}
         try:
             reply = self._session.post(
                 self.url,
-                json={"query": query, "variables": variables or {}},
+                json=request,
                 headers=headers,
                 timeout=self.timeout_s,
             )
@@ -80,19 +88,35 @@ class RunPodClient:
             retry = reply.headers.get("Retry-After")
             raise RunPodAPIError(reply.status_code, message, float(retry) if retry else None)
         data = body.get("data")
-        return data if isinstance(data, dict) else {}
+        try:
+            return answer.model_validate(data if isinstance(data, dict) else {})
+        except ValidationError as exc:
+            raise RunPodAPIError(reply.status_code, f"unexpected answer: {_problems(exc)}") from None
 
-    def gpu_types(self, gpu_count: int) -> list[dict[str, Any]]:
-        return list(self.call(GPU_TYPES, {"lowest": {"gpuCount": gpu_count}}).get("gpuTypes") or [])
+    def gpu_types(self, gpu_count: int) -> list[RunPodGpuType]:
+        return self.call(GPU_TYPES, {"lowest": {"gpuCount": gpu_count}}, GpuTypesData).gpu_types or []
 
-    def pods(self) -> list[dict[str, Any]]:
-        return list((self.call(PODS).get("myself") or {}).get("pods") or [])
+    def pods(self) -> list[RunPodPod]:
+        myself = self.call(PODS, None, PodsData).myself
+        return (myself.pods if myself else None) or []
 
-    def deploy_on_demand(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.call(ON_DEMAND, {"input": spec}).get("podFindAndDeployOnDemand") or {})
+    def deploy_on_demand(self, spec: PodSpec) -> RunPodPod:
+        return _made(self.call(ON_DEMAND, {"input": spec}, DeployData).pod_find_and_deploy_on_demand)
 
-    def rent_interruptable(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.call(SPOT, {"input": spec}).get("podRentInterruptable") or {})
+    def rent_interruptable(self, spec: PodSpec) -> RunPodPod:
+        return _made(self.call(SPOT, {"input": spec}, DeployData).pod_rent_interruptable)
 
     def terminate(self, pod_id: str) -> None:
-        self.call(TERMINATE, {"input": {"podId": pod_id}})
+        self.call(TERMINATE, {"input": {"podId": pod_id}}, BaseModel)
+
+
+def _made(pod: RunPodPod | None) -> RunPodPod:
+    """The pod a deploy mutation made; an answer without one is an error (the pod may exist all the same)."""
+    if pod is None:
+        raise RunPodAPIError(200, "the answer names no pod")
+    return pod
+
+
+def _problems(exc: ValidationError) -> str:
+    """Where the answer did not parse, without the values (they are the vendor's, maybe secret)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()[:3])

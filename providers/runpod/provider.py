@@ -17,7 +17,7 @@ import posixpath
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from core.errors import (
     AuthFailed,
@@ -39,8 +39,9 @@ from providers.bootstrap import (
 )
 from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, Priced, choose
-from providers.remote import Record, RemoteProvider
+from providers.remote import RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
+from providers.runpod.models import PodSpec, RunPodPod
 from trainer.config import NODE_ROOT_ENV
 
 DEFAULT_API = "https://api.runpod.io"
@@ -61,7 +62,7 @@ def translate(exc: RunPodAPIError) -> ProviderError:
     return ProviderError(str(exc))
 
 
-class RunPodProvider(RemoteProvider[RunPodSection]):
+class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     """Pods on RunPod, through its GraphQL API."""
 
     name: ClassVar[ProviderName] = ProviderName.RUNPOD
@@ -85,13 +86,13 @@ class RunPodProvider(RemoteProvider[RunPodSection]):
         candidates = []
         for gpu in types:
             for secure in (True, False):
-                spot = gpu.get("secureSpotPrice" if secure else "communitySpotPrice")
-                price = gpu.get("securePrice" if secure else "communityPrice")
+                spot = gpu.secure_spot_price if secure else gpu.community_spot_price
+                price = gpu.secure_price if secure else gpu.community_price
                 candidates.append(
                     Candidate(
                         provider=self.name,
-                        offer_id=f"{gpu['id']}/{'SECURE' if secure else 'COMMUNITY'}",
-                        gpu=str(gpu["id"]),
+                        offer_id=f"{gpu.id}/{'SECURE' if secure else 'COMMUNITY'}",
+                        gpu=gpu.id,
                         gpu_count=section.gpu_count,
                         on_demand_per_hour=float(price) * section.gpu_count if price else None,
                         min_bid_per_gpu=float(spot) if spot else None,
@@ -102,8 +103,8 @@ class RunPodProvider(RemoteProvider[RunPodSection]):
                         upload_mbps=section.min_upload,
                         secure=secure,
                         detail={
-                            "display_name": str(gpu.get("displayName", "")),
-                            "memory_gb": str(gpu.get("memoryInGb")),
+                            "display_name": str(gpu.display_name),
+                            "memory_gb": str(gpu.memory_in_gb),
                         },
                     )
                 )
@@ -143,9 +144,9 @@ class RunPodProvider(RemoteProvider[RunPodSection]):
 
     def _pod_spec(
         self, name: str, section: RunPodSection, env: dict[str, str], token: str, secure: bool
-    ) -> dict[str, Any]:
+    ) -> PodSpec:
         env = {**env, TOKEN_ENV: token}
-        spec: dict[str, Any] = {
+        spec: PodSpec = {
             "name": name,
             "imageName": section.image,
             "gpuTypeId": section.gpu,
@@ -182,58 +183,58 @@ class RunPodProvider(RemoteProvider[RunPodSection]):
         records = self._records(head)
         if not records:
             raise ProvisioningFailed(f"the cluster's head {head} is not there to join")
-        return f"{records[0]['id']}{PRIVATE_DOMAIN}:{GCS_PORT}"
+        return f"{records[0].id}{PRIVATE_DOMAIN}:{GCS_PORT}"
 
-    def _records(self, name: str | None = None) -> list[Record]:
+    def _records(self, name: str | None = None) -> list[RunPodPod]:
         try:
             pods = self.client.pods()
         except RunPodAPIError as exc:
             raise translate(exc) from None
-        live = [p for p in pods if p.get("desiredStatus") != "TERMINATED"]
-        return [p for p in live if name is None or p.get("name") == name]
+        live = [p for p in pods if p.desired_status != "TERMINATED"]
+        return [p for p in live if name is None or p.name == name]
 
-    def _instance(self, pod: dict[str, Any], probe: bool) -> NodeInstance:
-        runtime = pod.get("runtime") or {}
-        status = pod.get("desiredStatus")
+    def _instance(self, pod: RunPodPod, probe: bool) -> NodeInstance:
+        runtime = pod.runtime
+        status = pod.desired_status
         if status in ("EXITED", "STOPPED"):
             state, message = NodeState.STOPPED, f"pod {status.lower()} (stopped or preempted)"
-        elif not runtime or self._jobs_url(pod) is None:
+        elif runtime is None or self._jobs_url(pod) is None:
             state, message = NodeState.PENDING, "starting"
         elif probe and not self._ready(pod):
             state, message = NodeState.PENDING, "container up, Ray head not answering yet"
         else:
             state, message = NodeState.RUNNING, "ready"
-        created = time.time() - float(runtime.get("uptimeInSeconds") or 0)
+        created = time.time() - ((runtime.uptime_in_seconds if runtime else None) or 0)
         utils = [
-            float(g["gpuUtilPercent"])
-            for g in runtime.get("gpus") or []
-            if g.get("gpuUtilPercent") is not None
+            g.gpu_util_percent
+            for g in (runtime.gpus if runtime else None) or []
+            if g.gpu_util_percent is not None
         ]
         return NodeInstance(
-            str(pod.get("name")),
+            str(pod.name),
             self.name,
-            str(pod["id"]),
+            pod.id,
             state,
             created,
-            float(pod.get("costPerHr") or 0),
+            float(pod.cost_per_hr or 0),
             message,
             max(utils) if utils else None,
         )
 
-    def _name(self, record: Record) -> str:
-        return str(record.get("name") or "")
+    def _name(self, record: RunPodPod) -> str:
+        return str(record.name or "")
 
-    def _jobs_url(self, pod: Record) -> str | None:
-        for port in (pod.get("runtime") or {}).get("ports") or []:
-            if port.get("privatePort") == JOBS_PORT:
-                if port.get("isIpPublic") and port.get("ip") and port.get("publicPort"):
-                    return f"http://{port['ip']}:{port['publicPort']}"
-                return f"https://{pod['id']}-{JOBS_PORT}.proxy.runpod.net"  # RunPod's HTTP proxy
+    def _jobs_url(self, pod: RunPodPod) -> str | None:
+        for port in (pod.runtime.ports if pod.runtime else None) or []:
+            if port.private_port == JOBS_PORT:
+                if port.is_ip_public and port.ip and port.public_port:
+                    return f"http://{port.ip}:{port.public_port}"
+                return f"https://{pod.id}-{JOBS_PORT}.proxy.runpod.net"  # RunPod's HTTP proxy
         return None
 
-    def _destroy(self, record: Record) -> None:
+    def _destroy(self, record: RunPodPod) -> None:
         try:
-            self.client.terminate(str(record["id"]))
+            self.client.terminate(record.id)
         except RunPodAPIError as exc:
             if "not found" not in exc.message.lower():
                 raise translate(exc) from None

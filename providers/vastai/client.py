@@ -5,16 +5,41 @@ printed by the library and GB -> MB is done here, visibly. `retry=1`: the librar
 429/502/503/504 in-line (waiting out a Retry-After of up to a minute, and repeating a create); the
 fleet retries its own retryable errors. Vendor errors propagate as the library raises them
 (`requests.HTTPError`, `requests.ConnectionError`, `requests.Timeout`); the adapter translates them.
+Listings are parsed here into providers.vastai.models; an answer that does not parse is a ProviderError.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from core.errors import ProviderError
+from providers.vastai.models import VastInstance, VastOffer
 
 SEARCH_LIMIT = 64  # the cheapest offers that pass the filters; more would only be more expensive
 MB_PER_GB = 1000  # vast.ai's own factor for cpu_ram and gpu_ram
+
+Filters = dict[str, dict[str, str | float | bool]]
+"""A search filter in vast.ai's shape: `{field: {op: value}}`, e.g. `{"num_gpus": {"eq": 2}}`."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _parse(model: type[M], rows: Iterable[object] | None, what: str) -> list[M]:
+    """vast.ai's rows (a list, or nothing) as `model`s; rows that do not parse are a ProviderError."""
+    try:
+        return [model.model_validate(row) for row in rows or []]
+    except (ValidationError, TypeError) as exc:
+        raise ProviderError(f"vast.ai sent {what} the fleet cannot read: {_problems(exc)}") from None
+
+
+def _problems(exc: ValidationError | TypeError) -> str:
+    """Where the answer did not parse, without the values (they are the vendor's, maybe secret)."""
+    if isinstance(exc, TypeError):
+        return "not a list"
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'row'}: {e['msg']}" for e in exc.errors()[:3])
 
 
 def offer_query(
@@ -31,9 +56,9 @@ def offer_query(
     min_cuda: float | None = None,
     verified_only: bool = True,
     datacenter: bool | None = None,
-) -> dict[str, Any]:
+) -> Filters:
     """A search filter in vast.ai's field names (`_` in a GPU name stands for a space, as in its CLI)."""
-    query: dict[str, Any] = {
+    query: Filters = {
         "gpu_name": {"eq": " ".join(gpu.replace("_", " ").split())},
         "num_gpus": {"eq": gpu_count},
         "rentable": {"eq": True},
@@ -70,7 +95,7 @@ class VastAIClient:
         )
         self._vast.client.timeout = timeout_s
 
-    def search_offers(self, query: dict[str, Any], bid: bool) -> list[dict[str, Any]]:
+    def search_offers(self, query: Filters, bid: bool) -> list[VastOffer]:
         """Offers matching `query`, cheapest first. For bids `dph_total` is the machine's minimum bid."""
         offers = self._vast.search_offers(
             dict(query),
@@ -79,7 +104,7 @@ class VastAIClient:
             limit=SEARCH_LIMIT,
             no_default=True,  # the query carries its own rentable/verified/external filters
         )
-        return [dict(o) for o in offers or []]
+        return _parse(VastOffer, offers, "offers")
 
     def create_instance(
         self,
@@ -104,9 +129,9 @@ class VastAIClient:
         )
         return int(made["new_contract"])
 
-    def show_instances(self) -> list[dict[str, Any]]:
+    def show_instances(self) -> list[VastInstance]:
         """Every instance of the account (all pages)."""
-        return [dict(row) for row in self._vast.show_instances() or []]
+        return _parse(VastInstance, self._vast.show_instances(), "instances")
 
     def destroy_instance(self, instance_id: int) -> None:
         self._vast.destroy_instance(instance_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import requests
 
@@ -33,8 +33,9 @@ from providers.base import LaunchRequest, NodeInstance, NodeState, ProviderConte
 from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, start_script
 from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Priced, Rule, choose
-from providers.remote import Record, RemoteProvider
+from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
+from providers.vastai.models import VastInstance, VastOffer, first_number
 
 DEFAULT_API = "https://console.vast.ai"
 CREDENTIAL = "VAST_API_KEY"
@@ -89,44 +90,33 @@ def _retry_after(response: requests.Response) -> float | None:
         return None
 
 
-def _number(row: dict[str, Any], *keys: str) -> float | None:
-    for key in keys:
-        value = row.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
-def vendor_rules(section: VastAISection, offers: dict[str, dict[str, Any]]) -> list[Rule]:
+def vendor_rules(section: VastAISection, offers: dict[str, VastOffer]) -> list[Rule]:
     """vast.ai-only asks, checked again on our side: the API only warns about filter fields it does not
     know, so a renamed field would otherwise drop a filter silently."""
+    unknown = VastOffer()
 
-    def check(test: Callable[[dict[str, Any]], str | None]) -> Rule:
-        return lambda c: test(offers.get(c.offer_id, {}))
+    def check(test: Callable[[VastOffer], str | None]) -> Rule:
+        return lambda c: test(offers.get(c.offer_id, unknown))
 
-    def reliability(o: dict[str, Any]) -> str | None:
-        have = _number(o, "reliability2", "reliability")
+    def reliability(o: VastOffer) -> str | None:
+        have = first_number(o.reliability2, o.reliability)
         if have is None or have < section.min_reliability:
             return f"reliability {have if have is not None else 'unknown'} < {section.min_reliability:g}"
         return None
 
-    def verified(o: dict[str, Any]) -> str | None:
-        return (
-            "host not verified; verified_only is set"
-            if section.verified_only and not o.get("verified")
-            else None
-        )
+    def verified(o: VastOffer) -> str | None:
+        return "host not verified; verified_only is set" if section.verified_only and not o.verified else None
 
-    def gpu_ram(o: dict[str, Any]) -> str | None:
+    def gpu_ram(o: VastOffer) -> str | None:
         need = section.min_gpu_ram_in_gb
-        mb = _number(o, "gpu_ram")
+        mb = first_number(o.gpu_ram)
         if need is None or (mb is not None and mb / MB_PER_GB >= need):
             return None
         return f"GPU memory {'unknown' if mb is None else f'{mb / MB_PER_GB:g} GB'} < {need} GB"
 
-    def cuda(o: dict[str, Any]) -> str | None:
+    def cuda(o: VastOffer) -> str | None:
         need = section.min_cuda_version
-        have = _number(o, "cuda_max_good")
+        have = first_number(o.cuda_max_good)
         if need is None or (have is not None and have >= need):
             return None
         return f"CUDA {have if have is not None else 'unknown'} < {need:g}"
@@ -134,7 +124,7 @@ def vendor_rules(section: VastAISection, offers: dict[str, dict[str, Any]]) -> l
     return [check(reliability), check(verified), check(gpu_ram), check(cuda)]
 
 
-class VastAIProvider(RemoteProvider[VastAISection]):
+class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     """Instances on vast.ai, through the official `vastai` library."""
 
     name: ClassVar[ProviderName] = ProviderName.VASTAI
@@ -171,34 +161,34 @@ class VastAIProvider(RemoteProvider[VastAISection]):
             rows = self.client.search_offers(query, bid=bid)
         except requests.RequestException as exc:
             raise translate(exc) from None
-        offers = {str(o["id"]): o for o in rows if "id" in o}
+        offers = {str(o.id): o for o in rows if o.id is not None}
         candidates = [self._candidate(o, bid) for o in offers.values()]
         return choose(section, section.gpu, candidates, vendor_rules(section, offers))
 
-    def _candidate(self, offer: dict[str, Any], bid: bool) -> Candidate:
-        count = int(offer.get("num_gpus") or 1)
-        dph = _number(offer, "dph_total")
+    def _candidate(self, offer: VastOffer, bid: bool) -> Candidate:
+        count = int(offer.num_gpus or 1)
+        dph = first_number(offer.dph_total)
         # In a bid search dph_total is the machine's minimum bid; min_bid is, everywhere.
-        machine_bid = _number(offer, "min_bid") if not bid else _number(offer, "min_bid", "dph_total")
-        memory_mb = _number(offer, "cpu_ram")
+        machine_bid = first_number(offer.min_bid, offer.dph_total if bid else None)
+        memory_mb = first_number(offer.cpu_ram)
         return Candidate(
             provider=self.name,
-            offer_id=str(offer["id"]),
-            gpu=str(offer.get("gpu_name", "")),
+            offer_id=str(offer.id),
+            gpu=str(offer.gpu_name),
             gpu_count=count,
             on_demand_per_hour=None if bid else dph,
             min_bid_per_gpu=round(machine_bid / count, 6) if machine_bid is not None else None,
-            vcpus=_number(offer, "cpu_cores_effective") or 0.0,
+            vcpus=first_number(offer.cpu_cores_effective) or 0.0,
             memory_gb=memory_mb / MB_PER_GB if memory_mb is not None else 0.0,
-            secure=bool(offer.get("datacenter")) or offer.get("hosting_type") == 1,
-            download_mbps=_number(offer, "inet_down"),
-            upload_mbps=_number(offer, "inet_up"),
-            disk_gb=_number(offer, "disk_space"),
+            secure=bool(offer.datacenter) or offer.hosting_type == 1,
+            download_mbps=first_number(offer.inet_down),
+            upload_mbps=first_number(offer.inet_up),
+            disk_gb=first_number(offer.disk_space),
             detail={
-                "reliability": str(offer.get("reliability2", offer.get("reliability"))),
-                "verified": str(offer.get("verified")),
-                "cuda": str(offer.get("cuda_max_good")),
-                "location": str(offer.get("geolocation", "")),
+                "reliability": str(offer.shown_reliability()),
+                "verified": str(offer.verified),
+                "cuda": str(offer.cuda_max_good),
+                "location": str(offer.geolocation),
             },
         )
 
@@ -237,23 +227,23 @@ class VastAIProvider(RemoteProvider[VastAISection]):
             "created",
         )
 
-    def _records(self, name: str | None = None) -> list[Record]:
+    def _records(self, name: str | None = None) -> list[VastInstance]:
         try:
             rows = self.client.show_instances()
         except requests.RequestException as exc:
             raise translate(exc) from None
-        rows.sort(key=lambda r: int(r.get("id") or 0))
-        return [r for r in rows if name is None or r.get("label") == name]
+        rows.sort(key=lambda r: r.id)
+        return [r for r in rows if name is None or r.label == name]
 
-    def _instance(self, row: dict[str, Any], probe: bool) -> NodeInstance:
-        status = row.get("actual_status")
-        note = str(row.get("status_msg") or "").strip()
+    def _instance(self, row: VastInstance, probe: bool) -> NodeInstance:
+        status = row.actual_status
+        note = str(row.status_msg or "").strip()
         if status in STOPPED_STATUSES:
             state, message = (
                 NodeState.STOPPED,
                 f"instance {status} (stopped or outbid){': ' + note if note else ''}",
             )
-        elif status == "exited" and row.get("intended_status") == "stopped":
+        elif status == "exited" and row.intended_status == "stopped":
             state, message = NodeState.STOPPED, "instance stopped"
         elif status in ("exited", "offline", "unknown"):
             state, message = (
@@ -266,36 +256,36 @@ class VastAIProvider(RemoteProvider[VastAISection]):
             state, message = NodeState.PENDING, "container up, Ray head not answering yet"
         else:
             state, message = NodeState.RUNNING, "ready"
-        started = _number(row, "start_date")
-        created = started if started is not None else time.time() - 60 * (_number(row, "uptime_mins") or 0)
+        started = first_number(row.start_date)
+        created = started if started is not None else time.time() - 60 * (first_number(row.uptime_mins) or 0)
         return NodeInstance(
-            str(row.get("label") or ""),
+            str(row.label or ""),
             self.name,
-            str(row["id"]),
+            str(row.id),
             state,
             created,
-            _number(row, "dph_total") or 0.0,
+            first_number(row.dph_total) or 0.0,
             message,
-            _number(row, "gpu_util"),  # may be null
+            first_number(row.gpu_util),  # may be null
         )
 
-    def _name(self, record: Record) -> str:
-        return str(record.get("label") or "")
+    def _name(self, record: VastInstance) -> str:
+        return str(record.label or "")
 
-    def _jobs_url(self, row: Record) -> str | None:
-        ip = row.get("public_ipaddr")
-        mapped = (row.get("ports") or {}).get(PORT_KEY) or []
-        port = mapped[0].get("HostPort") if mapped and isinstance(mapped[0], dict) else None
+    def _jobs_url(self, row: VastInstance) -> str | None:
+        ip = row.public_ipaddr
+        mapped = (row.ports or {}).get(PORT_KEY) or []
+        port = mapped[0].HostPort if mapped and mapped[0] is not None else None
         if not ip or not port:
             return None
-        return f"http://{str(ip).strip()}:{port}"
+        return f"http://{ip.strip()}:{port}"
 
-    def _endpoint_url(self, record: Record) -> str | None:
-        return self._jobs_url(record) if record.get("actual_status") == "running" else None
+    def _endpoint_url(self, record: VastInstance) -> str | None:
+        return self._jobs_url(record) if record.actual_status == "running" else None
 
-    def _destroy(self, record: Record) -> None:
+    def _destroy(self, record: VastInstance) -> None:
         try:
-            self.client.destroy_instance(int(record["id"]))
+            self.client.destroy_instance(record.id)
         except requests.HTTPError as exc:
             if exc.response is None or exc.response.status_code != 404:  # 404: already gone
                 raise translate(exc) from None

@@ -17,7 +17,7 @@ from broker import events
 from broker import sweeps as slots
 from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
 from broker.models import Run, RunState
-from broker.payloads import Event, EventType
+from broker.payloads import Event, EventType, SweepFinished
 from core.errors import FailureReason, NotFound
 from core.settings import Settings
 from service import sweeps
@@ -127,11 +127,12 @@ def test_the_sweep_finishes_once_with_its_table_and_the_best_run(fleet: Fleet, t
     finished = [e for e in everything if e.type == EventType.SWEEP_FINISHED]
     assert len(finished) == 1
     data = finished[0].data
-    assert data["state"] == "FAILED"  # one child failed
-    assert [r["metric"] for r in data["rows"]] == losses
-    assert [r["best"] for r in data["rows"]] == [False, False, False, False, True, False]
+    assert isinstance(data, SweepFinished) and data.state == "FAILED"  # one child failed
+    assert [r.metric for r in data.rows] == losses
+    assert [r.best for r in data.rows] == [False, False, False, False, True, False]
     view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))
-    assert view["best"] == runs[4].run_id and view["finished_at"] is not None
+    assert view.best_run == runs[4].run_id and view.finished_at is not None
+    assert view.model_dump(mode="json", by_alias=True)["best"] == runs[4].run_id  # as --json prints it
     assert sweep.sweep_id not in fleet.ledger.active_sweeps()
 
 
@@ -146,11 +147,11 @@ def test_cancel_flags_every_child_and_releases_no_more(fleet: Fleet, tmp_path: P
     end(fleet, runs[0].run_id, RunState.CANCELLED)
     assert slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id) == []
     view = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))
-    assert view["state"] == "CANCELLING"
+    assert view.state == "CANCELLING"
     for run in runs[1:]:
         end(fleet, run.run_id, RunState.CANCELLED)
     slots.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
-    assert sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id))["state"] == "CANCELLED"
+    assert sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id)).state == "CANCELLED"
 
 
 def test_a_lock_left_by_a_dead_process_only_delays_the_sweep(fleet: Fleet, tmp_path: Path) -> None:

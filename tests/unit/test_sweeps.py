@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.payloads import SweepRow
 from core.errors import ConfigError
 from service.sweep_load import load_sweep
 from service.sweep_spec import MAX_RUNS
@@ -165,9 +166,9 @@ def test_a_file_without_a_sweep_or_with_two_is_refused(tmp_path: Path) -> None:
 
 def test_the_text_table_marks_the_best_row() -> None:
     rows = [
-        {"run_id": "r1", "state": "SUCCEEDED", "params": {"lora_r": 4}, "metric": 1.5, "best": False},
-        {"run_id": "r2", "state": "SUCCEEDED", "params": {"lora_r": 8}, "metric": 1.25, "best": True},
-        {"run_id": "r3", "state": "FAILED", "params": {"lora_r": 16}, "metric": None, "best": False},
+        SweepRow(index=0, run_id="r1", state="SUCCEEDED", params={"lora_r": 4}, metric=1.5),
+        SweepRow(index=1, run_id="r2", state="SUCCEEDED", params={"lora_r": 8}, metric=1.25, best=True),
+        SweepRow(index=2, run_id="r3", state="FAILED", params={"lora_r": 16}, metric=None),
     ]
     lines = table_lines(["lora_r"], rows, "eval_loss")
     assert lines[0].split() == ["run", "state", "lora_r", "eval_loss"]
