@@ -43,7 +43,7 @@ class VastOffer(VastRecord):
 
     id: int | None = None
     gpu_name: str | None = ""
-    num_gpus: Number = None
+    num_gpus: int | None = None
     dph_total: Number = None
     min_bid: Number = None
     gpu_ram: Number = None

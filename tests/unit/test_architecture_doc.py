@@ -12,7 +12,7 @@ from broker.payloads import EventType
 from tests.unit.test_layers import OURS, ROOT
 
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-_DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(OURS))
+_DOTTED = re.compile(r"(?<![\w./-])((?:" + "|".join(OURS) + r")(?:\.[A-Za-z_]\w*)+)")
 _LAYOUT_ROW = re.compile(r"^  (\S.*?)\s{2,}")  # "  name.py      what it does", in the layout block
 
 
