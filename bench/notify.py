@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from bot.render import SEPARATE, separate_message  # noqa: E402
 from broker.constants import EVENTS_STREAM  # noqa: E402
 from broker.constants import NOTIFIER_GROUP as GROUP  # noqa: E402
-from broker.models import Event  # noqa: E402
+from broker.payloads import Event  # noqa: E402
 from service.embedded import ensure_redis, stop_redis  # noqa: E402
 from tests.factories import Script  # noqa: E402
 from tests.fakes import FakeDiscord  # noqa: E402

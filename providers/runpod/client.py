@@ -15,7 +15,15 @@ from typing import Any, TypeVar
 import requests
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from providers.runpod.models import DeployData, GpuTypesData, PodsData, PodSpec, RunPodGpuType, RunPodPod
+from providers.runpod.models import (
+    DeployData,
+    GpuTypesData,
+    PodsData,
+    PodSpec,
+    RunPodGpuType,
+    RunPodPod,
+    TerminateData,
+)
 
 POD_FIELDS = (
     "id name desiredStatus costPerHr gpuCount "
@@ -107,7 +115,7 @@ class RunPodClient:
         return _made(self.call(SPOT, {"input": spec}, DeployData).pod_rent_interruptable)
 
     def terminate(self, pod_id: str) -> None:
-        self.call(TERMINATE, {"input": {"podId": pod_id}}, BaseModel)
+        self.call(TERMINATE, {"input": {"podId": pod_id}}, TerminateData)
 
 
 def _made(pod: RunPodPod | None) -> RunPodPod:

@@ -96,6 +96,10 @@ class DeployData(RunPodRecord):
     pod_rent_interruptable: RunPodPod | None = None
 
 
+class TerminateData(RunPodRecord):
+    """The `data` of the Terminate mutation, which the fleet does not read (an error is what counts)."""
+
+
 class EnvVar(TypedDict):
     key: str
     value: str

@@ -62,7 +62,7 @@ def test_concurrent_updates_never_lose_one(redis_client: redis.Redis[str], redis
         t.join()
     run = ledger.get_run("r1")
     assert run.log_offset == 100
-    steps = [e.data["step"] for _, e in events.read_run(redis_client, "r1")]
+    steps = [e.data.step for _, e in events.read_run(redis_client, "r1") if isinstance(e.data, TrainStep)]
     assert steps == list(range(1, 101))
 
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from broker.constants import GIT_INVALID, RUNS_INDEX, git_claim_key, git_lease_key, git_watermark_key
 from broker.ledger import Ledger
+from broker.payloads import GitOrigin
 from core.settings import Settings
 from fleet.cli import cli
 from service.gitrepo import GitRepo
@@ -55,8 +56,8 @@ def _queued(client: redis.Redis[str]) -> dict[tuple[str, str], str]:
     """(commit, path) -> run id for every run in the ledger (each must be QUEUED and come from git)."""
     found = {}
     for run in Ledger(client).list_runs(100):
-        assert run.state.value == "QUEUED" and run.origin["kind"] == "git", run
-        key = (run.origin["commit"], run.origin["path"])
+        assert run.state.value == "QUEUED" and run.origin is not None and run.origin.kind == "git", run
+        key = (run.origin.commit, run.origin.path)
         assert key not in found, f"two runs for {key}"
         found[key] = run.run_id
     return found
@@ -252,8 +253,8 @@ def test_enqueue_changed_since(env: dict[str, str], redis_client: redis.Redis[st
     assert set(queued) == {(head, "tasks/a.yml"), (head, "tasks/b.yml"), (head, "tasks/renamed.yml")}
     assert sorted(result.stdout.split()) == sorted(queued.values())
     run = Ledger(redis_client).get_run(queued[(head, "tasks/a.yml")])
-    assert run.origin == {"kind": "git", "repo": str(repo.root), "branch": "main", "commit": head,
-                          "since": before, "path": "tasks/a.yml"}  # fmt: skip
+    assert run.origin == GitOrigin(repo=str(repo.root), branch="main", commit=head, since=before,
+                                   path="tasks/a.yml")  # fmt: skip
     assert run.source == f"tasks/a.yml@{head[:7]}"
 
     again = CliRunner().invoke(cli, args, env=env)

@@ -15,6 +15,7 @@ import redis
 from broker.constants import Stage
 from broker.events import read_run
 from broker.models import Instance, InstanceState, Run, RunState
+from broker.payloads import RunPreempted
 from core.errors import FailureReason, NodeError
 from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
@@ -87,10 +88,10 @@ def test_a_preempted_node_is_replaced_and_the_run_goes_on_on_a_new_one(
     assert run.state == RunState.PROVISIONING and run.attempt == 2 and run.preemptions == 1
     assert run.instance is None and run.ray_jobs == {} and run.progress.step == 40
     assert run.instance_name == "tf-r1-2"
-    (preempted,) = [e.data for _, e in read_run(ctx.redis, "r1") if e.type.value == "run.preempted"]
-    assert preempted["instance"] == "tf-r1-1" and preempted["at_step"] == 40
-    assert preempted["next_instance"] == "tf-r1-2" and preempted["retry_in_s"] == 5
-    assert "stopped or preempted" in preempted["why"]
+    (preempted,) = [e.data for _, e in read_run(ctx.redis, "r1") if isinstance(e.data, RunPreempted)]
+    assert preempted.instance == "tf-r1-1" and preempted.at_step == 40
+    assert preempted.next_instance == "tf-r1-2" and preempted.retry_in_s == 5
+    assert "stopped or preempted" in preempted.why
     # The lost pod is ended (a stopped pod still bills its disk); the provision task is on its way.
     assert fake.state()["instances"] == []
     old = ctx.ledger.get_instance("tf-r1-1")

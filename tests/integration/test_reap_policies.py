@@ -14,6 +14,7 @@ import redis
 
 from broker.events import read_run
 from broker.models import Instance, InstanceState, RunState
+from broker.payloads import InstanceIdle, InstanceReminder
 from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
@@ -96,7 +97,8 @@ def test_an_idle_node_is_announced_then_terminated_after_stop_after(
     first = reap(ctx)
     assert first.idle == [name] and first.terminated == []
     (announced,) = [e for _, e in read_run(ctx.redis, "idle") if e.type.value == "instance.idle"]
-    assert announced.data["terminate_at"] == pytest.approx(ended + 60)
+    assert isinstance(announced.data, InstanceIdle)
+    assert announced.data.terminate_at == pytest.approx(ended + 60)
     assert reap(ctx).idle == []  # announced once
     assert listed(fake) == [name]
 
@@ -153,7 +155,8 @@ def test_a_kept_node_gets_one_reminder_before_its_deadline_then_ends(
     assert reap(ctx).reminded == [name]  # 5 minutes left, within kept_reminder_s (15 min)
     assert reap(ctx).reminded == []
     (reminder,) = [e for _, e in read_run(ctx.redis, "kept") if e.type.value == "instance.reminder"]
-    assert reminder.data["until"] == until and 290 < reminder.data["in_s"] <= 300
+    assert isinstance(reminder.data, InstanceReminder)
+    assert reminder.data.until == until and 290 < reminder.data.in_s <= 300
     assert listed(fake) == [name]
     ctx.ledger.update_instance(name, keep_until=time.time() - 1)
     assert reap(ctx).terminated == [name]
