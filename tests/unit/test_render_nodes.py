@@ -49,6 +49,7 @@ def test_an_event_whose_data_does_not_fit_its_type_is_refused() -> None:
     with pytest.raises(ValidationError, match="cannot carry"):
         Event(id="r-1", type=EventType.INSTANCE_IDLE, data=InstanceLost(instance="tf-r-1", looks=3))
     assert set(PAYLOADS) == set(EventType)  # every event type has its payload model
+    assert all(model.type == kind for kind, model in PAYLOADS.items())  # ... that files it under that type
 
 
 def test_a_preemption_says_what_was_lost_where_and_what_comes_next() -> None:

@@ -1,0 +1,115 @@
+"""What the run's node did: its Ray jobs submitted, and the trainer's progress lines (the model and data
+fetched, training started, steps, evals, checkpoints, resumes, rollbacks, the result), then its results
+pulled back."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from broker.payloads.base import EventType, Metrics, NodeRecord, Payload
+
+
+class RaySubmitted(Payload):
+    type = EventType.PREPARE_SUBMITTED
+    ray_job: str
+
+
+class TrainSubmitted(RaySubmitted):
+    type = EventType.TRAIN_SUBMITTED
+
+
+class DownloadSummary(BaseModel):
+    """What the node's download moved: bytes, files, seconds, MB/s, connections, ..."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    bytes: int = 0
+    seconds: float = 0
+    mb_per_s: float = 0
+
+
+class PrepareFetched(NodeRecord):
+    type = EventType.PREPARE_FETCHED
+    model_path: str | None = None
+    examples: int | None = None
+    dataset_files: list[str] = Field(default_factory=list)
+    download: DownloadSummary | None = None
+
+
+class TrainStarted(NodeRecord):
+    type = EventType.TRAIN_STARTED
+    total_steps: int | None = None
+    num_workers: int | None = None
+    nodes: list[str | None] | None = None
+    num_nodes: int | None = None
+    train_examples: int | None = None
+    eval_examples: int | None = None
+
+
+class TrainStep(NodeRecord):
+    type = EventType.TRAIN_STEP
+    step: int
+    total_steps: int | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    epoch: float | None = None
+
+
+class TrainEval(NodeRecord):
+    type = EventType.TRAIN_EVAL
+    step: int | None = None
+    eval_loss: float | None = None
+
+
+class TrainCheckpoint(NodeRecord):
+    type = EventType.TRAIN_CHECKPOINT
+    step: int | None = None
+    path: str | None = None
+
+
+class TrainFinished(NodeRecord):
+    type = EventType.TRAIN_FINISHED
+    metrics: Metrics = Field(default_factory=dict)
+    output_dir: str | None = None
+
+
+class TrainResumed(NodeRecord):
+    type = EventType.TRAIN_RESUMED
+    step: int | None = None
+    total_steps: int | None = None
+    path: str | None = None
+    source: str | None = None
+
+
+class TrainRollback(NodeRecord):
+    type = EventType.TRAIN_ROLLBACK
+    step: int | None = None
+    to_step: int | None = None
+    reason: str | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    rollbacks: int | None = None
+
+
+class TrainBatchSize(NodeRecord):
+    type = EventType.TRAIN_BATCH_SIZE
+    micro_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    tried: list[dict[str, JsonValue]] = Field(default_factory=list)
+
+
+class TrainRestarted(Payload):
+    type = EventType.TRAIN_RESTARTED
+    restart: int
+    after_step: int | None = None
+    why: str
+
+
+class FinalizePulled(Payload):
+    type = EventType.FINALIZE_PULLED
+    output_dir: str | None = None
+    files: int
+    bytes: int | None = None
+    sha256: str | None = None
+    unpack_seconds: float | None = None
+    skipped: str | None = Field(None, description="Why the results stayed on the node (too large).")

@@ -1,0 +1,208 @@
+"""What the fleet itself reports about a run and its instances: its life from queued to its end, the
+instances it asked for, kept, found idle, stuck or lost, and the Ray nodes that joined its cluster."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from broker.constants import Stage
+from broker.payloads.base import EventType, Metrics, Payload
+from core.errors import FailureReason
+from jobs.sections import ProviderName
+
+
+class HubPush(Payload):
+    """The run's results are on the HF Hub (what the node's `pushed` progress line said)."""
+
+    type = EventType.FINALIZE_PUSHED
+    repo_id: str
+    commit: str | None = None
+    url: str | None = None
+
+
+class GitOrigin(BaseModel):
+    """Where a run from the git trigger came from: the repository, branch, commit and config path."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = "git"
+    repo: str
+    branch: str | None = None
+    commit: str
+    path: str | None = None
+    since: str | None = Field(None, description="`fleet enqueue --changed-since`: the base it compared to.")
+
+
+# The run's life
+
+
+class RunQueued(Payload):
+    type = EventType.RUN_QUEUED
+    source: str
+    provider: ProviderName
+    warnings: list[str] = Field(default_factory=list)
+    sweep_id: str | None = None
+    params: dict[str, JsonValue] | None = None
+    held: bool | None = None
+    origin: GitOrigin | None = None
+
+
+class WandbRun(Payload):
+    type = EventType.WANDB_RUN
+    run_id: str
+    project: str
+    entity: str | None = None
+    mode: str
+    url: str | None = None
+
+
+class StageStarted(Payload):
+    type = EventType.STAGE_STARTED
+    stage: Stage
+
+
+class StageFinished(Payload):
+    type = EventType.STAGE_FINISHED
+    stage: Stage
+    seconds: float | None = None
+
+
+class RunCancelRequested(Payload):
+    type = EventType.RUN_CANCEL_REQUESTED
+    state: str
+
+
+class RunSucceeded(Payload):
+    type = EventType.RUN_SUCCEEDED
+    output_dir: str
+    metrics: Metrics = Field(default_factory=dict)
+    hub: HubPush | None = None
+    cost_usd: float | None = None
+
+
+class RunFailed(Payload):
+    type = EventType.RUN_FAILED
+    reason: FailureReason | None = None
+    message: str = ""
+    cost_usd: float | None = None
+
+
+class RunCancelled(RunFailed):
+    type = EventType.RUN_CANCELLED
+
+
+class RunKicked(Payload):
+    """The reaper re-sent the stage task of a run whose task chain died."""
+
+    type = EventType.RUN_KICKED
+    stage: Stage
+
+
+class RunPreempted(Payload):
+    type = EventType.RUN_PREEMPTED
+    instance: str | None = None
+    why: str
+    preemption: int
+    max_preemptions: int
+    at_step: int | None = None
+    next_instance: str
+    retry_in_s: float
+
+
+class RunReleased(Payload):
+    type = EventType.RUN_RELEASED
+    sweep_id: str | None = None
+
+
+# Instances and nodes
+
+
+class InstanceRequested(Payload):
+    type = EventType.INSTANCE_REQUESTED
+    instance: str
+    provider: ProviderName
+    price_per_hour: float | None = None
+    node: int | None = Field(None, description="A cluster's node: its index (0: the head).")
+    num_nodes: int | None = None
+
+
+class InstanceAdopted(Payload):
+    type = EventType.INSTANCE_ADOPTED
+    instance: str
+    provider: ProviderName
+
+
+class InstanceReady(Payload):
+    type = EventType.INSTANCE_READY
+    instance: str
+    dashboard_url: str | None = None
+    instances: list[str] | None = None
+    num_nodes: int | None = None
+
+
+class InstanceTerminating(Payload):
+    type = EventType.INSTANCE_TERMINATING
+    instance: str
+    by: str | None = Field(None, description="'user': `fleet terminate` or /terminate.")
+
+
+class InstanceTerminated(InstanceTerminating):
+    type = EventType.INSTANCE_TERMINATED
+
+
+class InstanceKept(Payload):
+    type = EventType.INSTANCE_KEPT
+    instance: str | None = None
+    why: str
+    until: float
+    instances: list[str] | None = None
+
+
+class InstanceIdle(Payload):
+    type = EventType.INSTANCE_IDLE
+    instance: str
+    idle_since: float
+    terminate_at: float
+
+
+class InstanceReminder(Payload):
+    type = EventType.INSTANCE_REMINDER
+    instance: str
+    until: float
+    in_s: int
+
+
+class InstanceStuck(Payload):
+    type = EventType.INSTANCE_STUCK
+    instance: str
+    since: float
+    attempts: int
+    price_per_hour: float | None = None
+    provider_id: str | None = None
+
+
+class InstanceLost(Payload):
+    type = EventType.INSTANCE_LOST
+    instance: str
+    looks: int
+
+
+class ReapTerminated(Payload):
+    type = EventType.REAP_TERMINATED
+    instance: str
+    why: str
+
+
+class NodeJoined(Payload):
+    """A Ray node of the run's cluster, as its head's State API lists it, and how many have joined."""
+
+    type = EventType.NODE_JOINED
+    node_id: str | None = None
+    node_ip: str | None = None
+    head: bool = False
+    cpus: float = 0
+    gpus: float = 0
+    memory_gb: float = 0
+    accelerator: str | None = None
+    nodes: int
+    of: int
