@@ -20,6 +20,8 @@ from core.errors import RETRYABLE
 
 # Every stage task: retry only what can get better by itself, with jittered exponential back-off.
 MAX_RETRY_AFTER_S = 600.0  # a provider's Retry-After is honoured up to this
+
+
 class RetryPolicy(TypedDict):
     """The retry options of a Celery task (its decorator's keyword arguments)."""
 

@@ -40,9 +40,10 @@ def _resolves(dotted: str) -> bool:
     parts = dotted.rstrip(".").split(".")
     for cut in range(len(parts), 0, -1):
         module = ".".join(parts[:cut])
-        if not (ROOT / Path(*parts[:cut])).with_suffix(".py").exists() and not (
-            ROOT / Path(*parts[:cut]) / "__init__.py"
-        ).exists():
+        if (
+            not (ROOT / Path(*parts[:cut])).with_suffix(".py").exists()
+            and not (ROOT / Path(*parts[:cut]) / "__init__.py").exists()
+        ):
             continue
         target: object = importlib.import_module(module)
         for attr in parts[cut:]:
