@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -139,6 +140,20 @@ class Run(BaseModel):
         False, description="A sweep child waiting (QUEUED) for a free slot under the sweep's max_parallel."
     )
     origin: GitOrigin | None = Field(None, description="Where the job came from beyond its file (a commit).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_older_ledgers_wrote_it(cls, data: Any) -> Any:
+        """A run written before the ledger was typed: no origin was `{}`, and its progress said `pushed`
+        beside `hub` (now derived from it)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("origin") == {}:
+            data = {**data, "origin": None}
+        progress = data.get("progress")
+        if isinstance(progress, dict) and "pushed" in progress:
+            data = {**data, "progress": {k: v for k, v in progress.items() if k != "pushed"}}
+        return data
 
     @model_validator(mode="after")
     def _provider_is_the_jobs(self) -> Run:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -111,3 +113,13 @@ def test_a_run_holds_its_job_typed() -> None:
         Run(run_id="r", provider="local", source="x", spec=spec, run_dir="/r", output_dir="/r/o")
     with pytest.raises(ValidationError):
         run.progress.step = "three"  # type: ignore[assignment]  # assignments are validated
+
+
+def test_a_run_an_older_ledger_wrote_still_loads() -> None:
+    """Before the ledger was typed, no origin was `{}` and progress carried `pushed` beside `hub`."""
+    older = Run(run_id="r", provider="local", source="x", spec=job_spec(), run_dir="/r", output_dir="/r/o")
+    text = older.model_dump(mode="json")
+    text.update(origin={}, progress={"step": 7, "pushed": True, "hub": {"repo_id": "me/tiny", "url": "u"}})
+    loaded = Run.model_validate_json(json.dumps(text))
+    assert loaded.origin is None and loaded.progress.step == 7
+    assert loaded.progress.pushed and loaded.progress.hub is not None and loaded.progress.hub.url == "u"
