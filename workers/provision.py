@@ -185,7 +185,14 @@ def _start(ctx: context.Context, run: Run) -> list[Draft]:
     planned = wandb_plan.plan(ctx.settings, run.spec, run.run_id, group=run.sweep_id)
     if planned is not None:
         run.progress.wandb = planned
-        drafts.append(WandbRun.model_validate(planned.model_dump(include=set(WandbRun.model_fields))))
+        announced = WandbRun(
+            run_id=planned.run_id,
+            project=planned.project,
+            entity=planned.entity,
+            mode=planned.mode,
+            url=planned.url,
+        )
+        drafts.append(announced)
     return drafts
 
 
