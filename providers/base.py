@@ -10,8 +10,6 @@ errors of core.errors (ProviderError and its subclasses), translated from their 
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -120,16 +118,6 @@ def require_ours(name: str) -> None:
     """Refuse to create an instance whose name the fleet would not recognise as its own."""
     if not name.startswith(INSTANCE_PREFIX):
         raise ProvisioningFailed(f"instance names start with {INSTANCE_PREFIX!r}: {name!r}")
-
-
-def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
-    """Whether a Ray head's Jobs API at `url` answers with the node's token (HTTP 200 on /api/version)."""
-    request = urllib.request.Request(f"{url.rstrip('/')}/api/version", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 class Provider(ABC):

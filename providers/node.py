@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.errors import NodeError
 from providers import failsafe
-from providers.base import NodeEndpoint, jobs_api_answers
+from providers.base import NodeEndpoint
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
 
@@ -42,6 +42,16 @@ class JobStatus(StrEnum):
 class JobInfo:
     status: JobStatus
     message: str
+
+
+def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
+    """Whether a Ray head's Jobs API at `url` answers with the node's token (HTTP 200 on /api/version)."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/version", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 @functools.cache

@@ -21,9 +21,9 @@ from providers.base import (
     Offer,
     Provider,
     ProviderContext,
-    jobs_api_answers,
     require_ours,
 )
+from providers.node import jobs_api_answers
 from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
 

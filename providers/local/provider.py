@@ -24,10 +24,10 @@ from providers.base import (
     Offer,
     Provider,
     ProviderContext,
-    jobs_api_answers,
     require_ours,
 )
 from providers.local.client import HeadMeta, LocalHeads
+from providers.node import jobs_api_answers
 
 
 class LocalProvider(Provider):

@@ -21,10 +21,10 @@ from pydantic import SecretStr
 from jobs.sections import ProviderName
 from jobs.sections.runpod import RunPodSection
 from jobs.sections.vastai import VastAISection
-from providers.base import LaunchRequest, NodeEndpoint, ProviderContext, jobs_api_answers
+from providers.base import LaunchRequest, NodeEndpoint, ProviderContext
 from providers.bootstrap import failsafe_argv
 from providers.local.client import HeadMeta, LocalHeads
-from providers.node import NodeClient, ping, user_agent
+from providers.node import NodeClient, jobs_api_answers, ping, user_agent
 from providers.runpod.provider import RunPodProvider
 from providers.vastai.provider import VastAIProvider
 from tests.fakes import FakeRunPod, FakeVastAI
