@@ -89,7 +89,7 @@ class LoadedJob:
     source: str
     text: str
     sweep: Any = None
-    """The file's `sweep:` section as written (validated by service.sweeps), or None."""
+    """The file's `sweep:` section as written (validated by service.sweep_load), or None."""
     lines: Mapping[str, int] = field(default_factory=dict)
     """The line of each key path in the file, for errors about the sweep section."""
 

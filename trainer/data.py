@@ -12,7 +12,7 @@ Three stages, each usable on its own:
 Relative dataset paths are resolved against `base_dir` (the process's working directory by default: the
 Ray job's working_dir on the node).
 
-A path that is not on this disk but reads as a hub id ('org/name', as fleet/spec.py keeps them) is a hub
+A path that is not on this disk but reads as a hub id ('org/name', as jobs/spec.py keeps them) is a hub
 dataset: `localize_datasets` downloads its JSONL files (trainer.download, into ``<cache_dir>/hub/``) and
 returns the entries with an extra `local_copy` key naming that directory (`path` keeps the id, for the
 model card); the stages above then read it like any local directory. Like the base model's directory,
