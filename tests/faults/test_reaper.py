@@ -32,6 +32,7 @@ from core.settings import load_settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.provider import RunPodProvider
+from service import runs as svc
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, Instance
 from tests.faults.canaries import CANARIES
@@ -159,9 +160,9 @@ def stuck_runs(case: Case, fleet: LiveFleet, job: Path, count: int) -> list[str]
     """Runs whose chain of tasks died: queued while no worker ran, then their messages and owners lost.
     Each is asked to cancel, so the task a reaper kicks ends it at once (no node needed)."""
     runs = [fleet.enqueue(job) for _ in range(count)]
-    here = runs.Fleet.connect(load_settings(fleet.env))
+    here = svc.Fleet.connect(load_settings(fleet.env))
     for run_id in runs:
-        runs.cancel(here, run_id)
+        svc.cancel(here, run_id)
         fleet.redis.delete(tick_key(run_id))
         case.expect(run_id, RunState.CANCELLED)
     fleet.redis.delete(Stage.PROVISION.value)
