@@ -14,7 +14,8 @@ from discord.types.embed import EmbedField
 
 from broker.models import Instance, Run, RunState
 from broker.payloads import Event, EventType, SweepFinished, SweepSummary
-from service.sweeps import format_value, table_lines
+from service.describe import format_value
+from service.sweeps import table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
 TITLE_MAX = 256

@@ -16,6 +16,7 @@ from core.errors import ConfigError, FleetError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from jobs.spec import format_problems
 from service import sweep_load, sweep_spec, sweeps
+from service.describe import format_value
 from service.runs import Fleet
 from service.sweeps import SweepView
 
@@ -143,13 +144,13 @@ def render(view: SweepView) -> Table:
         table.add_column(key, justify="right")
     table.add_column(view.metric, justify="right")
     for row in view.rows:
-        values = [sweeps.format_value(row.params.get(k)) for k in view.keys]
+        values = [format_value(row.params.get(k)) for k in view.keys]
         table.add_row(
             "★ best" if row.best else "",
             row.run_id,
             row.state,
             *values,
-            sweeps.format_value(row.metric),
+            format_value(row.metric),
             style="bold green" if row.best else None,
         )
     return table

@@ -53,13 +53,12 @@ class LiveView:
             table.add_row(stage.value, status, took)
         progress = run.progress
         step, total = progress.step or 0, progress.total_steps or 0
-        loss = "-" if progress.loss is None else format_value(progress.loss)
         bar = Table.grid(padding=(0, 2))
         bar.add_row(
             ProgressBar(total=float(total or 1), completed=float(step), width=40),
             Text(
-                f"step {step}/{total or '?'}  loss {loss}  "
-                f"eval_loss {format_value(run.metrics.get('eval_loss', '-'))}"
+                f"step {step}/{total or '?'}  loss {format_value(progress.loss)}  "
+                f"eval_loss {format_value(run.metrics.get('eval_loss'))}"
             ),
         )
         head = Text.assemble(

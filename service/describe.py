@@ -18,6 +18,9 @@ from service.runs import Fleet
 
 
 def format_value(value: Any) -> str:
+    """A value as the views show it: floats to 4 significant digits, nothing as '-'."""
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

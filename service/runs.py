@@ -6,7 +6,6 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis
 from pydantic import JsonValue
@@ -168,7 +167,3 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
     if (stage := run.state.stage) is not None:
         fleet.dispatcher.send(stage, run.run_id, after=None)  # only if no task owns the run right now
     return run
-
-
-def run_dir(settings: Settings, run_id: str) -> Path:
-    return settings.runs_dir / run_id

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
 
 from pydantic import Field
 
@@ -18,6 +17,7 @@ from broker.cost import run_cost
 from broker.models import Sweep
 from broker.payloads import Event, SweepRow, SweepStarted, SweepSummary
 from service import runs
+from service.describe import format_value
 from service.runs import Fleet
 from service.sweep_spec import SweepPlan
 
@@ -131,11 +131,3 @@ def table_lines(keys: list[str], rows: list[SweepRow], metric: str) -> list[str]
         "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
         for cells in [header, *body]
     ]
-
-
-def format_value(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
