@@ -5,16 +5,32 @@ BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup node-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
+	@$(MAKE) --no-print-directory node-env
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+
+# The nodes' own environment: only the node's software (trainer/requirements-node.txt), at exactly the
+# versions the fleet runs (constraints frozen from .venv). Local and fake-cloud nodes run in it, never in
+# the fleet's .venv, so a node that lacks something the trainer needs fails here as it would on a rental.
+NODE_VENV := .venv-node
+NODE_CONSTRAINTS := out/node-constraints.txt
+
+node-env:
+	@mkdir -p $(dir $(NODE_CONSTRAINTS))
+	$(BIN)/python -m pip freeze --exclude-editable > $(NODE_CONSTRAINTS)
+	test -x $(NODE_VENV)/bin/python || $(PYTHON) -m venv $(NODE_VENV)
+	$(NODE_VENV)/bin/pip install -q --upgrade pip
+	$(NODE_VENV)/bin/pip install -q "$(TORCH)" -c $(NODE_CONSTRAINTS)
+	$(NODE_VENV)/bin/pip install -q -r trainer/requirements-node.txt -c $(NODE_CONSTRAINTS)
+	@echo "node env done: $(NODE_VENV)/bin/python"
 
 lint:
 	$(BIN)/ruff check .
@@ -58,5 +74,25 @@ demo:
 flower:
 	$(BIN)/fleet flower
 
+# The node image (docker/node.Dockerfile): the node's software over PyTorch's CUDA runtime image of the
+# fleet's torch, at the fleet's exact versions (providers.bootstrap.node_pins: a node whose image has them
+# installs nothing at start; Ray's must equal the fleet's). Other base: NODE_BUILD_ARGS="--build-arg
+# CUDA_VERSION=13.0". To use it, push it where the providers can pull it and name it in a job's section:
+#   docker tag $(NODE_IMAGE) REGISTRY/trainfleet-node:VERSION && docker push REGISTRY/trainfleet-node:VERSION
+#   runpod: (or vastai:)   image: REGISTRY/trainfleet-node:VERSION
+# (a private registry also needs its credentials at the provider).
+FLEET_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
+NODE_IMAGE ?= trainfleet-node:$(FLEET_VERSION)
+NODE_PINS ?= $(shell $(BIN)/python -c "from providers.bootstrap import node_pins; print(' '.join(node_pins()))" 2>/dev/null)
+NODE_VERSION_OF = $(shell $(BIN)/python -c "import importlib.metadata as m; print(m.version('$(1)').split('+')[0])" 2>/dev/null)
+NODE_BUILD_ARGS ?=
+
+.PHONY: node-image
+node-image:
+	docker build -f docker/node.Dockerfile -t $(NODE_IMAGE) --build-arg TRAINFLEET_VERSION=$(FLEET_VERSION) \
+		$(if $(call NODE_VERSION_OF,torch),--build-arg TORCH_VERSION=$(call NODE_VERSION_OF,torch)) \
+		$(if $(call NODE_VERSION_OF,ray),--build-arg RAY_VERSION=$(call NODE_VERSION_OF,ray)) \
+		$(if $(NODE_PINS),--build-arg NODE_PINS="$(NODE_PINS)") $(NODE_BUILD_ARGS) .
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(NODE_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

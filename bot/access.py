@@ -16,7 +16,7 @@ from typing import Any
 import discord
 import redis
 
-from broker.constants import bot_user_runs_key
+from broker.constants import bot_run_owner_key, bot_user_runs_key
 from broker.cost import DAY_S, HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
@@ -131,7 +131,13 @@ class Caps:
         with self.client.pipeline(transaction=True) as pipe:
             pipe.zrem(bot_user_runs_key(user_id), token)
             pipe.zadd(bot_user_runs_key(user_id), {run_id: time.time()})
+            pipe.set(bot_run_owner_key(run_id), str(user_id))
             pipe.execute()
+
+    def owner(self, run_id: str) -> int | None:
+        """The Discord user who started the run with /train or /sweep (None: started elsewhere)."""
+        found = self.client.get(bot_run_owner_key(run_id))
+        return int(found) if found else None
 
     def release(self, user_id: int, token: str) -> None:
         self.client.zrem(bot_user_runs_key(user_id), token)

@@ -5,7 +5,7 @@ anything else (before any defer): a refused caller gets an ephemeral reason (or 
 event is written. Replies are embeds; errors are ephemeral and say what to fix, with `fleet validate`'s
 messages for a YAML. The commands themselves are in bot/commands_submit.py (/train, /sweep),
 bot/commands_runs.py (/status, /runs, /logs, /cancel) and bot/commands_nodes.py (/instances, /terminate,
-/budget).
+/budget, /jupyter).
 """
 
 from __future__ import annotations

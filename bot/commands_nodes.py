@@ -1,5 +1,6 @@
-"""/instances, /terminate and /budget: the fleet's live instances, ending one, and what is being spent
-(the caller's caps and use, and the fleet's hourly rate)."""
+"""/instances, /terminate, /budget and /jupyter: the fleet's live instances, ending one, what is being spent
+(the caller's caps and use, and the fleet's hourly rate), and the way into a run's JupyterLab (its owner's
+only, privately)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def register_nodes(tree: FleetTree) -> None:
-    """Add the instance and budget commands to `tree`."""
+    """Add the instance, budget and JupyterLab commands to `tree`."""
     fleet = tree.fleet
+    _register_jupyter(tree)
 
     async def instance_choices(
         interaction: discord.Interaction[Any], current: str
@@ -82,3 +84,24 @@ def register_nodes(tree: FleetTree) -> None:
             f"the fleet now: **{len(live)}** instances at **${per_hour:.3f}/h**"
         )
         await tree.say(interaction, plain_embed("Budget", text), ephemeral=True)
+
+
+def _register_jupyter(tree: FleetTree) -> None:
+    fleet = tree.fleet
+
+    @tree.command(name="jupyter", description="The JupyterLab URL of your run's node (only you see it).")
+    @app_commands.describe(run="A run id (or a unique prefix) that you started, with `jupyter: true`.")
+    async def jupyter(interaction: discord.Interaction[Any], run: str) -> None:
+        from service.nodeaccess import jupyter_url
+
+        found = await tree.run(fleet.ledger.find_run, run)
+        if await tree.run(tree.caps.owner, found.run_id) != interaction.user.id:
+            why = f"only the user who started run {found.run_id} from Discord may see its JupyterLab"
+            await tree.refuse(interaction, "Not your run", why)
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)  # the answer stays private
+        url = await tree.run(jupyter_url, fleet, found.run_id)
+        caller = Caller.of(interaction)
+        await tree.audit(EventType.BOT_COMMAND, caller, command="jupyter", run_id=found.run_id)  # no URL
+        text = f"[JupyterLab]({url})\n`{url}`\nThe token in it lets anyone in: keep it to yourself."
+        await tree.say(interaction, plain_embed(f"Run {found.run_id}: JupyterLab", text), ephemeral=True)

@@ -93,6 +93,11 @@ def bot_user_runs_key(user_id: int) -> str:
     return f"{PREFIX}:bot:user:{user_id}:runs"
 
 
+def bot_run_owner_key(run_id: str) -> str:
+    """The Discord user who started a run (their id): only they may see its node's JupyterLab URL."""
+    return f"{PREFIX}:bot:run:{run_id}:owner"
+
+
 # The git trigger (service/gitwatch.py). `repo` is a repository id (host/owner/name, or a work tree's path).
 GIT_INVALID = "invalid"  # a claim's value for a config that was invalid at its commit (seen; never enqueued)
 

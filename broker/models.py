@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from broker.constants import Stage
-from broker.payloads import GitOrigin, HubPush, Metrics
+from broker.payloads import GitOrigin, HubPush, Metrics, NodeCheck
 from core.errors import FailureReason
 from jobs.sections import ProviderName
 from jobs.spec import JobSpec
@@ -96,6 +96,9 @@ class RunProgress(BaseModel):
     epoch: float | None = None
     finished: bool = Field(False, description="The train job reported its result.")
     train_restarts: int = Field(0, description="Times a killed or crashed train job was run again.")
+    entry_ended: str | None = Field(
+        None, description="The `entry` Ray job (submission id) whose end prepare recorded (prepare.entry)."
+    )
     hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
     pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
 
@@ -206,6 +209,7 @@ class Instance(BaseModel):
     provider_id: str | None = None
     price_per_hour: float | None = None
     dashboard_url: str | None = None
+    check: NodeCheck | None = Field(None, description="What its readiness check found (a head only).")
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     create_called_at: float | None = Field(

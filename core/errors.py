@@ -12,7 +12,9 @@ class FailureReason(StrEnum):
     NO_CAPACITY = "NO_CAPACITY"
     PROVISIONING_FAILED = "PROVISIONING_FAILED"
     NODE_TIMEOUT = "NODE_TIMEOUT"
+    NODE_BROKEN = "NODE_BROKEN"  # the node cannot train: its readiness check names what is missing
     INSTANCE_LOST = "INSTANCE_LOST"
+    ENTRY_FAILED = "ENTRY_FAILED"  # the job's `entry` script exited non-zero on the node (not retried)
     PREPARE_FAILED = "PREPARE_FAILED"
     TRAINING_FAILED = "TRAINING_FAILED"
     FINALIZE_FAILED = "FINALIZE_FAILED"
@@ -94,11 +96,13 @@ class AuthFailed(ProviderError):
 
 
 class StageFailed(FleetError):
-    """A stage found that the run cannot go on; carries the failure reason."""
+    """A stage found that the run cannot go on; carries the failure reason. `keep` False: its nodes are
+    terminated even when the job would keep them for debugging (a node that cannot train is no use)."""
 
-    def __init__(self, reason: FailureReason, message: str) -> None:
+    def __init__(self, reason: FailureReason, message: str, keep: bool = True) -> None:
         super().__init__(message)
         self.reason = reason
+        self.keep = keep
 
 
 class NodeLost(FleetError):

@@ -16,6 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from core.errors import ConfigError, Problem
+from core.sshkey import SshPublicKey, parse_ssh_public_key
+
+# A rented node's image when neither its section nor the settings name one: Ray's, at the fleet's Ray and
+# Python, with CUDA; its start installs the rest of the node's software (providers.nodesetup).
+DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 
@@ -129,6 +134,21 @@ class Settings(BaseModel):
         "attached YAML are looked up here too.",
     )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
+    node_image: str = Field(
+        DEFAULT_NODE_IMAGE,
+        description="The image of a rented node whose section names none: point it at the node image you "
+        "published (`make node-image`); a stock image works too, its start installs what it lacks.",
+    )
+    node_python: Path | None = Field(
+        None,
+        description="The Python of the local nodes' own environment (the node's software only, `make "
+        "node-env`); unset: .venv-node beside the fleet's venv if there is one, else the fleet's own Python.",
+    )
+    ssh_public_key: SshPublicKey | None = Field(
+        None,
+        description="An OpenSSH public key line, or the path of a .pub file: installed on every rented node "
+        "(`fleet ssh RUN`); unset: nodes get no SSH.",
+    )
 
     @field_validator(
         "discord_allowed_users", "discord_allowed_roles", "discord_allowed_channels", mode="before"
@@ -140,6 +160,14 @@ class Settings(BaseModel):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         if isinstance(value, int):
             return (value,)
+        return value
+
+    @field_validator("ssh_public_key", mode="before")
+    @classmethod
+    def _ssh_key(cls, value: Any) -> Any:
+        """The key's text or a .pub file's path, checked as an OpenSSH public key line; empty: none."""
+        if isinstance(value, str | Path):
+            return parse_ssh_public_key(value) if str(value).strip() else None
         return value
 
     @field_validator("node_heartbeat_timeout_s")

@@ -1,8 +1,10 @@
-"""`fleet instances`, `fleet terminate`, `fleet offers`, `fleet node`: the machines behind the runs."""
+"""`fleet instances`, `fleet terminate`, `fleet offers`, `fleet node`, `fleet ssh`, `fleet jupyter`: the
+machines behind the runs, and the ways into one."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +28,8 @@ def register(cli: typer.Typer) -> None:
     cli.command()(terminate)
     cli.command()(offers)
     cli.command()(node)
+    cli.command()(ssh)
+    cli.command()(jupyter)
 
 
 def instances(as_json: JsonOpt = False) -> None:
@@ -134,7 +138,7 @@ def node(
     as_json: JsonOpt = False,
 ) -> None:
     """The Ray cluster of a run or instance as its head sees it (what `ray status` shows): every node, head
-    and workers, with CPUs, GPUs, memory and what is in use."""
+    and workers, with CPUs, GPUs, memory and what is in use; and what the head's readiness check found."""
     from service.instances import find_provider
 
     fleet = connect_or_exit(settings_or_exit())
@@ -145,11 +149,19 @@ def node(
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
+    record = fleet.ledger.get_instance(name)
+    check = record.check if record is not None else None  # what its readiness check found
     if as_json:
         out.print_json(json.dumps({"instance": name, "dashboard_url": endpoint.dashboard_url, "nodes": nodes,
-                                   "status": status}))  # fmt: skip
+                                   "status": status,
+                                   "check": check.model_dump(mode="json") if check else None}))  # fmt: skip
         return
     out.print(f"{name}  dashboard {endpoint.dashboard_url}", highlight=False)
+    if check is not None:
+        gpus = ", ".join(check.gpu_names) or ("CPU stand-in" if check.cpu_standin else "none")
+        libraries = " ".join(f"{k} {v}" for k, v in check.versions.items() if k in ("torch", "ray", "peft"))
+        out.print(f"ready: Python {check.python} ({check.executable}), {libraries}, GPUs: {gpus}",
+                  highlight=False, markup=False)  # fmt: skip
     table = Table("node", "ip", "role", "state", "CPUs", "GPUs", "memory GiB", "accelerator")
     for n in nodes:
         table.add_row(
@@ -164,6 +176,53 @@ def node(
         )
     out.print(table)
     print(status)
+
+
+RunArg = Annotated[
+    str,
+    typer.Argument(metavar="RUN", help="A run id (or prefix): its node (the head); or an instance name."),
+]
+
+
+def ssh(
+    ident: RunArg,
+    run_ssh: Annotated[bool, typer.Option("--exec", help="Run ssh now, in fleet's place.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The ssh command into a run's node (one kept for debugging, say): `ssh -p PORT root@HOST`, with
+    `-i` when the fleet's ssh_public_key is a .pub file whose private key sits beside it."""
+    from service.nodeaccess import ssh_command
+
+    fleet = connect_or_exit(settings_or_exit())
+    try:
+        command = ssh_command(fleet, ident)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps(command.view()))
+    elif run_ssh:
+        os.execvp("ssh", command.argv())
+    else:
+        out.print(command.text(), markup=False, highlight=False)
+
+
+def jupyter(ident: RunArg, as_json: JsonOpt = False) -> None:
+    """The URL of the JupyterLab on a run's node (`jupyter: true` in its section), with its token: for your
+    eyes only, as the holder of the fleet's home (never paste it where others read)."""
+    from service.nodeaccess import jupyter_url, run_node
+
+    fleet = connect_or_exit(settings_or_exit())
+    try:
+        name = run_node(fleet, ident).name
+        url = jupyter_url(fleet, name)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps({"instance": name, "url": url}))
+    else:
+        out.print(url, markup=False, highlight=False)
 
 
 def _head_of(fleet: Fleet, ident: str) -> str:

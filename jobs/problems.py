@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 
 from core.errors import Problem
 from jobs.sections import SECTION_MODELS
+from jobs.sections.base import CHECK_SCRIPTS
 from jobs.yamlsafe import join_path
 from trainer.config import HUB_ID_PATTERN
 
@@ -37,13 +38,14 @@ def line_of(lines: Mapping[str, int], path: str) -> int | None:
 def validate_mapping(
     model: type[BaseModel], data: Any, prefix: str, lines: Mapping[str, int], problems: list[Problem]
 ) -> Any:
-    """`model.model_validate(data)`, or None with the errors appended to `problems` as YAML key paths."""
+    """`model.model_validate(data)`, or None with the errors appended to `problems` as YAML key paths.
+    The file's scripts (a section's `entry`) are checked with the shell here (base.CHECK_SCRIPTS)."""
     if not isinstance(data, dict):
         message = "must be a mapping of keys (or empty, for all defaults)"
         problems.append(Problem(prefix, message, line_of(lines, prefix)))
         return None
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={CHECK_SCRIPTS: True})
     except ValidationError as exc:
         problems += _problems_from(exc.errors(), model, data, prefix, lines)
         return None
@@ -156,9 +158,9 @@ def _unknown_key(key: str, model: type[BaseModel], prefix: str) -> str:
 
 
 def _got(err: ErrorDetails, prefix: str) -> str:
-    """' (got 0)' for a short scalar input; nothing for env values, which may be secrets."""
+    """' (got 0)' for a short scalar input; nothing for env values, which may be secrets, or a script."""
     value = err.get("input")
-    if err["type"] in ("missing", "extra_forbidden") or (prefix and err["loc"][:1] == ("env",)):
+    if err["type"] in ("missing", "extra_forbidden") or (prefix and err["loc"][:1] in (("env",), ("entry",))):
         return ""
     if isinstance(value, str):
         return f" (got {json.dumps(shorten(value))})"

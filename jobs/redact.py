@@ -23,9 +23,15 @@ def redact_job(text: str, secret_values: Iterable[str] = ()) -> str:
     """`text` (a job file that already validated) with its secrets replaced by <redacted>."""
     data = yaml.safe_load(text)
     shown = yaml.safe_dump(_redact(data), sort_keys=False, allow_unicode=True, width=100)
+    return redact_values(shown, secret_values)
+
+
+def redact_values(text: str, secret_values: Iterable[str]) -> str:
+    """`text` with every one of `secret_values` in it replaced by <redacted> (longest first, so a secret
+    that contains another goes whole; values shorter than MIN_SECRET_LEN are left alone)."""
     for secret in sorted({s for s in secret_values if len(s) >= MIN_SECRET_LEN}, key=len, reverse=True):
-        shown = shown.replace(secret, REDACTED)
-    return shown
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def _redact(value: Any, key: str = "") -> Any:

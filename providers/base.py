@@ -19,7 +19,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, SecretStr
 
-from core.errors import CredentialsMissing, ProvisioningFailed
+from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
+from core.settings import DEFAULT_NODE_IMAGE
 from jobs.sections import ProviderName, SectionBase
 
 INSTANCE_PREFIX = "tf-"
@@ -75,6 +76,24 @@ class NodeEndpoint:
 
 
 @dataclass(frozen=True)
+class SshAccess:
+    """Where a node's SSH server is published: `ssh -p <port> <user>@<host>`."""
+
+    host: str
+    port: int
+    user: str = "root"
+
+
+NO_SSH_ADVICE = (
+    "set the fleet's ssh_public_key (FLEET_SSH_PUBLIC_KEY, or ssh_public_key in the settings file: the key's "
+    "text or the path of its .pub file) and run the job again: nodes created from then on get SSH"
+)
+JUPYTER_PORT = 8888  # JupyterLab inside a node (`jupyter: true`), published by the provider
+JUPYTER_TOKEN_ENV = "FLEET_JUPYTER_TOKEN"  # its token arrives in the node's environment under this name
+SSH_KEY_ENV = "PUBLIC_KEY"  # the fleet's SSH public key in a node's environment (RunPod images read it)
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     """What to start: the instance's name, the run it is for, the job's provider section, the
     credentials the node needs itself (HF_TOKEN, WANDB_API_KEY), and how long the node's failsafe waits for
@@ -102,6 +121,9 @@ class ProviderContext:
     home: Path
     credentials: Mapping[str, SecretStr] = field(default_factory=dict)
     urls: Mapping[str, str] = field(default_factory=dict)  # provider name -> API base URL override
+    ssh_public_key: str | None = None  # the fleet's SSH public key line, installed on every rented node
+    node_python: Path | None = None  # the local nodes' Python (settings.node_python); None: found
+    default_image: str = DEFAULT_NODE_IMAGE  # a rented node's image when its section names none
 
     def credential(self, name: str) -> SecretStr:
         """The named credential; CredentialsMissing (naming it, never showing it) when absent."""
@@ -171,3 +193,13 @@ class Provider(ABC):
     @abstractmethod
     def list_instances(self) -> list[NodeInstance]:
         """Every live instance of ours (named tf-...); never anybody else's."""
+
+    def ssh_access(self, name: str) -> SshAccess:
+        """Where to SSH into the live instance `name` (NodeError saying why not: gone, not up yet, created
+        without the fleet's key, or a provider without SSH, as by default)."""
+        raise NodeError(f"the {self.name} provider has no SSH into its nodes")
+
+    def jupyter_url(self, name: str) -> str:
+        """The URL of the instance's JupyterLab, with its token (never log or store it); NodeError saying
+        why there is none."""
+        raise NodeError(f"the {self.name} provider runs no JupyterLab on its nodes")

@@ -1,8 +1,8 @@
-"""What a rented node runs when it starts: its failsafe, a Ray head with token auth, its Jobs API on port
-8265 (or, for a cluster's node k > 0, a Ray node that joins the head), then the user's `entry` if the
-section has one. Runs keep their files under FLEET_NODE_ROOT. Built from
-argv lists and quoted with shlex; the only values that vary are ports and the entry, and the token is read
-from the environment, never inlined.
+"""What a rented node runs when it starts: its failsafe, the node's software set up (providers.nodesetup:
+what the image lacks of the fleet's pins, installed), then a Ray head with token auth and its Jobs API on
+port 8265 (or, for a cluster's node k > 0, a Ray node that joins the head). Runs keep their files under
+FLEET_NODE_ROOT. Built from argv lists and quoted with shlex; nothing of the job's is in it, and the token
+is read from the environment, never inlined.
 """
 
 from __future__ import annotations
@@ -10,17 +10,53 @@ from __future__ import annotations
 import ast
 import base64
 import functools
+import importlib.metadata
 import inspect
+import re
 import shlex
+import sys
 import zlib
+from pathlib import Path
+from types import ModuleType
 
+import trainer
 from jobs.sections import ProviderName
-from providers import failsafe
-from trainer.config import NODE_ROOT_ENV
+from providers import failsafe, nodesetup
+from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV
+from trainer.progress import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
-DEFAULT_NODE_ROOT = "/workspace/trainfleet"  # runs, the model cache and outputs on a rented node
+SETUP_ENV = "FLEET_NODE_SETUP"  # providers.nodesetup, packed
+# A pod started from a RunPod template runs the template's start command, which runs our start script from
+# this variable (`sh -c "$FLEET_BOOTSTRAP"`): see the README's "What runs on the node".
+BOOTSTRAP_ENV = "FLEET_BOOTSTRAP"
+ACCESS_ENV = "FLEET_NODE_ACCESS"  # the ACCESS_LINES below, which the start script `eval`s before Ray
+# A way into a kept node, each in the background so that neither a slow install nor a failure touches Ray:
+# sshd with the fleet's key in root's authorized_keys (our start command replaces the image's, so nothing
+# else starts sshd; `sudo -n` on an image that runs as another user), and JupyterLab with the node's own
+# token, passed in its environment (not on its command line), its log (which shows the URL) owner-only,
+# and the token unset before Ray so that no Ray job inherits it.
+ACCESS_LINES = (
+    f'if [ -n "${{{SSH_KEY_ENV}:-}}" ]; then (',
+    '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',
+    "  $S mkdir -p /root/.ssh && $S chmod 700 /root/.ssh",
+    f'  $S grep -qxF "${SSH_KEY_ENV}" /root/.ssh/authorized_keys'
+    f" || printf '%s\\n' \"${SSH_KEY_ENV}\" | $S tee -a /root/.ssh/authorized_keys",
+    "  $S chmod 600 /root/.ssh/authorized_keys",
+    "  [ -x /usr/sbin/sshd ] || { $S apt-get update -qq"
+    " && $S env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }",
+    "  $S mkdir -p /run/sshd && $S ssh-keygen -A && $S /usr/sbin/sshd",
+    ") >/dev/null 2>&1 & fi",
+    f'if [ -n "${{{JUPYTER_TOKEN_ENV}:-}}" ]; then (',
+    f'  umask 077 && exec >"${NODE_ROOT_ENV}/jupyter.log" 2>&1',
+    '  python3 -c "import jupyterlab" || python3 -m pip install -q jupyterlab',
+    f'  JUPYTER_TOKEN="${JUPYTER_TOKEN_ENV}" exec python3 -m jupyterlab --ip=0.0.0.0 --port={JUPYTER_PORT}'
+    " --no-browser --allow-root",
+    ") & fi",
+    f"unset {JUPYTER_TOKEN_ENV}",
+)
+NODE_REQUIREMENTS = Path(trainer.__file__).with_name("requirements-node.txt")
 HEAD_ADDRESS_ENV = failsafe.HEAD_ENV  # a worker node joins the Ray head at this host:port
 GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
 JOIN_RETRY_S = 5
@@ -39,17 +75,48 @@ def head_argv() -> list[str]:
     ]
 
 
-@functools.cache
-def packed_failsafe() -> str:
-    """providers.failsafe without its docstrings and comments, compressed and in base64: the start script
-    travels in a field of the vendor's create call (vast.ai's `onstart`, RunPod's `dockerArgs`), so it is
-    kept to a few kilobytes."""
-    tree = ast.parse(inspect.getsource(failsafe))
+def packed(module: ModuleType) -> str:
+    """A stdlib-only module of ours without its docstrings and comments, compressed and in base64: what
+    runs on the node before anything of ours is there travels in the vendor's create call (the start
+    script in vast.ai's `onstart` or RunPod's `dockerArgs`, the rest in the environment)."""
+    tree = ast.parse(inspect.getsource(module))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and _is_docstring(body[0]):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+@functools.cache
+def packed_failsafe() -> str:
+    """providers.failsafe, packed: it travels in the start script itself, so it is kept to a few KB."""
+    return packed(failsafe)
+
+
+@functools.cache
+def node_pins() -> tuple[str, ...]:
+    """The node's software (trainer/requirements-node.txt) pinned to the versions this fleet runs, as pip
+    requirements: a node installs exactly these of what its image lacks, so it never drifts from the fleet."""
+    pins = []
+    for line in NODE_REQUIREMENTS.read_text(encoding="utf-8").splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if not requirement:
+            continue
+        name = re.split(r"[<>=!~;\s]", requirement, maxsplit=1)[0]  # with its [extras]
+        version = importlib.metadata.version(name.split("[")[0]).split("+")[0]  # 2.13.0+cpu: 2.13.0
+        pins.append(f"{name}=={version}")
+    return tuple(pins)
+
+
+def node_setup_env() -> dict[str, str]:
+    """What a rented node's start script needs in its environment to set the node's software up
+    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in."""
+    return {
+        ACCESS_ENV: "\n".join(ACCESS_LINES),
+        nodesetup.PINS_ENV: " ".join(node_pins()),
+        nodesetup.PYTHON_ENV: f"{sys.version_info[0]}.{sys.version_info[1]}",
+        SETUP_ENV: packed(nodesetup),
+    }
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
@@ -83,33 +150,35 @@ def worker_argv() -> list[str]:
 
 
 def start_script(
-    entry: str | None,
     vendor: ProviderName | None = None,
     worker: bool = False,
     private_host: str | None = None,
 ) -> str:
     """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
-    whose start goes wrong later goes too), token auth on, the node's root directory for runs
-    (FLEET_NODE_ROOT, unless the section's env names another), the user's entry (split with shlex, run as
-    argv, in the background), then Ray in the foreground: the head, or for a `worker` node a `ray start
-    --address` that joins the head at $FLEET_RAY_HEAD_ADDRESS, tried again every few seconds while the
-    head is not up yet (or restarts). `private_host` (a constant of the provider's, such as
-    `$RUNPOD_POD_ID.runpod.internal`) is this node's name on the private network: Ray then advertises
-    that address, which the cluster's other nodes can reach, instead of the one it would guess."""
+    whose start goes wrong later goes too), token auth on, the node's software set up and its root chosen
+    (providers.nodesetup, carried by FLEET_NODE_SETUP: what the image lacks is installed, Ray starts from
+    that venv, and runs keep their files under FLEET_NODE_ROOT, on the volume when the provider set one),
+    SSH and JupyterLab when asked for (ACCESS_LINES, carried by FLEET_NODE_ACCESS), then Ray in the
+    foreground: the head, or for a `worker` node a `ray start --address` that joins the head at
+    $FLEET_RAY_HEAD_ADDRESS, tried again every few seconds while the head is not up yet (or restarts).
+    `private_host` (a constant of the provider's, such as `$RUNPOD_POD_ID.runpod.internal`) is this
+    node's name on the private network: Ray then advertises that address, which the cluster's other nodes
+    can reach, instead of the one it would guess. The job's `entry` is not here: it runs as prepare's
+    first Ray job (workers.entry), checked and logged."""
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
+    setup = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
     lines += [
         f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${TOKEN_ENV}"',
-        f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-{DEFAULT_NODE_ROOT}}}"',
-        f'mkdir -p "${NODE_ROOT_ENV}"',
+        f'eval "$(python3 -c {shlex.quote(setup)} || true)"',  # exports FLEET_NODE_ROOT and PATH
+        f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-/tmp/trainfleet}}"',
+        f'[ -z "${{{ACCESS_ENV}:-}}" ] || eval "${ACCESS_ENV}"',  # SSH, JupyterLab (ACCESS_LINES)
     ]
     node_ip = ""
     if private_host:
         lines.append(f'NODE_IP="$(getent hosts "{private_host}" | awk \'{{print $1; exit}}\')" || NODE_IP=""')
         node_ip = ' ${NODE_IP:+"--node-ip-address=$NODE_IP"}'
-    if entry:
-        lines.append(shlex.join(shlex.split(entry)) + " &")
     if worker:
         join = shlex.join(worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
         lines.append(f"while true; do {join} || true; sleep {JOIN_RETRY_S}; done")
@@ -119,10 +188,9 @@ def start_script(
 
 
 def container_command(
-    entry: str | None,
     vendor: ProviderName | None = None,
     worker: bool = False,
     private_host: str | None = None,
 ) -> list[str]:
     """The container's command as argv (`sh -c SCRIPT`)."""
-    return ["sh", "-c", start_script(entry, vendor, worker, private_host)]
+    return ["sh", "-c", start_script(vendor, worker, private_host)]

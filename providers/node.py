@@ -42,6 +42,10 @@ class JobStatus(StrEnum):
 class JobInfo:
     status: JobStatus
     message: str
+    exit_code: int | None = None
+    """The entrypoint's exit code, once it exited."""
+    seconds: float | None = None
+    """How long the job ran (start to end, by the node's clock), once it ended."""
 
 
 def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
@@ -187,7 +191,9 @@ class NodeClient:
             raise NodeError(f"cannot read job {submission_id}: {exc}") from None
         except OSError as exc:  # requests' errors are OSErrors: the node does not answer (gone?)
             raise NodeError(f"cannot read job {submission_id}: {exc}") from None
-        return JobInfo(JobStatus(str(info.status)), info.message or "")
+        start, end = info.start_time, info.end_time  # milliseconds
+        seconds = round((end - start) / 1000, 3) if start is not None and end is not None else None
+        return JobInfo(JobStatus(str(info.status)), info.message or "", info.driver_exit_code, seconds)
 
     def submit(
         self, submission_id: str, entrypoint: str, env: dict[str, str], files: Path | None = None

@@ -54,9 +54,15 @@ def api_urls(settings: Settings) -> dict[str, str]:
 
 def provider_context(settings: Settings, secrets: Secrets | None = None) -> ProviderContext:
     """What providers get: the fleet's home, the credentials (masked; the fleet's secrets unless given), the
-    API URLs."""
+    API URLs, the fleet's SSH public key."""
     found = secrets if secrets is not None else load_fleet_secrets()
-    return ProviderContext(home=settings.home, credentials=dict(found.values), urls=api_urls(settings))
+    return ProviderContext(
+        home=settings.home,
+        credentials=dict(found.values),
+        urls=api_urls(settings),
+        node_python=settings.node_python,
+        ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
+    )
 
 
 def provider_name(name: str) -> ProviderName:

@@ -15,12 +15,18 @@ from pydantic import BaseModel
 from core.errors import NoCapacity, NodeError, ProviderError, ProvisioningFailed
 from providers.base import (
     INSTANCE_PREFIX,
+    JUPYTER_PORT,
+    JUPYTER_TOKEN_ENV,
+    NO_SSH_ADVICE,
+    SSH_KEY_ENV,
     LaunchRequest,
     NodeEndpoint,
     NodeInstance,
+    NodeState,
     Offer,
     Provider,
     ProviderContext,
+    SshAccess,
     require_ours,
 )
 from providers.node import jobs_api_answers
@@ -36,6 +42,9 @@ class RentalSection(Protocol):
 
     @property
     def gpu_count(self) -> int: ...
+
+    @property
+    def jupyter(self) -> bool: ...
 
 
 S = TypeVar("S", bound=RentalSection)
@@ -87,6 +96,14 @@ class RemoteProvider(Provider, Generic[S, R]):
     def _jobs_url(self, record: R) -> str | None:
         """Where the instance publishes its Ray Jobs API, if it does yet."""
 
+    @abstractmethod
+    def _published(self, record: R, port: int) -> str | None:
+        """The HTTP URL where the instance publishes its container port `port`, if it does (yet)."""
+
+    @abstractmethod
+    def _ssh(self, record: R) -> SshAccess | None:
+        """Where the instance publishes its SSH server, if it does (created with the fleet's key)."""
+
     def list_offers(self, section: BaseModel) -> list[Offer]:
         assert isinstance(section, self.section_model)
         return [
@@ -112,6 +129,51 @@ class RemoteProvider(Provider, Generic[S, R]):
         if existing is not None:
             return existing
         raise error from None
+
+    def _access_env(self, request: LaunchRequest, section: S) -> dict[str, str]:
+        """The node's environment for the ways into it: the fleet's SSH public key (every node, when the
+        fleet has one) and, on a head whose section asks for `jupyter`, its JupyterLab's fresh token."""
+        env = {}
+        if self.context.ssh_public_key:
+            env[SSH_KEY_ENV] = self.context.ssh_public_key
+        if section.jupyter and request.head is None:
+            env[JUPYTER_TOKEN_ENV] = self.tokens.ensure_jupyter(request.name)
+        return env
+
+    def _live_record(self, name: str) -> R:
+        records = self._records(name)
+        if not records:
+            raise NodeError(f"instance {name} is gone: {self.vendor} no longer lists it")
+        return records[0]
+
+    def _not_up(self, name: str, record: R) -> str | None:
+        """Why the instance cannot be reached at all now (starting, stopped, failed), or None when it runs."""
+        node = self._instance(record, probe=False)
+        if node.state == NodeState.RUNNING:
+            return None
+        later = ": try again once it is up" if node.state == NodeState.PENDING else ""
+        return f"instance {name} is {node.state.value.lower()} ({node.message}){later}"
+
+    def ssh_access(self, name: str) -> SshAccess:
+        record = self._live_record(name)
+        access = self._ssh(record)
+        if access is not None:
+            return access
+        raise NodeError(self._not_up(name, record) or f"instance {name} has no SSH: {NO_SSH_ADVICE}")
+
+    def jupyter_url(self, name: str) -> str:
+        token = self.tokens.jupyter(name)
+        if token is None:
+            raise NodeError(
+                f"instance {name} runs no JupyterLab: set `jupyter: true` in the job's {self.name} section "
+                "and run the job again"
+            )
+        record = self._live_record(name)
+        why = self._not_up(name, record)
+        url = None if why else self._published(record, JUPYTER_PORT)
+        if url is None:
+            raise NodeError(why or f"instance {name} does not publish JupyterLab's port {JUPYTER_PORT}")
+        return f"{url}/lab?token={token}"
 
     def _endpoint_url(self, record: R) -> str | None:
         """The Jobs API URL to use now (a cloud may also require the instance to be running)."""

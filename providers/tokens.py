@@ -1,7 +1,11 @@
 """The Ray tokens of rented nodes: one fresh token per instance, in an owner-only file under the fleet's
 home. The ledger and events hold only the instance name (the reference); the token travels in the
 instance's environment at create time and in request headers, never anywhere else. The nodes of one
-cluster share its head's token."""
+cluster share its head's token.
+
+A node that runs JupyterLab (`jupyter: true`) has a token of its own for it, made the same way and kept
+beside the Ray token (`<name>.jupyter`): shown only to whoever holds the fleet's home (`fleet jupyter`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import secrets
 from pathlib import Path
 
 HEAD_SUFFIX = ".head"  # beside a worker node's token: the name of the head it joined
+JUPYTER_SUFFIX = ".jupyter"  # beside a node's token: its JupyterLab's token
 
 
 class NodeTokens:
@@ -46,6 +51,19 @@ class NodeTokens:
             self._write(self._path(name + HEAD_SUFFIX), head)
         return token
 
+    def ensure_jupyter(self, name: str) -> str:
+        """The token of the node's JupyterLab, made now if it has none yet (a relaunch reuses it)."""
+        existing = self.jupyter(name)
+        if existing is not None:
+            return existing
+        token = secrets.token_urlsafe(32)
+        self._write(self._path(name + JUPYTER_SUFFIX), token)
+        return token
+
+    def jupyter(self, name: str) -> str | None:
+        """The node's JupyterLab token; None when it was created without one."""
+        return self.get(name + JUPYTER_SUFFIX)
+
     def head_of(self, name: str) -> str | None:
         """The head whose cluster `name` joined as a worker node; None for a head (or an unknown name)."""
         return self.get(name + HEAD_SUFFIX)
@@ -65,3 +83,4 @@ class NodeTokens:
     def forget(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
         self._path(name + HEAD_SUFFIX).unlink(missing_ok=True)
+        self._path(name + JUPYTER_SUFFIX).unlink(missing_ok=True)

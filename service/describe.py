@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, JsonValue, TypeAdapter
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.models import Run, RunProgress, RunState
-from broker.payloads import Event, GitOrigin, Metrics, RunSucceeded, TrainFinished
+from broker.payloads import Event, GitOrigin, Metrics, PrepareEntry, RunSucceeded, TrainFinished
 from core.errors import FailureReason
 from jobs.sections import ProviderName
 from service.runs import Fleet
@@ -37,6 +37,9 @@ def describe(event: Event) -> str:
         metrics = event.data.metrics
         shown = {k: metrics.get(k) for k in _HEADLINE_METRICS if k in metrics}
         data = {"output_dir": event.data.output_dir, **shown}
+    if isinstance(event.data, PrepareEntry):  # one line: its output's last line (all of it in --json)
+        lines = [line for line in event.data.output.splitlines() if line.strip()]
+        data = {**data, "output": ("…" if len(lines) > 1 else "") + (lines[-1][-200:] if lines else "")}
     parts = " ".join(f"{k}={format_value(v)}" for k, v in data.items() if v not in (None, [], {}, ""))
     return f"{stamp} {event.type.value:<22} {parts}".rstrip()
 

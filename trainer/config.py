@@ -7,11 +7,16 @@ real axolotl config loads unchanged; jobs.spec warns about them once.
 
 from __future__ import annotations
 
+import base64
 import posixpath
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainer.progress import NODE_ROOT_ENV
+
+ENV_PREFIX = "b64:"  # a TrainJob in an environment variable (TrainJob.to_env)
 
 # Names under which the trainer builds a model itself instead of downloading it (see trainer.tiny).
 BUILTIN_MODELS = ("trainfleet/tiny-llama",)
@@ -22,8 +27,6 @@ Scheduler = Literal[
 ]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"]
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
-# On a rented node, the directory under which a run's relative paths lie (set by its start script).
-NODE_ROOT_ENV = "FLEET_NODE_ROOT"
 
 
 class DatasetConfig(BaseModel):
@@ -216,10 +219,16 @@ class TrainJob(BaseModel):
         return self.model_copy(update={k: posixpath.join(root, v) for k, v in relative.items()})
 
     def to_env(self) -> str:
-        return self.model_dump_json(exclude_none=True)
+        """The job as an environment variable's value: JSON in base64, because Ray expands `$NAME` in a
+        job's env values on the node, which would put the node's own secrets (`$HF_TOKEN` in a job file's
+        text) into what the trainer writes and publishes (the model card)."""
+        return ENV_PREFIX + base64.b64encode(self.model_dump_json(exclude_none=True).encode()).decode()
 
     @classmethod
     def from_env(cls, text: str) -> TrainJob:
+        """The job from `to_env`'s text (or plain JSON, as a job file holds it)."""
+        if text.startswith(ENV_PREFIX):
+            text = base64.b64decode(text[len(ENV_PREFIX) :]).decode()
         return cls.model_validate_json(text)
 
 

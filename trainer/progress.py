@@ -15,6 +15,7 @@ from typing import Any
 
 MARKER = "@@fleet "
 ENV_VAR = "FLEET_TRAIN_JOB"  # the TrainJob JSON travels in this environment variable
+NODE_ROOT_ENV = "FLEET_NODE_ROOT"  # the node's directory for runs, caches, outputs (its start script sets it)
 
 
 class Kind(StrEnum):
@@ -34,6 +35,9 @@ class Kind(StrEnum):
     FINISHED = "finished"  # {metrics: {...}, output_dir}
     CHUNK = "chunk"  # {seq, data}: one base64 piece of a packed output directory (trainer.pack)
     PACKED = "packed"  # {bytes, sha256, files, chunks}: the packed output is complete
+    # the node's readiness check (trainer.nodecheck): {python, executable, versions, missing, cuda, gpus,
+    # gpu_names, bf16, cpu_standin, setup, problems}
+    CHECKED = "checked"
     PUSHED = "pushed"  # {repo_id, commit, url}: the results are on the HF Hub (trainer.push)
 
 

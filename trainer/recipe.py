@@ -23,6 +23,7 @@ worker's model, data, optimizer and resume point before it is trainer.recipe_set
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -96,6 +97,7 @@ class _Run(RunSetup):
             num_nodes=len(set(nodes)),
             train_examples=len(self.data.train),
             eval_examples=len(self.data.eval),
+            python=sys.executable,  # the node environment's interpreter, which trains (rank 0's)
         )
         if (where := self.resumed) is not None:
             self.say(Kind.RESUMED, step=where.step, total_steps=self.total, **where.to_json())

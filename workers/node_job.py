@@ -52,8 +52,12 @@ def shown_job(ctx: context.Context, run: Run) -> str | None:
         text = (Path(run.run_dir) / "job.yml").read_text(encoding="utf-8")
     except OSError:
         return None
-    known = [v.get_secret_value() for v in ctx.provider_context.credentials.values()]
-    return redact_job(text, known)
+    return redact_job(text, known_secrets(ctx))
+
+
+def known_secrets(ctx: context.Context) -> list[str]:
+    """The values of the fleet's credentials: what must never leave in a text from the node (jobs.redact)."""
+    return [v.get_secret_value() for v in ctx.provider_context.credentials.values()]
 
 
 NODE_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")  # what the node itself uses, when the fleet has them

@@ -1,4 +1,5 @@
-"""prepare: on the node, fetch (or build) the base model and check the datasets, as a Ray job."""
+"""prepare: on the node, run the job's `entry` script when it has one (workers.entry), then fetch (or build)
+the base model and check the datasets, each as a Ray job."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from broker.payloads import EventType, PrepareFetched, RaySubmitted
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus
 from trainer import progress
-from workers import context
+from workers import context, entry
 from workers.node_job import files_for_node, node, node_env, node_record
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
@@ -28,9 +29,15 @@ def step(ctx: context.Context, run: Run) -> Next:
         client.submit(sid, ENTRYPOINT, node_env(ctx, run), files_for_node(ctx, run))
 
     if run.ray_jobs.get(Stage.PREPARE.value) != sid:
+        # The fetch is submitted only after the entry script succeeded: once it is, the entry is behind us.
+        script = entry.script_of(run)
+        if script is not None and not entry.succeeded(ctx, run, client, script):
+            return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
         submit()
 
         def submitted(r: Run) -> list[Draft]:
+            if r.ray_jobs.get(Stage.PREPARE.value) == sid:
+                return []
             r.ray_jobs[Stage.PREPARE.value] = sid
             return [RaySubmitted(ray_job=sid)]
 

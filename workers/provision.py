@@ -18,11 +18,11 @@ from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NodeLost, ProviderUnavailable, StageFailed
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
-from workers import context, wandb_plan
+from workers import context, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_secrets
 from workers.runner import run_stage
-from workers.stage import RETRY_POLICY, Next, enter, enter_next
+from workers.stage import RETRY_POLICY, Next, enter
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -61,15 +61,10 @@ def step(ctx: context.Context, run: Run) -> Next:
             ctx.ledger.update_instance(name, state=InstanceState.RUNNING, dashboard_url=url)
     if endpoint is not None and len(up) == len(names):
         joined = len(names) == 1 or _joined(ctx, run, endpoint)
-        if joined:
+        if joined:  # up: the node is ready once its readiness check passes
             cluster = {"instances": names, "num_nodes": len(names)} if len(names) > 1 else {}
             ready = InstanceReady(instance=head, dashboard_url=endpoint.dashboard_url, **cluster)
-
-            def go(r: Run) -> list[Draft]:
-                return [ready, *enter_next(r, Stage.PROVISION)]
-
-            ctx.ledger.update_run(run.run_id, go)
-            return Next.onward(Stage.PROVISION)
+            return readiness.check_node(ctx, run, head, endpoint, ready)
     started = run.stage(Stage.PROVISION).started or run.created_at
     if time.time() - started > ctx.settings.node_ready_timeout_s:
         late = [name for name in names if name not in up]
@@ -78,6 +73,12 @@ def step(ctx: context.Context, run: Run) -> Next:
         if len(names) > 1:
             joined_now = len(run.progress.cluster)
             why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
+        template = getattr(run.spec.section, "template_id", None)
+        if template and getattr(run.spec.section, "image", None) is None:
+            why += (
+                f"; it runs template {template}'s image and start command, which must "
+                'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
+            )
         raise StageFailed(FailureReason.NODE_TIMEOUT, why)
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
 

@@ -72,7 +72,7 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
     try:
         nxt = step(ctx, run)
     except StageFailed as exc:
-        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc))
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc), keep=exc.keep)
         return
     except NodeLost as exc:
         replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id)

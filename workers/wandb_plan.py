@@ -25,6 +25,7 @@ LIFECYCLE = {
     EventType.INSTANCE_REQUESTED: ("price_per_hour",),
     EventType.INSTANCE_READY: (),
     EventType.STAGE_FINISHED: ("stage", "seconds"),
+    EventType.PREPARE_ENTRY: ("status", "exit_code", "seconds"),
     EventType.PREPARE_FETCHED: ("examples",),
 }
 

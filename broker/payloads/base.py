@@ -38,7 +38,10 @@ class EventType(StrEnum):
     INSTANCE_STUCK = "instance.stuck"  # alert: asked to terminate, still listed (every reap cycle)
     INSTANCE_LOST = "instance.lost"  # the provider stopped listing it (several looks in a row)
     NODE_JOINED = "node.joined"  # a Ray node joined the run's cluster (its head's State API lists it ALIVE)
+    NODE_SETUP = "node.setup"  # what the node's start script installed that its image lacked, and how long
+    NODE_READY = "node.ready"  # the node passed its readiness check (trainer.nodecheck): it can train
     PREPARE_SUBMITTED = "prepare.submitted"
+    PREPARE_ENTRY = "prepare.entry"  # the job's `entry` script ran on the node: its status and output's tail
     PREPARE_FETCHED = "prepare.fetched"
     TRAIN_SUBMITTED = "train.submitted"
     TRAIN_STARTED = "train.started"

@@ -9,6 +9,41 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from broker.payloads.base import EventType, Metrics, NodeRecord, Payload
 
 
+class NodeCheck(BaseModel):
+    """What the node's readiness check found (trainer.nodecheck's CHECKED line, less its problems): the
+    interpreter that trains, the libraries' versions, and the GPUs CUDA sees."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    python: str
+    executable: str
+    versions: dict[str, str] = Field(default_factory=dict)
+    cuda: bool = False
+    cuda_version: str | None = None
+    gpus: int = 0
+    gpu_names: list[str] = Field(default_factory=list)
+    bf16: bool = False
+    cpu_standin: bool = Field(False, description="A test fake's node standing in for GPUs on the CPU.")
+
+
+class NodeSetup(NodeRecord):
+    """What the node's start script installed because its image lacked it (providers.nodesetup)."""
+
+    type = EventType.NODE_SETUP
+    seconds: float = 0.0
+    installed: list[str] = Field(default_factory=list)
+    python: str | None = Field(None, description="The interpreter Ray and the trainer run with.")
+    venv: str | None = None
+
+
+class NodeReady(Payload):
+    """The node passed its readiness check: it can train (head only, on a cluster)."""
+
+    type = EventType.NODE_READY
+    instance: str
+    check: NodeCheck
+
+
 class RaySubmitted(Payload):
     type = EventType.PREPARE_SUBMITTED
     ray_job: str
@@ -16,6 +51,17 @@ class RaySubmitted(Payload):
 
 class TrainSubmitted(RaySubmitted):
     type = EventType.TRAIN_SUBMITTED
+
+
+class PrepareEntry(Payload):
+    """The job's `entry` script ended on the node (its own Ray job, before the fetch)."""
+
+    type = EventType.PREPARE_ENTRY
+    ray_job: str
+    status: str = Field(description="The Ray job's end: SUCCEEDED, FAILED or STOPPED.")
+    exit_code: int | None = None
+    seconds: float | None = Field(None, description="How long the script ran, by the node's clock.")
+    output: str = Field("", description="The end of what it printed, the fleet's credentials taken out.")
 
 
 class DownloadSummary(BaseModel):
@@ -44,6 +90,7 @@ class TrainStarted(NodeRecord):
     num_nodes: int | None = None
     train_examples: int | None = None
     eval_examples: int | None = None
+    python: str | None = Field(None, description="The interpreter rank 0 trains with (the node's own).")
 
 
 class TrainStep(NodeRecord):

@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+)
+
+from core.settings import DEFAULT_NODE_IMAGE
 
 
 class ProviderName(StrEnum):
@@ -31,6 +42,8 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY")
 # Values that are unmistakably credentials, whatever the variable is called (Hugging Face, RunPod tokens).
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{30,}|rpa_[A-Za-z0-9]{30,})\b")
+RESERVED_ENV_PREFIX = "FLEET_"  # the node's root, failsafe, token, the fakes' CPU stand-in marker...
+JOB_SETTABLE = frozenset({"FLEET_INJECT"})  # the trainer's fault injection (trainer.faults), for drills
 SECRETS_ADVICE = "secrets do not belong in the job file; set them in the fleet's secrets/settings"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -38,6 +51,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def _env_name(name: str) -> str:
     if not ENV_NAME.fullmatch(name):
         raise ValueError(f"environment variable name {name!r} must match {ENV_NAME.pattern}")
+    if name.startswith(RESERVED_ENV_PREFIX) and name not in JOB_SETTABLE:
+        raise ValueError(
+            f"{name}: names starting {RESERVED_ENV_PREFIX} are the fleet's own (the node's root, its "
+            "failsafe, its token...) and a job cannot set them"
+        )
     if any(word in name for word in _SECRET_WORDS) or name.endswith("_KEY"):
         raise ValueError(f"{name} looks like a secret: {SECRETS_ADVICE}")
     return name
@@ -121,9 +139,64 @@ Token = Annotated[
 ]
 """A name without spaces: an image reference, a git branch, a template id."""
 
+MAX_SCRIPT_BYTES = 16 * 1024
+CHECK_SCRIPTS = "check_scripts"
+"""The validation context key that asks for `ShellScript`'s parse check (`sh -n`). jobs.problems sets it when
+it validates a job file; a run's spec read back from the ledger was checked when it was submitted and is
+not checked again, so reading a run never starts a process."""
+SHELL_CHECK_TIMEOUT_S = 10.0
+_SHELL_LINE = re.compile(r"^sh: (?:line )?(\d+): ")
+
+
+def _shell_script(script: str, info: ValidationInfo) -> str:
+    if "\x00" in script:
+        raise ValueError("must not contain NUL characters")
+    if len(script.encode("utf-8")) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"must be at most {MAX_SCRIPT_BYTES} bytes (16 KiB)")
+    if not script.strip():
+        raise ValueError("must not be blank")
+    if _SECRET_VALUE.search(script):
+        raise ValueError(f"the script holds what looks like an access token: {SECRETS_ADVICE}")
+    if info.context and info.context.get(CHECK_SCRIPTS):
+        shell_problem = shell_syntax_error(script)
+        if shell_problem is not None:
+            raise ValueError(shell_problem)
+    return script
+
+
+def shell_syntax_error(script: str) -> str | None:
+    """What the POSIX shell (`sh -n`, which reads the script without running it) says is wrong with
+    `script`, or None when it parses."""
+    try:
+        done = subprocess.run(
+            ["sh", "-n"],
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=SHELL_CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"could not be checked: the shell took longer than {SHELL_CHECK_TIMEOUT_S:g} s to read it"
+    except OSError as exc:
+        return f"could not be checked: the shell (sh) did not start: {exc}"
+    if done.returncode == 0:
+        return None
+    said = done.stderr.strip().splitlines()
+    first = said[0] if said else f"sh -n exited {done.returncode}"
+    where = _SHELL_LINE.match(first)
+    if where:
+        first = f"line {where.group(1)} of the script: {first[where.end() :]}"
+    return f"is not a valid POSIX shell script: {first}"
+
+
+ShellScript = Annotated[str, StringConstraints(min_length=1), AfterValidator(_shell_script)]
+"""A POSIX shell script (one line or many, up to 16 KiB, no NUL), checked with `sh -n` when a job file is
+validated (see CHECK_SCRIPTS)."""
+
 PodType = Literal["INTERRUPTABLE", "ON_DEMAND"]
 CloudType = Literal["ALL", "COMMUNITY", "SECURE"]
-DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
+DEFAULT_IMAGE = DEFAULT_NODE_IMAGE
 
 
 MAX_NODES = 8
@@ -193,12 +266,24 @@ class RemoteSection(SectionBase):
     stop_after: Lifetime = Field(
         900, description="Seconds after which the provider stops the machine; -1 disables it."
     )
-    image: Token = Field(DEFAULT_IMAGE, description="Container image the machine runs (must include Ray).")
-    entry: Text | None = Field(
+    image: Token | None = Field(
         None,
-        description="Container arguments, one line; split with shlex and passed as argv, never to a shell.",
+        description="Container image the machine runs; unset: the fleet's node_image (with a RunPod "
+        "template_id: the template's). Any image with python3 works: what it lacks of the node's software "
+        "is installed at boot.",
+    )
+    entry: ShellScript | None = Field(
+        None,
+        description="A POSIX shell script (`entry: |` for several lines, up to 16 KiB) that the prepare "
+        "stage runs on the node, in the run's working directory with the section's env, before the model "
+        "and data are fetched; a non-zero exit fails the run (ENTRY_FAILED). Checked with `sh -n`.",
     )
     debug: bool = Field(False, description="Verbose provider and node logging.")
+    jupyter: bool = Field(
+        False,
+        description="Run JupyterLab on the machine (port 8888) with a fresh token of its own, for a look "
+        "inside a node kept for debugging; `fleet jupyter RUN` shows its URL to the run's owner.",
+    )
     log_eval: bool = Field(False, description="Log evaluation inputs, predictions and labels as a table.")
     deepspeed: bool = Field(
         False, description="Train with DeepSpeed (a ds_config.json next to the job file)."

@@ -119,11 +119,28 @@ def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
     return int(data.decode() or 0)
 
 
-class LocalHeads:
-    """The local Ray heads under one directory."""
+# What a node's processes must not inherit from the fleet's environment: Ray's and the fleet's settings,
+# and anything that would lead its Python to the fleet's packages instead of the node environment's own.
+FLEET_ONLY_ENV = ("RAY_", "FLEET_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")
+NODE_VENV = ".venv-node"  # `make node-env` builds it beside the fleet's .venv
 
-    def __init__(self, nodes_dir: Path) -> None:
+
+def node_python(configured: Path | None = None) -> Path:
+    """The Python that local nodes run: `configured` (settings.node_python), else the node environment that
+    `make setup` builds beside the fleet's venv (<repo>/.venv-node), else the fleet's own Python."""
+    if configured is not None:
+        return configured
+    beside = Path(sys.prefix).parent / NODE_VENV / "bin" / "python"
+    return beside if beside.exists() else Path(sys.executable)
+
+
+class LocalHeads:
+    """The local Ray heads under one directory. Their processes run `python` (a node environment's
+    interpreter, whose bin/ holds its `ray`), not necessarily the fleet's."""
+
+    def __init__(self, nodes_dir: Path, python: Path | None = None) -> None:
         self.nodes_dir = nodes_dir
+        self.python = python or node_python()
 
     def node_dir(self, name: str) -> Path:
         return self.nodes_dir / name
@@ -168,12 +185,14 @@ class LocalHeads:
         env: dict[str, str],
         token: str | None = None,
         resources: Mapping[str, float] | None = None,
+        python: Path | None = None,
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh.
-        `resources` are custom Ray resources the node offers (`ray start --resources`)."""
+        `resources` are custom Ray resources the node offers (`ray start --resources`); `python` is the
+        environment it runs in, when not this one's (a fake cloud's image)."""
         token = token or secrets.token_hex(32)
-        return self._launch(name, num_cpus, num_gpus, env, token, None, resources)
+        return self._launch(name, num_cpus, num_gpus, env, token, None, resources, python)
 
     def join(
         self,
@@ -184,6 +203,7 @@ class LocalHeads:
         env: dict[str, str],
         token: str | None = None,
         resources: Mapping[str, float] | None = None,
+        python: Path | None = None,
     ) -> HeadMeta:
         """Start node `name` as a worker of `head_name`'s cluster (`ray start --address`, the head's token):
         one more Ray node on this machine, with a temp dir and ports of its own, so it can be stopped (or
@@ -194,7 +214,7 @@ class LocalHeads:
         if head is None or head.head is not None:
             raise ValueError(f"{head_name!r} is not a head started here")
         token = token or self.token(head_name)
-        return self._launch(name, num_cpus, num_gpus, env, token, head, resources)
+        return self._launch(name, num_cpus, num_gpus, env, token, head, resources, python)
 
     def _launch(
         self,
@@ -205,6 +225,7 @@ class LocalHeads:
         token: str,
         head: HeadMeta | None,
         resources: Mapping[str, float] | None,
+        python: Path | None = None,
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +246,9 @@ class LocalHeads:
             created_at=time.time(),
             head=None if head is None else head.name,
         )
-        bin_dir = Path(sys.executable).parent
+        bin_dir = (
+            python or self.python
+        ).parent  # not resolved: a venv's bin/python is a link to the base Python
         if head is None:
             role = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
         else:
@@ -245,7 +268,7 @@ class LocalHeads:
             *(f"--{k.replace('_', '-')}={v}" for k, v in meta.ports.items()),
             *([f"--resources={json.dumps(dict(resources))}"] if resources else []),
         ]
-        head_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FLEET_"))}
+        head_env = {k: v for k, v in os.environ.items() if not k.startswith(FLEET_ONLY_ENV)}
         head_env.update(env)
         head_env.update(
             RAY_AUTH_MODE="token",

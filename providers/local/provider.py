@@ -24,9 +24,10 @@ from providers.base import (
     Offer,
     Provider,
     ProviderContext,
+    SshAccess,
     require_ours,
 )
-from providers.local.client import HeadMeta, LocalHeads
+from providers.local.client import HeadMeta, LocalHeads, node_python
 from providers.node import jobs_api_answers
 
 
@@ -39,7 +40,8 @@ class LocalProvider(Provider):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.heads = LocalHeads(context.home / "nodes")
+        # The nodes run in their own environment (the node's software only), not the fleet's venv.
+        self.heads = LocalHeads(context.home / "nodes", node_python(context.node_python))
 
     def list_offers(self, section: BaseModel) -> list[Offer]:
         assert isinstance(section, LocalSection)
@@ -100,6 +102,12 @@ class LocalProvider(Provider):
 
     def terminate(self, name: str) -> None:
         self.heads.stop(name)
+
+    def ssh_access(self, name: str) -> SshAccess:
+        raise NodeError(
+            f"{name} is a Ray head on this machine: no SSH needed, its files are under "
+            f"{self.heads.node_dir(name)} and the run's under the fleet's runs directory"
+        )
 
     def list_instances(self) -> list[NodeInstance]:
         out = []

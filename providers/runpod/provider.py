@@ -28,27 +28,50 @@ from core.errors import (
 )
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.runpod import RunPodSection
-from providers.base import LaunchRequest, NodeInstance, NodeState, ProviderContext
+from providers.base import (
+    JUPYTER_PORT,
+    JUPYTER_TOKEN_ENV,
+    SSH_KEY_ENV,
+    LaunchRequest,
+    NodeInstance,
+    NodeState,
+    ProviderContext,
+    SshAccess,
+)
 from providers.bootstrap import (
+    BOOTSTRAP_ENV,
     GCS_PORT,
     HEAD_ADDRESS_ENV,
     JOBS_PORT,
     TOKEN_ENV,
     container_command,
     failsafe_env,
+    node_setup_env,
 )
 from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, Priced, choose
 from providers.remote import RemoteProvider
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import PodSpec, RunPodPod
-from trainer.config import NODE_ROOT_ENV
+from trainer.progress import NODE_ROOT_ENV
 
 DEFAULT_API = "https://api.runpod.io"
 CREDENTIAL = "RUNPOD_API_KEY"
 NO_CAPACITY_MARK = "no longer any instances available"
 PRIVATE_DOMAIN = ".runpod.internal"  # global networking: every pod is <pod id>.runpod.internal
+SSH_PORT = 22
 PRIVATE_HOST = "$RUNPOD_POD_ID" + PRIVATE_DOMAIN  # a pod's own private name, as its start script writes it
+
+
+def pod_ports(env: dict[str, str]) -> str:
+    """The ports a pod publishes (RunPod's `ports`): the Jobs API; JupyterLab's on a node with its token;
+    SSH (a TCP port on the pod's public IP) on a node with the fleet's key."""
+    ports = [f"{JOBS_PORT}/http"]
+    if JUPYTER_TOKEN_ENV in env:
+        ports.append(f"{JUPYTER_PORT}/http")
+    if SSH_KEY_ENV in env:
+        ports.append(f"{SSH_PORT}/tcp")
+    return ",".join(ports)
 
 
 def translate(exc: RunPodAPIError) -> ProviderError:
@@ -116,23 +139,29 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             **request.node_env(section.env),
             RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
             **failsafe_env(None, request.heartbeat_timeout_s),  # the deadline is RunPod's terminateAfter
+            **node_setup_env(),  # what the image lacks of the node's software, installed at boot
+            **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
-        if section.network_volume_id and NODE_ROOT_ENV not in env:  # runs live on the shared volume
+        if section.network_volume_id or section.volume_in_gb > 0:
+            # Runs (checkpoints, the model cache) live on the volume: they outlast a container restart.
             env[NODE_ROOT_ENV] = posixpath.join(section.volume_mount_path, "trainfleet")
         if request.head is None:
             token = self.tokens.ensure(request.name)
         else:  # a worker node: it joins the head's cluster at its private address, with its token
             env[HEAD_ADDRESS_ENV] = self._head_address(request.head)
             token = self.tokens.join(request.name, request.head)
-        spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
-        spec["dockerArgs"] = shlex.join(
-            container_command(
-                section.entry,
-                self.name,
-                worker=request.head is not None,
-                private_host=PRIVATE_HOST if section.num_nodes > 1 else None,
-            )
+        command = container_command(
+            self.name,
+            worker=request.head is not None,
+            private_host=PRIVATE_HOST if section.num_nodes > 1 else None,
         )
+        if section.template_id and section.image is None:
+            # The template's image and start command; the template runs our script from its environment.
+            env[BOOTSTRAP_ENV] = command[-1]
+        spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
+        if BOOTSTRAP_ENV not in env:
+            spec["imageName"] = section.image or self.context.default_image
+            spec["dockerArgs"] = shlex.join(command)
         try:
             if best.bid_per_gpu is not None:
                 pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
@@ -148,7 +177,6 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         env = {**env, TOKEN_ENV: token}
         spec: PodSpec = {
             "name": name,
-            "imageName": section.image,
             "gpuTypeId": section.gpu,
             "gpuCount": section.gpu_count,
             "cloudType": "SECURE" if secure else "COMMUNITY",
@@ -157,10 +185,10 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             "volumeMountPath": section.volume_mount_path,
             "minVcpuCount": section.min_vcpu_count,
             "minMemoryInGb": section.min_memory_in_gb,
-            "ports": f"{JOBS_PORT}/http",
+            "ports": pod_ports(env),
             "env": [{"key": k, "value": v} for k, v in sorted(env.items())],
             "supportPublicIp": True,
-            "startSsh": False,
+            "startSsh": SSH_KEY_ENV in env,  # RunPod's images put PUBLIC_KEY in authorized_keys
         }
         if section.network_volume_id:  # mounted at volumeMountPath, in place of a pod volume
             spec["networkVolumeId"] = section.network_volume_id
@@ -225,11 +253,21 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         return str(record.name or "")
 
     def _jobs_url(self, pod: RunPodPod) -> str | None:
-        for port in (pod.runtime.ports if pod.runtime else None) or []:
-            if port.private_port == JOBS_PORT:
-                if port.is_ip_public and port.ip and port.public_port:
-                    return f"http://{port.ip}:{port.public_port}"
-                return f"https://{pod.id}-{JOBS_PORT}.proxy.runpod.net"  # RunPod's HTTP proxy
+        return self._published(pod, JOBS_PORT)
+
+    def _published(self, pod: RunPodPod, port: int) -> str | None:
+        for mapped in (pod.runtime.ports if pod.runtime else None) or []:
+            if mapped.private_port == port:
+                if mapped.is_ip_public and mapped.ip and mapped.public_port:
+                    return f"http://{mapped.ip}:{mapped.public_port}"
+                return f"https://{pod.id}-{port}.proxy.runpod.net"  # RunPod's HTTP proxy
+        return None
+
+    def _ssh(self, pod: RunPodPod) -> SshAccess | None:
+        """Port 22 as RunPod maps it: a TCP port on the pod's public IP."""
+        for mapped in (pod.runtime.ports if pod.runtime else None) or []:
+            if mapped.private_port == SSH_PORT and mapped.is_ip_public and mapped.ip and mapped.public_port:
+                return SshAccess(mapped.ip, mapped.public_port)
         return None
 
     def _destroy(self, record: RunPodPod) -> None:

@@ -116,8 +116,11 @@ class VastAIClient:
         env: dict[str, str],
         onstart: str,
         price: float | None,
+        ssh: bool = False,
     ) -> int:
-        """Rent the offer; `price` (USD/h for the whole machine) makes it a bid. Returns the instance id."""
+        """Rent the offer; `price` (USD/h for the whole machine) makes it a bid; `ssh` launches it with SSH,
+        direct and through vast.ai's proxy (runtype `ssh_direc ssh_proxy`; without it none is sent, as
+        before). Returns the instance id."""
         made = self._vast.create_instance(
             offer_id,
             image=image,
@@ -126,8 +129,14 @@ class VastAIClient:
             label=label,
             onstart_cmd=onstart,
             bid_price=price,
+            ssh=ssh,
+            direct=ssh,
         )
         return int(made["new_contract"])
+
+    def attach_ssh(self, instance_id: int, public_key: str) -> None:
+        """Let `public_key` into the instance (`POST /api/v0/instances/{id}/ssh/`)."""
+        self._vast.attach_ssh(instance_id, public_key)
 
     def show_instances(self) -> list[VastInstance]:
         """Every instance of the account (all pages)."""

@@ -77,7 +77,8 @@ class VastPortBinding(VastRecord):
 
 class VastInstance(VastRecord):
     """One row of `show_instances`: an instance of the account. `ports` maps a container port
-    ("8265/tcp") to its host bindings, once the container runs."""
+    ("8265/tcp") to its host bindings, once the container runs. An instance launched with SSH has
+    `ssh_host`/`ssh_port` (vast.ai's SSH proxy) and, with direct SSH, a "22/tcp" binding."""
 
     id: int
     label: str | None = None
@@ -90,3 +91,5 @@ class VastInstance(VastRecord):
     uptime_mins: Number = None
     public_ipaddr: str | None = None
     ports: dict[str, list[VastPortBinding | None] | None] | None = None
+    ssh_host: str | None = None
+    ssh_port: Number = None

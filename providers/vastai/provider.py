@@ -15,6 +15,7 @@ terminate and the reaper come first.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import ClassVar
@@ -29,20 +30,31 @@ from core.errors import (
 )
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
-from providers.base import LaunchRequest, NodeInstance, NodeState, ProviderContext
-from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, start_script
+from providers.base import (
+    JUPYTER_PORT,
+    JUPYTER_TOKEN_ENV,
+    SSH_KEY_ENV,
+    LaunchRequest,
+    NodeInstance,
+    NodeState,
+    ProviderContext,
+    SshAccess,
+)
+from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, node_setup_env, start_script
 from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Priced, Rule, choose
 from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastInstance, VastOffer, first_number
 
+log = logging.getLogger(__name__)
+
 DEFAULT_API = "https://console.vast.ai"
 CREDENTIAL = "VAST_API_KEY"
 NO_CAPACITY_ERRORS = ("no_such_ask",)
 QUOTA_ERROR = "search_quota_exceeded"
 NO_CAPACITY_MARK = "no longer available"
-PORT_KEY = f"{JOBS_PORT}/tcp"
+SSH_PORT_KEY = "22/tcp"  # direct SSH: the container's port 22 on the host's public address
 PENDING_STATUSES = (None, "", "created", "loading", "scheduling")
 STOPPED_STATUSES = ("stopped", "frozen")  # stopped by its owner, or outbid; storage still bills
 
@@ -202,21 +214,28 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             f"-p {JOBS_PORT}:{JOBS_PORT}": "1",
             VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
             **failsafe_env(deadline, request.heartbeat_timeout_s),
+            **node_setup_env(),  # what the image lacks of the node's software, installed at boot
+            **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
+        if JUPYTER_TOKEN_ENV in env:
+            env[f"-p {JUPYTER_PORT}:{JUPYTER_PORT}"] = "1"
         # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.
         price = best.price_per_hour if best.bid_per_gpu is not None else None
         try:
             ident = self.client.create_instance(
                 int(best.candidate.offer_id),
                 label=request.name,
-                image=section.image,
+                image=section.image or self.context.default_image,
                 disk_gb=section.container_disk_in_gb,
                 env=env,
-                onstart=start_script(section.entry, self.name),
+                onstart=start_script(self.name),
                 price=price,
+                ssh=SSH_KEY_ENV in env,
             )
         except requests.RequestException as exc:
             return self._created_anyway(request.name, translate(exc))
+        if SSH_KEY_ENV in env:
+            self._attach_key(ident, env[SSH_KEY_ENV])
         return NodeInstance(
             request.name,
             self.name,
@@ -272,13 +291,37 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     def _name(self, record: VastInstance) -> str:
         return str(record.label or "")
 
+    def _attach_key(self, ident: int, public_key: str) -> None:
+        """Let the fleet's key into the new instance, as vast.ai attaches a key to one (its account's keys
+        it attaches itself). A failure does not fail the launch: the node's start script also installs the
+        key from its environment (PUBLIC_KEY)."""
+        try:
+            self.client.attach_ssh(ident, public_key)
+        except requests.RequestException as exc:
+            log.warning("vast.ai %s: attaching the fleet's SSH key failed: %s", ident, translate(exc))
+
     def _jobs_url(self, row: VastInstance) -> str | None:
-        ip = row.public_ipaddr
-        mapped = (row.ports or {}).get(PORT_KEY) or []
-        port = mapped[0].HostPort if mapped and mapped[0] is not None else None
-        if not ip or not port:
+        return self._published(row, JOBS_PORT)
+
+    def _host_port(self, row: VastInstance, key: str) -> str | None:
+        mapped = (row.ports or {}).get(key) or []
+        return mapped[0].HostPort if mapped and mapped[0] is not None else None
+
+    def _published(self, row: VastInstance, port: int) -> str | None:
+        ip, host_port = row.public_ipaddr, self._host_port(row, f"{port}/tcp")
+        if not ip or not host_port:
             return None
-        return f"http://{ip.strip()}:{port}"
+        return f"http://{ip.strip()}:{host_port}"
+
+    def _ssh(self, row: VastInstance) -> SshAccess | None:
+        """Direct SSH (the host's public address and its port for the container's 22) when the instance
+        has it, else vast.ai's SSH proxy (ssh_host, ssh_port), as vast.ai's own `ssh-url` chooses."""
+        ip, direct = row.public_ipaddr, self._host_port(row, SSH_PORT_KEY)
+        if ip and direct and direct.isdigit():
+            return SshAccess(ip.strip(), int(direct))
+        if row.ssh_host and row.ssh_port:
+            return SshAccess(row.ssh_host.strip(), int(row.ssh_port))
+        return None
 
     def _endpoint_url(self, record: VastInstance) -> str | None:
         return self._jobs_url(record) if record.actual_status == "running" else None

@@ -274,6 +274,7 @@ class FakeCloud(Served):
                 join=self.join_target(inst),
                 root=self.node_root(inst),
                 resources=self.node_resources(inst),
+                image=self.node_image(inst),
             )
         self.nodes.start(self.node_name(inst), boot)
 
@@ -410,6 +411,11 @@ class FakeCloud(Served):
     def node_resources(self, inst: Instance) -> dict[str, float]:
         """The custom Ray resources the instance's hardware gives its node (none by default)."""
         return {}
+
+    def node_image(self, inst: Instance) -> str | None:
+        """The image the instance runs, which says what Python environment its node has (None: the
+        default image's; see tests.fakes.node_images)."""
+        return None
 
     def node_root(self, inst: Instance) -> Path | None:
         """The FLEET_NODE_ROOT the instance's node shares with others (a network volume), None for its own.

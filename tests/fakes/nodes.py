@@ -12,6 +12,7 @@ any other. A `root` is the node's FLEET_NODE_ROOT when several nodes share one (
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import socket
 import threading
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from providers.local.client import LocalHeads
-from trainer.config import NODE_ROOT_ENV
+from tests.fakes import node_images
+from trainer.progress import MARKER, NODE_ROOT_ENV
 
 RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token (goes to the head as its token, not its env)
@@ -48,14 +50,16 @@ class Join:
 class Boot:
     """How an instance's machine starts: its Ray token (None: a fresh one) and environment; the cluster it
     joins (None: it runs a head of its own); the FLEET_NODE_ROOT it shares with other nodes (None: a root
-    of its own); and the custom Ray resources its hardware gives it (what Ray detects on a real machine,
-    such as `accelerator_type:<GPU>`)."""
+    of its own); the custom Ray resources its hardware gives it (what Ray detects on a real machine,
+    such as `accelerator_type:<GPU>`); and its image, which says what Python environment it runs in
+    (tests.fakes.node_images)."""
 
     token: str | None
     env: Mapping[str, str]
     join: Join | None = None
     root: Path | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
+    image: str | None = None
 
 
 class NodeBackend(Protocol):
@@ -117,19 +121,86 @@ class NoNodes:
             self._started.clear()
 
 
+STUB_CHECK = {  # what a stub node's readiness check says: a CPU stand-in with nothing missing
+    "kind": "checked",
+    "python": "stub",
+    "executable": "stub",
+    "versions": {},
+    "missing": {},
+    "cuda": False,
+    "gpus": 0,
+    "gpu_names": [],
+    "cpu_standin": True,
+    "setup": None,
+    "problems": [],
+}
+
+
 class _StubHandler(BaseHTTPRequestHandler):
+    """The Jobs API's version call, and just enough of its jobs for a readiness check: a submitted
+    `trainer check` job succeeds with STUB_CHECK as its log; any other job fails (no Ray runs here)."""
+
     server: _StubServer
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:
-        ok = self.path.rstrip("/") == "/api/version"
-        ok = ok and self.headers.get("Authorization") == f"Bearer {self.server.token}"
-        body = b'{"version": "stub"}' if ok else b"{}"
-        self.send_response(200 if ok else 401)
+    def _reply(self, status: int, data: Any) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.payload = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        if self.headers.get("Authorization") == f"Bearer {self.server.token}":
+            return True
+        self._reply(401, {})
+        return False
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        path = self.path.rstrip("/")
+        jobs = self.server.jobs
+        parts = path.split("/")
+        if path == "/api/version":
+            self._reply(200, {"version": "stub"})
+        elif path.startswith("/api/packages/"):
+            self._reply(200, {})  # "already uploaded": nothing is ever run from it
+        elif len(parts) >= 4 and parts[:3] == ["", "api", "jobs"] and parts[3] in jobs:
+            sid = parts[3]
+            if parts[4:] == ["logs"]:
+                logs = MARKER + json.dumps(STUB_CHECK) + "\n" if jobs[sid]["status"] == "SUCCEEDED" else ""
+                self._reply(200, {"logs": logs})
+            else:
+                self._reply(200, {"type": "SUBMISSION", "submission_id": sid, **jobs[sid]})
+        else:
+            self._reply(404, {"error": "not found"})
+
+    def do_PUT(self) -> None:
+        if self._authorized():
+            self._reply(200, {})
+
+    def do_POST(self) -> None:
+        if not self._authorized():
+            return
+        path = self.path.rstrip("/")
+        if path == "/api/jobs":
+            sid = str(self.payload.get("submission_id") or secrets.token_hex(8))
+            entrypoint = str(self.payload.get("entrypoint", ""))
+            checks = " trainer check " in f" {entrypoint} "
+            self.server.jobs[sid] = {
+                "entrypoint": entrypoint,
+                "status": "SUCCEEDED" if checks else "FAILED",
+                "message": "" if checks else "a stub node runs no Ray jobs",
+            }
+            self._reply(200, {"submission_id": sid, "job_id": None})
+        elif path.endswith("/stop"):
+            self._reply(200, {"stopped": False})
+        else:
+            self._reply(404, {"error": "not found"})
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silent."""
@@ -140,13 +211,15 @@ class _StubServer(ThreadingHTTPServer):
 
     def __init__(self, token: str) -> None:
         self.token = token
+        self.jobs: dict[str, dict[str, str]] = {}
         super().__init__(("127.0.0.1", 0), _StubHandler)
 
 
 class StubNodes:
     """No Ray: each node is a small HTTP server on its published port that answers the Jobs API's
-    `GET /api/version` with the node's token (401 without), `delay_s` after it was started. Enough for the
-    provision stage to see the node RUNNING; nothing that needs a real head (prepare, train) works."""
+    `GET /api/version` with the node's token (401 without), `delay_s` after it was started, and passes the
+    readiness check as a CPU stand-in. Enough for the provision stage to see the node ready; nothing that
+    needs a real head (prepare, train) works: every other job fails."""
 
     def __init__(self, delay_s: float = 0.2) -> None:
         self.delay_s = delay_s
@@ -221,10 +294,14 @@ class RayNodes:
         node_env = {k: v for k, v in boot.env.items() if not k.startswith("-") and k != TOKEN_ENV}
         # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
         node_env[NODE_ROOT_ENV] = str(boot.root or self.roots / name)
+        runs = node_images.image(boot.image)  # the image's own Python environment, never the fleet's
+        node_env.update(runs.env())
         join = boot.join
         if join is None:
             token = boot.token or secrets.token_hex(16)
-            self.heads.start(name, self.cpus, 0, node_env, token=token, resources=boot.resources)
+            self.heads.start(
+                name, self.cpus, 0, node_env, token=token, resources=boot.resources, python=runs.python
+            )
         elif join.head is None:
             self._stranded.start(name, boot)
         else:
@@ -254,7 +331,10 @@ class RayNodes:
             if stopped.is_set():
                 return
             with contextlib.suppress(ValueError, OSError):  # the head went away after all
-                self.heads.join(name, head, self.cpus, 0, env, token=boot.token, resources=boot.resources)
+                python = node_images.image(boot.image).python
+                self.heads.join(
+                    name, head, self.cpus, 0, env, token=boot.token, resources=boot.resources, python=python
+                )
 
     def _cancel(self, name: str) -> None:
         """Tell a pending join of `name` to give up (call with the lock held)."""

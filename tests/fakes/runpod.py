@@ -4,7 +4,9 @@ Point the SDK at it with `RUNPOD_API_BASE_URL=<fake.url>` and `runpod.api_key = 
 `gpuTypes` catalog, on-demand and spot creates, stop/resume/terminate, and the pod queries, answering
 with exactly the fields the request selects; unknown fields are GraphQL errors, as on the real server.
 Like RunPod, it gives each pod its own key (`container_env`: RUNPOD_POD_ID, RUNPOD_API_KEY), which here
-may terminate that pod and do nothing else.
+may terminate that pod and do nothing else. A running pod lists every port of its `ports` ("8265/http,22/tcp")
+in `runtime.ports`: a TCP port on its public IP under a port of RunPod's choosing, an HTTP port behind
+RunPod's proxy; only the dashboard's (8265) is served, by the fake's node.
 
 Several pods can make one Ray cluster, as over RunPod's global networking (a private network between the
 account's pods, each reachable at `<podId>.runpod.internal`): a pod whose env has FLEET_RAY_HEAD_ADDRESS
@@ -17,15 +19,34 @@ network volumes (`add_network_volume`) are one directory each: every pod created
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from providers.bootstrap import BOOTSTRAP_ENV
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
 from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
 from tests.fakes.nodes import Join
+
+
+@dataclass(frozen=True)
+class Template:
+    """A RunPod template: its image, and whether its start command runs the fleet's start script from
+    $FLEET_BOOTSTRAP (the README says a template must, to be used without `image`)."""
+
+    image: str
+    runs_bootstrap: bool
+
+
+TEMPLATES = {
+    "tf-bootstrap": Template("rayproject/ray:2.60.0-py311-gpu", runs_bootstrap=True),
+    # The proof of concept's template: axolotl's image and its own start command, which knows nothing of us.
+    "758uq6u5fc": Template("winglian/axolotl-runpod:main-py3.10-cu118-2.0.1", runs_bootstrap=False),
+}
 
 NO_CAPACITY = (
     "There are no longer any instances available with the requested specifications. "
@@ -55,6 +76,21 @@ HEAD_ADDRESS_ENV = "FLEET_RAY_HEAD_ADDRESS"  # a worker pod's head: <headPodId>.
 PRIVATE_DOMAIN = ".runpod.internal"  # a pod's name on the global network: <podId>.runpod.internal
 RAY_GCS_PORT = "6379"  # the port a head's GCS listens on inside its pod
 VOLUME_ROOT = "trainfleet"  # where on a network volume the fleet's nodes keep their runs
+PORT_SPEC = re.compile(r"(?P<port>\d{1,5})/(?P<kind>http|tcp|udp)")  # one entry of a pod's `ports`
+
+
+def parse_ports(spec: object) -> list[tuple[int, str]]:
+    """A create's `ports` ("8265/http,22/tcp"): (container port, http|tcp|udp) each, as RunPod reads them;
+    anything else is refused as RunPod refuses it."""
+    found: list[tuple[int, str]] = []
+    for item in str(spec or "").split(","):
+        match = PORT_SPEC.fullmatch(item.strip())
+        if match is None or not 0 < int(match["port"]) < 65536:
+            raise GraphQLError(f'Invalid ports "{spec}": expected <port>/<http|tcp|udp>, comma-separated')
+        found.append((int(match["port"]), match["kind"]))
+    if len({port for port, _ in found}) < len(found):
+        raise GraphQLError(f'Invalid ports "{spec}": a port is listed twice')
+    return found
 
 
 def _pod_id() -> str:
@@ -71,6 +107,7 @@ class FakeRunPod(FakeCloud):
         super().__init__(api_key, **kwargs)
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
+        self.templates: dict[str, Template] = dict(TEMPLATES)
 
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
@@ -161,6 +198,9 @@ class FakeRunPod(FakeCloud):
         if operation.kind != "mutation" or top.name != "podTerminate":
             return None
         return str((args.get("input") or {}).get("podId") or "")
+
+    def node_image(self, inst: Instance) -> str | None:
+        return inst.extra.get("imageName") or None
 
     def container_env(self, pod_id: str) -> dict[str, str]:
         """What RunPod puts in a pod's environment about itself: its id and its own, pod-scoped API key."""
@@ -287,6 +327,15 @@ class FakeRunPod(FakeCloud):
         if volume is not None and str(volume) not in self.network_volumes:
             raise GraphQLError(f"network volume {volume} not found")
         env = {str(e["key"]): str(e["value"]) for e in spec.get("env") or []}
+        ports = parse_ports(spec.get("ports") or f"{DASHBOARD_PORT}/http")
+        stuck = False
+        if spec.get("templateId"):  # the template gives the image and the start command, unless overridden
+            template = self.templates.get(str(spec["templateId"]))
+            if template is None:
+                raise GraphQLError(f"template {spec['templateId']} not found")
+            spec.setdefault("imageName", template.image)
+            # Its start command runs ours only if it says so (and no dockerArgs replace it): else no Ray.
+            stuck = not (template.runs_bootstrap and BOOTSTRAP_ENV in env) and not spec.get("dockerArgs")
         inst = Instance(
             id=_pod_id(),
             name=str(spec.get("name") or ""),
@@ -298,8 +347,11 @@ class FakeRunPod(FakeCloud):
             extra={
                 **{k: v for k, v in spec.items() if k not in ("env", "name")},
                 "pod_api_key": secrets.token_hex(16),
+                # A TCP port is published on the pod's public IP under a port of RunPod's choosing.
+                "public_ports": {p: 10_000 + secrets.randbelow(50_000) for p, kind in ports if kind == "tcp"},
             },
         )
+        inst.stuck = stuck
         self.add_instance(inst)
         return self._render(inst, inst.state)
 
@@ -344,6 +396,26 @@ class FakeRunPod(FakeCloud):
         shown = self.visible(inst) if inst is not None else None
         return self._render(inst, shown) if inst is not None and shown is not None else None
 
+    def _other_ports(self, inst: Instance) -> list[dict[str, Any]]:
+        """The pod's published ports besides the dashboard's (which the fake's node serves on this
+        machine): a TCP port on the public IP at its mapped port (nothing listens there), an HTTP port
+        behind RunPod's proxy (on the pod's private address)."""
+        rows = []
+        for port, kind in parse_ports(inst.extra.get("ports") or f"{DASHBOARD_PORT}/http"):
+            if port == DASHBOARD_PORT:
+                continue
+            public = kind != "http"
+            rows.append(
+                {
+                    "ip": "127.0.0.1" if public else "100.65.0.2",
+                    "isIpPublic": public,
+                    "privatePort": port,
+                    "publicPort": inst.extra.get("public_ports", {}).get(port) if public else port,
+                    "type": kind,
+                }
+            )
+        return rows
+
     def _render(self, inst: Instance, shown: str) -> dict[str, Any]:
         """The pod as RunPod's `Pod` type, for the state a caller sees."""
         running = shown == "running"
@@ -357,7 +429,8 @@ class FakeRunPod(FakeCloud):
                     "privatePort": DASHBOARD_PORT,
                     "publicPort": inst.public_port,
                     "type": "http",
-                }
+                },
+                *self._other_ports(inst),
             ]
             runtime = {
                 "uptimeInSeconds": inst.uptime_s(),

@@ -2,8 +2,13 @@
 
 It serves offer search (`POST /api/v0/bundles/` with the library's filter operators), renting an offer
 (`PUT /api/v0/asks/{offer}/`, a bid when `price` is set), the paged instance list (`GET /api/v1/instances/`),
-one instance, start/stop/label, destroy and change_bid. The key may come as a Bearer header (what the
-library sends) or as an `api_key` query parameter (what older clients send).
+one instance, start/stop/label, destroy and change_bid, and attaching an SSH key to an instance
+(`POST /api/v0/instances/{id}/ssh/`). The key may come as a Bearer header (what the library sends) or as an
+`api_key` query parameter (what older clients send).
+
+An instance launched with SSH (a `runtype` naming ssh) shows vast.ai's SSH proxy (`ssh_host`, `ssh_port`),
+and with direct SSH (`ssh_direc`) a "22/tcp" binding, beside a binding for every port it publishes (`-p`
+in its env); nothing listens on them but the dashboard's.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ _ROUTES: list[tuple[str, str, str]] = [
     ("GET", r"/api/v0/instances/(?P<id>\d+)/?", "get"),
     ("PUT", r"/api/v0/instances/(?P<id>\d+)/?", "update"),
     ("DELETE", r"/api/v0/instances/(?P<id>\d+)/?", "terminate"),
+    ("POST", r"/api/v0/instances/(?P<id>\d+)/ssh/?", "attach_ssh"),
 ]
+RUNTYPES = frozenset({"ssh", "ssh_proxy", "ssh_direc", "jupyter", "jupyter_proxy", "jupyter_direc", "args"})
+SSH_KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
 
 
 def _coerce(want: Any, have: Any) -> Any:
@@ -87,6 +95,15 @@ def _sort_key(row: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
+def _host_ports(published: list[str], runtype: str) -> dict[int, int]:
+    """The host ports of an instance's published container ports (`-p HOST:CONTAINER`, beside the
+    dashboard's, which the fake's node serves) and, with direct SSH, of its port 22."""
+    ports = {int(p.split(":")[-1].split("/")[0]) for p in published} - {DASHBOARD_PORT}
+    if "ssh_direc" in runtype.split() or "jupyter_direc" in runtype.split():
+        ports.add(22)
+    return {port: 30_000 + secrets.randbelow(30_000) for port in sorted(ports)}
+
+
 def parse_env(env: Any) -> tuple[dict[str, str], list[str]]:
     """(variables, published ports) from the dict form or the docker-style "-e K=V -p 8265:8265" string."""
     if isinstance(env, str):
@@ -125,6 +142,9 @@ class FakeVastAI(FakeCloud):
             inst = self.instances.get(match.group("id")) if match else None
             own = inst.extra.get("container_api_key") if inst is not None else None
         return own is not None and self.bearer(request) == own
+
+    def node_image(self, inst: Instance) -> str | None:
+        return inst.extra.get("image") or None
 
     def container_env(self, instance_id: str) -> dict[str, str]:
         """What vast.ai puts in an instance's environment about itself: its id and its own API key."""
@@ -201,6 +221,13 @@ class FakeVastAI(FakeCloud):
             elif op == "label":
                 inst.name = str(body.get("label", inst.name))
                 self.note_live(inst.name)
+            elif op == "attach_ssh":
+                key = str(body.get("ssh_key") or "").strip()
+                if not key.startswith(SSH_KEY_TYPES) or "\n" in key:
+                    msg = "Invalid ssh key: expected an OpenSSH public key"
+                    return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
+                inst.extra.setdefault("ssh_keys", []).append(key)
+                return Response(200, {"success": True, "msg": "SSH key attached to the instance"})
             elif op == "bid":
                 price = float(body.get("price") or 0)
                 inst.bid = round(price / inst.gpu_count, 6)
@@ -229,6 +256,10 @@ class FakeVastAI(FakeCloud):
             msg = f"Your bid price must be at least {offer['min_bid']}"
             return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
         env, ports = parse_env(body.get("env"))
+        runtype = str(body.get("runtype") or "")
+        if not set(runtype.split()) <= RUNTYPES:
+            msg = f"Invalid runtype {runtype!r}"
+            return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
         count = int(offer["num_gpus"])
         inst = Instance(
             id=str(next(self._ids)),
@@ -244,6 +275,8 @@ class FakeVastAI(FakeCloud):
                 "disk": body.get("disk"),
                 "onstart": body.get("onstart"),
                 "ports": ports,
+                "runtype": runtype,
+                "host_ports": _host_ports(ports, runtype),
                 "container_api_key": secrets.token_hex(16),
             },
         )
@@ -285,7 +318,16 @@ class FakeVastAI(FakeCloud):
         if running:
             host = [{"HostIp": "127.0.0.1", "HostPort": str(inst.public_port)}]
             ports = {f"{DASHBOARD_PORT}/tcp": host}
+            for port, host_port in inst.extra.get("host_ports", {}).items():  # nothing listens there
+                ports[f"{port}/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(host_port)}]
+        runtype = str(inst.extra.get("runtype") or "")
+        ssh: dict[str, Any] = {}
+        if "ssh" in runtype or "jupyter" in runtype:  # launched with SSH: vast.ai's proxy for it
+            number = int(inst.id)
+            ssh = {"ssh_host": f"ssh{number % 9 + 1}.vast.ai", "ssh_port": 20_000 + number % 10_000}
         return {
+            **ssh,
+            "image_runtype": runtype or None,
             "id": int(inst.id),
             "label": inst.name or None,
             "actual_status": actual,

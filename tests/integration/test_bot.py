@@ -30,6 +30,7 @@ from broker.payloads import Event, EventType
 from core.errors import ConfigError
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
+from providers.base import LaunchRequest
 from providers.registry import load_fleet_secrets
 from service.runs import Fleet
 from tests.fakes import FakeDiscord
@@ -57,6 +58,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "instances": {},
     "terminate": {"instance": "tf-nope-1"},
     "budget": {},
+    "jupyter": {"run": "nope"},
 }
 
 
@@ -301,6 +303,74 @@ def test_caps_per_user(fleet: Fleet, fake_discord: FakeDiscord, redis_client: re
     assert len(capped.ledger.list_runs()) == 3 and _queued(redis_client) == 3
     caps = [r for r in _audit(redis_client, EventType.BOT_REFUSED) if r["kind"] == "cap"]
     assert [c["user_id"] for c in caps] == [str(ALLOWED_USER), str(STRANGER)]
+
+
+def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
+    fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from providers.registry import get_provider, provider_context
+    from tests.fakes.runpod import FakeRunPod
+
+    section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: false\n  jupyter: true\n"
+    job = {"file": ("lab.yml", TINY.replace(b"local:\n  one_shot: true\n", section.encode()))}
+    other: dict[str, Any] = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
+    home = fleet.settings.home
+    with FakeRunPod(api_key="rp-key", home=home / "fake", nodes="none", ready_delay_s=0) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
+        lab = Fleet.connect(fleet.settings.model_copy(update={"runpod_api_base_url": fake.url}))
+        token: list[str] = []
+
+        async def scenario(h: Harness) -> None:
+            assert _reply(await h.invoke("train", job))[0] == 5
+            (run,) = lab.ledger.list_runs()
+            kind, data = _reply(await h.invoke("jupyter", {"run": run.run_id}))
+            assert kind == 5 and data["flags"] & EPHEMERAL and "has no node" in str(data)
+            # The run's pod, as provision would make it (no worker runs here).
+            provider = get_provider("runpod", provider_context(lab.settings))
+            provider.launch(LaunchRequest(run.instance_name, run.run_id, run.spec.section))
+            lab.ledger.update_run(run.run_id, on_node)
+            lab.ledger.put_instance(Instance(name=run.instance_name, provider="runpod", run_id=run.run_id))
+            wait = time.monotonic() + 10
+            while provider.get(run.instance_name).message == "starting":  # type: ignore[union-attr]
+                assert time.monotonic() < wait, "the pod never ran"
+                time.sleep(0.05)
+            token.append(str(provider.tokens.jupyter(run.instance_name)))
+
+            kind, data = _reply(await h.invoke("jupyter", {"run": run.run_id}, **other))  # not its owner
+            assert kind == 4 and data["flags"] & EPHEMERAL and data["embeds"][0]["title"] == "Not your run"
+            record = await h.invoke("jupyter", {"run": run.run_id})
+            kind, data = _reply(record)
+            # Deferred privately: Discord makes the first followup what the deferral was, whatever its flags.
+            assert kind == 5 and record["callbacks"][0]["data"]["flags"] & EPHEMERAL
+            assert data["flags"] & EPHEMERAL
+            assert f"proxy.runpod.net/lab?token={token[0]}" in data["embeds"][0]["description"]
+
+        run_bot(lab, fake_discord, scenario)
+        lab.redis.close()
+    interactions = fake_discord.state()["interactions"].values()
+    private = [i for i in interactions if token[0] in json.dumps(i)]
+    assert len(private) == 1 and private[0]["followups"][0]["data"]["flags"] & EPHEMERAL
+    assert [k for k in redis_client.scan_iter("*") if token[0] in json.dumps(_values(redis_client, k))] == []
+    audited = [c for c in _audit(redis_client, EventType.BOT_COMMAND) if c["command"] == "jupyter"]
+    assert [c["user_id"] for c in audited] == [str(ALLOWED_USER)]
+
+
+def on_node(run: Run) -> list[Any]:
+    run.instance = run.instance_name
+    return []
+
+
+def _values(client: redis.Redis[str], key: str) -> Any:
+    kind = client.type(key)  # type: ignore[no-untyped-call]
+    if kind == "stream":
+        return client.xrange(key)
+    if kind == "list":
+        return client.lrange(key, 0, -1)
+    if kind == "hash":
+        return client.hgetall(key)
+    if kind == "zset":
+        return client.zrange(key, 0, -1)
+    return sorted(client.smembers(key)) if kind == "set" else client.get(key)
 
 
 NOTIFY_CHANNEL = 700000000000000004

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
+from providers.local.client import node_python
 from tests.factories import EXAMPLE_YAML
 from tests.integration.fleetproc import (
     Worker,
@@ -22,6 +24,7 @@ from tests.integration.fleetproc import (
     wait_for_end,
     wait_until,
 )
+from trainer.config import TrainJob
 
 pytestmark = pytest.mark.integration
 STAGES = ["provision", "prepare", "train", "finalize"]
@@ -92,6 +95,14 @@ def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
     kinds = [e["type"] for e in events_of(home, view["run_id"])]
     assert kinds.count("instance.requested") == 1 and "instance.terminated" in kinds
     assert kinds.index("train.step") < kinds.index("train.finished") < kinds.index("run.succeeded")
+    # The local node ran in the node environment, not the fleet's venv, and is no CPU stand-in: it is real.
+    evs = events_of(home, view["run_id"])
+    (ready,) = [e["data"]["check"] for e in evs if e["type"] == "node.ready"]
+    (started,) = [e["data"] for e in evs if e["type"] == "train.started"]
+    node_bin = node_python().parent  # its bin/python or bin/python3.11, not the fleet's
+    assert Path(started["python"]).parent == Path(ready["executable"]).parent == node_bin
+    assert node_bin != Path(sys.executable).parent
+    assert not ready["cpu_standin"] and ready["gpus"] == 0
     assert live_heads(home) == []
 
 
@@ -234,7 +245,8 @@ def trainer_drivers(run_id: str) -> list[psutil.Process]:
         if cmd[-3:] != ["-m", "trainer", "train"] or not cmd[0].endswith(("python", "python3")):
             continue
         try:
-            if run_id in proc.environ().get("FLEET_TRAIN_JOB", ""):
+            raw = proc.environ().get("FLEET_TRAIN_JOB", "")  # base64: what Ray passes on is not expanded
+            if raw and TrainJob.from_env(raw).run_id == run_id:
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue

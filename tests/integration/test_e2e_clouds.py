@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from providers.local.client import node_python
 from tests.factories import EXAMPLE_YAML
 from tests.fakes.hub import FakeHub
 from tests.integration.clouds import API_KEY, HF_TOKEN, VAST_KEY, MostLive, fake_state, job_for
@@ -55,6 +57,14 @@ def check_ran_on_the_node_and_gave_it_back(
     (on_node,) = (home.parent / "fake" / "node-roots").glob(f"*/runs/{view['run_id']}/outputs")
     for name in ("adapter_model.safetensors", "adapter_config.json", "metrics.json", "README.md"):
         assert (local / name).read_bytes() == (on_node / name).read_bytes(), name
+
+    # The node checked and trained in its own environment (the node's software only), never the fleet's.
+    (ready,) = [e["data"]["check"] for e in evs if e["type"] == "node.ready"]
+    (started,) = [e["data"] for e in evs if e["type"] == "train.started"]
+    node_bin = node_python().parent  # its bin/python or bin/python3.11, not the fleet's
+    assert Path(started["python"]).parent == Path(ready["executable"]).parent == node_bin
+    assert node_bin != Path(sys.executable).parent
+    assert ready["cpu_standin"] and ready["versions"]["peft"] and not ready["cuda"]
 
     assert secret_hits(home, api_key) == []  # the API key reached no ledger, event or file
     assert api_key not in done.stdout + done.stderr

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker.constants import RUNS_INDEX, run_key
+from providers.local.client import node_python
 from tests.fakes import FakeRunPod
 from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
 from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env, ledger_of, wait_until
@@ -94,6 +95,10 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
         n["state"] == "ALIVE" and n["cpus"] == 1 and n["accelerator"] == "RTX-A5000" for n in cluster["nodes"]
     )
     assert "Usage" in cluster["status"]  # and `ray status` as Ray prints it
+    # And what the head's readiness check found: the node environment, a CPU stand-in for its A5000.
+    assert cluster["check"]["cpu_standin"] and cluster["check"]["executable"].startswith(
+        str(node_python().parent)
+    )
 
     evs = events_of(home, run_id)
     names = [f"tf-{run_id}-1-0", f"tf-{run_id}-1-1"]

@@ -19,7 +19,7 @@ import runpod.error
 
 from providers.local.client import LocalHeads
 from tests.fakes import FakeRunPod
-from trainer.config import NODE_ROOT_ENV
+from trainer.progress import NODE_ROOT_ENV
 
 pytestmark = pytest.mark.integration
 

@@ -55,9 +55,46 @@ def test_launch_bids_within_the_cap_and_sets_a_deadline(fake: FakeRunPod, tmp_pa
     inst = provider_for(fake, tmp_path).launch(LaunchRequest("tf-r1-1", "r1", SECTION))
     (row,) = fake.state()["instances"]
     assert row["name"] == "tf-r1-1" and row["bid"] == 0.13 and inst.price_per_hour == 0.13
-    # The node's token travels in its env (by name only here), and where its failsafe terminates it.
-    assert row["env_keys"] == ["FLEET_RAY_TOKEN", "FLEET_RUNPOD_URL"]
-    assert fake.instances[str(row["id"])].extra["terminateAfter"]  # RunPod's own deadline is set
+    # The node's token travels in its env (by name only here), where its failsafe terminates it, its root
+    # (on the pod's volume), and what sets its software up.
+    assert row["env_keys"] == [
+        "FLEET_NODE_ACCESS", "FLEET_NODE_PINS", "FLEET_NODE_PYTHON_VERSION", "FLEET_NODE_ROOT",
+        "FLEET_NODE_SETUP", "FLEET_RAY_TOKEN", "FLEET_RUNPOD_URL",
+    ]  # fmt: skip
+    pod = fake.instances[str(row["id"])]
+    assert pod.extra["terminateAfter"]  # RunPod's own deadline is set
+    assert pod.env["FLEET_NODE_ROOT"] == "/content/trainfleet" == f"{pod.extra['volumeMountPath']}/trainfleet"
+    assert pod.extra["imageName"] == "rayproject/ray:2.60.0-py311-gpu" and "dockerArgs" in pod.extra
+
+
+def test_a_template_gives_the_image_and_runs_the_start_script_from_the_environment(
+    fake: FakeRunPod, tmp_path: Path
+) -> None:
+    provider = provider_for(fake, tmp_path)
+    provider.launch(
+        LaunchRequest("tf-t1-1", "t1", SECTION.model_copy(update={"template_id": "tf-bootstrap"}))
+    )
+    (pod,) = fake.instances.values()
+    assert pod.extra["templateId"] == "tf-bootstrap" and "dockerArgs" not in pod.extra
+    assert pod.extra["imageName"] == "rayproject/ray:2.60.0-py311-gpu"  # the template's, not ours
+    assert (
+        pod.env["FLEET_BOOTSTRAP"].startswith("set -eu\n")
+        and "exec ray start --head" in pod.env["FLEET_BOOTSTRAP"]
+    )
+    assert not pod.stuck  # that template runs it: the node boots
+    # A template and an image: the image and our start command, as without a template.
+    provider.launch(
+        LaunchRequest(
+            "tf-t2-1", "t2", SECTION.model_copy(update={"template_id": "758uq6u5fc", "image": "img:1"})
+        )
+    )
+    (second,) = [p for p in fake.instances.values() if p.name == "tf-t2-1"]
+    assert second.extra["imageName"] == "img:1" and "dockerArgs" in second.extra
+    assert "FLEET_BOOTSTRAP" not in second.env and not second.stuck
+    # The proof of concept's template runs its own start command: without an image, no Ray ever comes up.
+    provider.launch(LaunchRequest("tf-t3-1", "t3", SECTION.model_copy(update={"template_id": "758uq6u5fc"})))
+    (third,) = [p for p in fake.instances.values() if p.name == "tf-t3-1"]
+    assert third.stuck and third.extra["imageName"].startswith("winglian/axolotl-runpod")
 
 
 def test_error_after_create_leaves_exactly_one_instance(fake: FakeRunPod, tmp_path: Path) -> None:
@@ -74,7 +111,13 @@ def test_a_duplicate_under_one_name_is_terminated(fake: FakeRunPod, tmp_path: Pa
     provider = provider_for(fake, tmp_path)
     provider.launch(LaunchRequest("tf-r3-1", "r3", SECTION))
     provider.client.rent_interruptable(  # as if a retried create had gone through twice
-        {"name": "tf-r3-1", "gpuTypeId": "NVIDIA RTX A5000", "gpuCount": 1, "bidPerGpu": 0.13}
+        {
+            "name": "tf-r3-1",
+            "imageName": "img",
+            "gpuTypeId": "NVIDIA RTX A5000",
+            "gpuCount": 1,
+            "bidPerGpu": 0.13,
+        }
     )
     assert len(fake.state()["instances"]) == 2
     assert provider.get("tf-r3-1") is not None

@@ -77,7 +77,10 @@ def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
     (row,) = fake.state()["instances"]
     assert row["name"] == "tf-r1-1" and row["bid"] == 0.09 and inst.price_per_hour == 0.09
     # The node's token travels in its env (by name only here), with its own deadline (terminate_after).
-    assert row["env_keys"] == ["FLEET_DEADLINE_S", "FLEET_RAY_TOKEN", "FLEET_VAST_URL"]
+    assert row["env_keys"] == [
+        "FLEET_DEADLINE_S", "FLEET_NODE_ACCESS", "FLEET_NODE_PINS", "FLEET_NODE_PYTHON_VERSION",
+        "FLEET_NODE_SETUP", "FLEET_RAY_TOKEN", "FLEET_VAST_URL",
+    ]  # fmt: skip
     extra: dict[str, Any] = fake.instances[str(row["id"])].extra
     assert extra["ports"] == ["8265:8265"] and "ray start --head" in extra["onstart"]
     assert extra["disk"] == SECTION.container_disk_in_gb

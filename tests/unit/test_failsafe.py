@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import re
 import shlex
 import socket
@@ -19,7 +20,13 @@ from core.errors import ConfigError
 from core.settings import load_settings
 from jobs.sections import ProviderName
 from providers import failsafe
-from providers.bootstrap import JOIN_RETRY_S, container_command, failsafe_argv, start_script
+from providers.bootstrap import (
+    JOIN_RETRY_S,
+    container_command,
+    failsafe_argv,
+    node_setup_env,
+    start_script,
+)
 from providers.failsafe import LogTail, is_heartbeat
 
 PREFIX = "2026-11-29 23:11:40,497\tINFO web_log.py:229 -- 127.0.0.1 [29/Nov/2026:23:11:40 +0000] "
@@ -109,19 +116,21 @@ def test_a_failsafe_that_cannot_work_says_so_at_once(
 
 
 def test_the_start_script_starts_the_failsafe_first_and_inlines_no_value() -> None:
-    script = start_script('python -m serve --name "my model"', ProviderName.VASTAI)
+    script = start_script(ProviderName.VASTAI)
     lines = script.splitlines()
     assert lines[0] == "set -eu"
     assert shlex.split(lines[1]) == [*failsafe_argv(ProviderName.VASTAI), "&"]
-    assert lines[-2:] == [
-        "python -m serve --name 'my model' &",
-        "exec ray start --head --block --dashboard-host=0.0.0.0 --dashboard-port=8265 --disable-usage-stats",
-    ]
-    # Every value comes from the environment, by name.
-    assert re.findall(r"\$\{?(\w+)", script) == ["FLEET_RAY_TOKEN", "FLEET_NODE_ROOT", "FLEET_NODE_ROOT"]
-    sh, dash_c, body = container_command(None, ProviderName.RUNPOD)
+    assert lines[-1] == (
+        "exec ray start --head --block --dashboard-host=0.0.0.0 --dashboard-port=8265 --disable-usage-stats"
+    )
+    # Every value comes from the environment, by name; the node's setup program too (providers.nodesetup).
+    assert re.findall(r"\$\{?(\w+)", script) == [
+        "FLEET_RAY_TOKEN", "FLEET_NODE_ROOT", "FLEET_NODE_ACCESS", "FLEET_NODE_ACCESS",
+    ]  # fmt: skip
+    assert 'os.environ["FLEET_NODE_SETUP"]' in script
+    sh, dash_c, body = container_command(ProviderName.RUNPOD)
     assert (sh, dash_c) == ("sh", "-c") and shlex.split(body.splitlines()[1])[-2:] == ["runpod", "&"]
-    assert "python3" not in start_script(None)  # no vendor, no failsafe (a local head)
+    assert "failsafe" not in start_script(None) and len(start_script(None)) < 600  # no vendor, no failsafe
 
 
 def test_a_worker_nodes_script_joins_its_head_until_it_can_at_the_address_it_resolves(
@@ -138,13 +147,15 @@ def test_a_worker_nodes_script_joins_its_head_until_it_can_at_the_address_it_res
         "exit 1\n"
     )
     fake_ray.chmod(0o755)
-    script = start_script(None, None, worker=True, private_host="localhost")
+    script = start_script(None, worker=True, private_host="localhost")
     assert f"sleep {JOIN_RETRY_S}" in script
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "FLEET_RAY_TOKEN": "t0k",
         "FLEET_NODE_ROOT": str(tmp_path / "root"),
         "FLEET_RAY_HEAD_ADDRESS": "abc123.runpod.internal:6379",
+        **node_setup_env(),
+        "FLEET_NODE_PINS": "",  # the node's software is all there: nothing to install
     }
     subprocess.run(["sh", "-c", script.replace(f"sleep {JOIN_RETRY_S}", "sleep 0")], env=env, timeout=30)
     tries = calls.read_text().splitlines()
@@ -154,7 +165,8 @@ def test_a_worker_nodes_script_joins_its_head_until_it_can_at_the_address_it_res
     assert "--address=abc123.runpod.internal:6379" in argv and "--head" not in argv
     (node_ip,) = [a for a in argv if a.startswith("--node-ip-address=")]
     assert node_ip.split("=", 1)[1] in ("127.0.0.1", "::1")  # what `localhost` resolves to
-    assert (tmp_path / "root").is_dir()
+    setup = json.loads((tmp_path / "root" / "node-setup.json").read_text())  # the setup ran first
+    assert setup["installed"] == [] and "error" not in setup
 
 
 def test_a_worker_nodes_failsafe_lives_as_long_as_its_head_answers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,7 +204,7 @@ def test_the_shipped_failsafe_is_the_module_without_its_docstrings() -> None:
     exec(compile(source, "failsafe", "exec"), shipped)
     assert shipped["HEARTBEAT"] == failsafe.HEARTBEAT and shipped["USER_AGENT"] == failsafe.USER_AGENT
     assert '"""' not in source and "# " not in source
-    assert len(start_script("x", ProviderName.VASTAI)) < 4000  # it travels in a field of a create call
+    assert len(start_script(ProviderName.VASTAI)) < 4000  # it travels in a field of a create call
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,18 @@ def test_a_clusters_instances_are_named_by_node_head_first() -> None:
     assert run.instance_names_of(2)[1] == "tf-261129-1-ab-2-1"
 
 
+def test_an_entry_scripts_end_reads_as_one_line_with_its_last_words() -> None:
+    data = {"ray_job": "r-1-entry", "status": "FAILED", "exit_code": 3, "seconds": 1.5}
+    output = "setting up\n\nmissing thing: oops\n\n"
+    event = Event(id="r-2", type=EventType.PREPARE_ENTRY, run_id="r", time=0, data={**data, "output": output})
+    assert describe(event) == (
+        "00:00:00 prepare.entry          ray_job=r-1-entry status=FAILED exit_code=3 seconds=1.5 "
+        "output=…missing thing: oops"
+    )
+    quiet = Event(id="r-3", type=EventType.PREPARE_ENTRY, run_id="r", time=0, data={**data, "output": ""})
+    assert describe(quiet).endswith("exit_code=3 seconds=1.5")
+
+
 def test_describe_and_live_view_render() -> None:
     event = Event(
         id="r-1", type=EventType.TRAIN_EVAL, run_id="r", time=0, data={"step": 20, "eval_loss": 1.23456}

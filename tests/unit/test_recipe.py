@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ def test_short_run_writes_results(
         "num_nodes": 1,
         "train_examples": 792,
         "eval_examples": 8,
+        "python": sys.executable,  # the interpreter that trains (on a node: the node environment's)
     }
     assert finished["metrics"] == metrics and finished["output_dir"] == job.output_dir
     assert all(math.isfinite(r["loss"]) and r["learning_rate"] >= 0 for r in lines if r["kind"] == "step")

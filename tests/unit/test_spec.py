@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -165,9 +166,10 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "min_download": None,
         "min_upload": None,
         "stop_after": 900,
-        "image": "rayproject/ray:2.60.0-py311-gpu",
+        "image": None,  # the fleet's node_image (rayproject/ray:2.60.0-py311-gpu unless set)
         "entry": None,
         "debug": False,
+        "jupyter": False,
         "log_eval": False,
         "deepspeed": False,
         "gpu": "NVIDIA RTX A5000",
@@ -224,6 +226,58 @@ def test_every_poc_runpod_key_is_accepted() -> None:
     assert (section.gpu_count, section.max_bid_per_gpu, section.stop_after) == (2, 1.0, -1)
 
 
+def test_a_multi_line_entry_is_a_shell_script() -> None:
+    script = 'set -e\nif [ -n "$TEST_ENV" ]; then\n  echo "ready: $TEST_ENV"\nfi\n'
+    section = parse(
+        HEAD + "runpod:\n  entry: |\n" + "".join(f"    {ln}\n" for ln in script.splitlines())
+    ).spec
+    assert isinstance(section.section, RunPodSection) and section.section.entry == script
+
+
+def test_an_entry_the_shell_cannot_parse_is_refused_with_its_line() -> None:
+    text = (
+        HEAD
+        + "runpod:\n  gpu_count: 1\n  entry: |\n    echo start\n    if true; then\n      echo never closed\n"
+    )
+    (problem,) = problems_of(text)
+    assert (problem.path, problem.line) == ("runpod.entry", 6)
+    assert problem.message == (
+        "is not a valid POSIX shell script: line 4 of the script: "
+        'Syntax error: end of file unexpected (expecting "fi")'
+    )
+    assert "never closed" not in problem.message  # the script itself is not echoed
+
+
+def test_a_stored_spec_is_not_checked_by_the_shell_again() -> None:
+    """Only a job file's validation runs `sh -n`; a run's spec read back from the ledger starts no process."""
+    assert RunPodSection.model_validate({"entry": "fi"}).entry == "fi"
+
+
+def test_an_entry_over_16_kib_is_refused() -> None:
+    line = "echo " + "x" * 95 + "\n"
+    script = line * (16 * 1024 // len(line) + 1)
+    (problem,) = problems_of(HEAD + "vastai:\n  entry: " + json.dumps(script) + "\n")
+    assert (problem.path, problem.message) == ("vastai.entry", "must be at most 16384 bytes (16 KiB)")
+    assert parse(HEAD + "vastai:\n  entry: " + json.dumps(script[: 16 * 1024]) + "\n").spec.section
+
+
+def test_the_proof_of_concepts_runpod_section_validates_word_for_word() -> None:
+    job = load_job(REPO / "tests" / "data" / "poc_runpod.yml")
+    section = job.spec.section
+    assert isinstance(section, RunPodSection) and job.warnings == []
+    assert section.entry == (
+        "bash -c \"curl -H 'Cache-Control: no-cache' https://raw.githubusercontent.com/utensil/llm-playground/"
+        'main/scripts/entry/ax_lite_train.sh -sSf | bash"\n'
+    )
+    assert (section.gpu, section.cloud_type, section.max_bid_per_gpu) == (
+        "NVIDIA A100 80GB PCIe",
+        "SECURE",
+        2.0,
+    )
+    assert (section.stop_after, section.terminate_after, section.deepspeed) == (3600, -1, True)
+    assert (section.axolotl_git_branch, section.env) == ("large_dataset", {"TEST_ENV": "happy"})
+
+
 def test_vastai_section_has_its_own_keys() -> None:
     section = parse(HEAD + "vastai:\n  gpu: RTX A6000\n  min_reliability: 0.9\n  gpu_count: 4\n").spec.section
     assert isinstance(section, VastAISection)
@@ -247,7 +301,10 @@ def test_every_section_field_is_described_and_sections_share_one_base(model: typ
         ("runpod: {gpu_count: 2.0}", "runpod.gpu_count", "must be a whole number (got 2.0)"),
         ("vastai: {max_bid_per_gpu: .nan}", "vastai.max_bid_per_gpu", "must be a finite number"),
         ("vastai: {min_reliability: 1.5}", "vastai.min_reliability", "must be between 0.0 and 1.0 (got 1.5)"),
-        ('runpod: {entry: "a\\nb"}', "runpod.entry", "must be one line"),
+        ('runpod: {entry: "echo (a"}', "runpod.entry", "is not a valid POSIX shell script: line 1"),
+        ('vastai: {entry: "fi"}', "vastai.entry", 'line 1 of the script: Syntax error: "fi" unexpected'),
+        ('runpod: {entry: "a\\0b"}', "runpod.entry", "must not contain NUL characters"),
+        ("runpod: {entry: 'echo hf_" + "a1B2" * 9 + "'}", "runpod.entry", "looks like an access token"),
         ("runpod: {image: 'ray image'}", "runpod.image", "must be a name without spaces"),
         ("runpod: {axolotl_git: 'file:///etc'}", "runpod.axolotl_git", "must be an https:// or git@ URL"),
         ("runpod: {stop_after: 0}", "runpod.stop_after", "must be -1 (disabled) or between 60 and 2592000"),

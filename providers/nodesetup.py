@@ -1,0 +1,157 @@
+"""The node's software setup: what a rented node's start script runs (providers.bootstrap) before Ray, so
+that any reasonable image trains, not only the node image (docker/node.Dockerfile).
+
+It runs on the node as `python3 -c SOURCE` with the image's python3: the standard library only, nothing of
+the fleet's. It compares what the image has with the fleet's pins (FLEET_NODE_PINS: the node's software,
+trainer/requirements-node.txt, at the exact versions the fleet runs), and installs what is missing or at
+another version: into the image's own venv when its python3 is one, else into a venv on the container
+disk (FLEET_NODE_VENV, default /opt/trainfleet/venv, else ~/.trainfleet/venv) that sees the image's
+packages, so that its CUDA build of torch is kept; pip's cache is on the node's root (FLEET_NODE_ROOT, the
+volume when there is one) so that a restarted container installs from it. torch counts as there in any
+version: the image's CUDA build matters more than equal digits. An image whose Python is not the fleet's
+(FLEET_NODE_PYTHON_VERSION, X.Y) gets a venv with that Python from uv, and everything in it.
+
+It chooses the node's root (FLEET_NODE_ROOT when the provider set one, on its volume; else the first
+directory of /workspace/trainfleet, ~/trainfleet, /tmp/trainfleet this user can write), writes what it did
+to <root>/node-setup.json (seconds, what was installed, the interpreter, or the error), which the readiness
+check reports as the `node.setup` event, and prints the root and the PATH Ray must start with as shell
+exports, for the start script to `eval`. A failed install still prints the image's own bin directory: Ray
+starts, and the readiness check names what is missing, so the run fails NODE_BROKEN instead of timing out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+PINS_ENV = "FLEET_NODE_PINS"
+PYTHON_ENV = "FLEET_NODE_PYTHON_VERSION"
+VENV_ENV = "FLEET_NODE_VENV"
+PIP_ARGS_ENV = "FLEET_NODE_PIP_ARGS"  # extra pip arguments (an index mirror; tests: a local wheel folder)
+ROOT_ENV = "FLEET_NODE_ROOT"
+ROOTS = ("/workspace/trainfleet", "/tmp/trainfleet")  # ~/trainfleet between them
+RESULT = "node-setup.json"
+LOG = "node-setup.log"
+VENVS = ("/opt/trainfleet/venv", "~/.trainfleet/venv")
+ANY_VERSION = ("torch",)  # the image's build (CUDA) is kept whatever its version
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)$")
+
+
+def missing(pins: list[str]) -> list[str]:
+    """The pins this interpreter does not satisfy (not installed, or another version)."""
+    out = []
+    for pin in pins:
+        match = PIN.match(pin)
+        if match is None:
+            raise ValueError(f"not a pin: {pin!r}")
+        name, _extras, version = match.groups()
+        try:
+            have = metadata.version(name).split("+")[0]
+        except metadata.PackageNotFoundError:
+            out.append(pin)
+            continue
+        if have != version and name.lower() not in ANY_VERSION:
+            out.append(pin)
+    return out
+
+
+def _venv_dir(env: dict[str, str]) -> str:
+    if env.get(VENV_ENV):
+        return env[VENV_ENV]
+    for candidate in VENVS:
+        path = os.path.expanduser(candidate)
+        parent = os.path.dirname(path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(parent, os.W_OK):
+            return path
+    return os.path.expanduser(VENVS[-1])
+
+
+def _run(argv: list[str], log: str) -> None:
+    with open(log, "a") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        out.flush()
+        subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=3600)
+
+
+def install(pins: list[str], env: dict[str, str], root: str) -> tuple[str, list[str]]:
+    """Install what this interpreter lacks of `pins` into a venv; return its bin directory and what was
+    installed."""
+    wanted = env.get(PYTHON_ENV, "")
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    venv = _venv_dir(env)
+    log = os.path.join(root, LOG)
+    pip_args = env.get(PIP_ARGS_ENV, "").split()
+    cache = ["--cache-dir", os.path.join(root, "cache", "pip")]
+    python = os.path.join(venv, "bin", "python")
+    if wanted and wanted != here:  # another Python: uv brings it, and everything goes into its venv
+        _run([sys.executable, "-m", "pip", "install", "-q", *cache, *pip_args, "uv"], log)
+        _run([sys.executable, "-m", "uv", "venv", "--python", wanted, venv], log)
+        todo = pins
+        command = [sys.executable, "-m", "uv", "pip", "install", "--python", python, *pip_args, *todo]
+    else:
+        todo = missing(pins)
+        if not todo:
+            return os.path.dirname(sys.executable), []
+        if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+            venv, python = sys.prefix, sys.executable  # the image's python is a venv already: add to it
+        else:
+            _run([sys.executable, "-m", "venv", "--system-site-packages", venv], log)
+        command = [python, "-m", "pip", "install", "-q", *cache, *pip_args, *todo]
+    _run(command, log)
+    return os.path.join(venv, "bin"), todo
+
+
+def node_root(env: dict[str, str]) -> str:
+    """The node's root: FLEET_NODE_ROOT when its provider set one (on its volume), else the first of ROOTS
+    this user can write (an image may run as a user other than root)."""
+    home = os.path.expanduser("~")
+    for root in (env.get(ROOT_ENV), *ROOTS, os.path.join(home, "trainfleet")):
+        if not root:
+            continue
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(root, os.W_OK):
+            return root
+    return "/tmp/trainfleet"
+
+
+def main(env: dict[str, str]) -> int:
+    """Set the node up; print, for the start script to `eval`, the exports of its root and of a PATH that
+    leads to the interpreter Ray must start from."""
+    root = node_root(env)
+    started = time.time()
+    pins = env.get(PINS_ENV, "").split()
+    result: dict[str, object] = {"python": sys.executable}
+    bin_dir = os.path.dirname(sys.executable)
+    try:
+        bin_dir, installed = install(pins, env, root)
+        result.update(installed=installed, python=os.path.join(bin_dir, "python"))
+        if installed:
+            result["venv"] = os.path.dirname(bin_dir)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        result.update(installed=[], error=f"{type(exc).__name__}: {exc}"[:500])
+    result["seconds"] = round(time.time() - started, 1)
+    try:
+        with open(os.path.join(root, RESULT), "w") as out:
+            json.dump(result, out)
+    except OSError as exc:
+        sys.stderr.write(f"trainfleet node setup: cannot write {RESULT}: {exc}\n")
+    sys.stdout.write(f"export {ROOT_ENV}={shlex.quote(root)}\n")
+    sys.stdout.write(f'export PATH={shlex.quote(bin_dir)}:"$PATH"\n')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(dict(os.environ)))

@@ -1,0 +1,84 @@
+"""The node's readiness check, the last step of provision: a node counts as ready only once a Ray job on
+its head, run by the interpreter that will train, has found that it can train (trainer.nodecheck): Python
+and Ray as the fleet's, torch, transformers and peft importable, and the GPUs its section asks for. A node
+that fails it is terminated at once (even one a job would keep for debugging) and the run fails
+NODE_BROKEN with what is missing, before any training. What the node's start script installed because its
+image lacked it comes back with the check, as the `node.setup` event."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shlex
+import sys
+
+from broker.constants import Stage
+from broker.ledger import Draft
+from broker.models import Run
+from broker.payloads import EventType, NodeCheck, NodeReady, NodeSetup
+from core.errors import FailureReason, StageFailed
+from providers.base import NodeEndpoint
+from providers.node import JobStatus, NodeClient
+from trainer import progress
+from workers import context
+from workers.node_job import node_record
+from workers.stage import Next, enter_next
+
+CHECK_JOB = "check"  # the check's key in run.ray_jobs
+FLEET_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def entrypoint(gpus: int) -> str:
+    """The check's command line: what the run's section asks of each node, and the fleet's versions."""
+    ray = importlib.metadata.version("ray")
+    return shlex.join(
+        ["python", "-m", "trainer", "check", f"--gpus={gpus}", f"--python={FLEET_PYTHON}", f"--ray={ray}"]
+    )
+
+
+def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint, ready: Draft) -> Next:
+    """Run the readiness check on the head (once per attempt; `ready`, the instance.ready event, goes out
+    when it is submitted), and go on to prepare once it passes."""
+    client = NodeClient(endpoint)
+    sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
+    command = entrypoint(run.spec.gpu_count)
+    if run.ray_jobs.get(CHECK_JOB) != sid:
+        client.submit(sid, command, {})
+
+        def submitted(r: Run) -> list[Draft]:
+            r.ray_jobs[CHECK_JOB] = sid
+            return [ready]
+
+        run = ctx.ledger.update_run(run.run_id, submitted)
+    info = client.info(sid)
+    if info is None:  # the head restarted and forgot it
+        client.submit(sid, command, {})
+        return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+    if not info.status.is_terminal():
+        return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+    logs = client.logs(sid)
+    found = [r for r in progress.parse(logs) if r["kind"] == progress.Kind.CHECKED]
+    if info.status != JobStatus.SUCCEEDED or not found:
+        why = f"its readiness check {info.status}: {info.message}".rstrip(": ")
+        raise _broken(head, f"{why}\n{logs[-1500:]}")
+    record = found[-1]
+    problems = [str(p) for p in record.get("problems") or []]
+    if problems:
+        raise _broken(head, "; ".join(problems))
+    check = NodeCheck.model_validate(
+        {k: v for k, v in record.items() if k not in ("kind", "problems", "setup", "missing")}
+    )
+    ctx.ledger.update_instance(head, check=check)
+    setup = record.get("setup")
+    said = node_record(EventType.NODE_SETUP, setup) if isinstance(setup, dict) else None
+
+    def go(r: Run) -> list[Draft]:
+        drafts: list[Draft] = [said] if isinstance(said, NodeSetup) else []
+        return [*drafts, NodeReady(instance=head, check=check), *enter_next(r, Stage.PROVISION)]
+
+    ctx.ledger.update_run(run.run_id, go)
+    return Next.onward(Stage.PROVISION)
+
+
+def _broken(head: str, why: str) -> StageFailed:
+    """The run fails NODE_BROKEN, and its nodes go even if the job would keep them: they cannot train."""
+    return StageFailed(FailureReason.NODE_BROKEN, f"instance {head} cannot train: {why}", keep=False)
