@@ -35,7 +35,7 @@ PYTHON_ENV = "FLEET_NODE_PYTHON_VERSION"
 VENV_ENV = "FLEET_NODE_VENV"
 PIP_ARGS_ENV = "FLEET_NODE_PIP_ARGS"  # extra pip arguments (an index mirror; tests: a local wheel folder)
 ROOT_ENV = "FLEET_NODE_ROOT"
-ROOTS = ("/workspace/trainfleet", "/tmp/trainfleet")  # ~/trainfleet between them
+ROOTS = ("/workspace/trainfleet", "~/trainfleet", "/tmp/trainfleet")  # the first one writable
 RESULT = "node-setup.json"
 LOG = "node-setup.log"
 VENVS = ("/opt/trainfleet/venv", "~/.trainfleet/venv")
@@ -61,70 +61,90 @@ def missing(pins: list[str]) -> list[str]:
     return out
 
 
+def _writable(folder: str) -> bool:
+    """Whether this user can make (if need be) and write `folder`."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
+
+
 def _venv_dir(env: dict[str, str]) -> str:
     if env.get(VENV_ENV):
         return env[VENV_ENV]
     for candidate in VENVS:
         path = os.path.expanduser(candidate)
-        parent = os.path.dirname(path)
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(parent, os.W_OK):
+        if _writable(os.path.dirname(path)):
             return path
     return os.path.expanduser(VENVS[-1])
 
 
-def _run(argv: list[str], log: str) -> None:
+def _run(argv: list[str], log: str, extra_path: str | None = None) -> None:
+    environ = dict(os.environ)
+    if extra_path:
+        environ["PYTHONPATH"] = extra_path
     with open(log, "a") as out:
         out.write("$ " + " ".join(argv) + "\n")
         out.flush()
-        subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=3600)
+        subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=3600, env=environ)
+
+
+class _Install:
+    """One install: where the log, pip's cache and the extra pip arguments are."""
+
+    def __init__(self, env: dict[str, str], root: str) -> None:
+        self.log = os.path.join(root, LOG)
+        self.pip_args = env.get(PIP_ARGS_ENV, "").split()
+        self.cache = ["--cache-dir", os.path.join(root, "cache", "pip")]
+        self.uv_dir = os.path.join(root, "cache", "uv")
+
+    def run(self, argv: list[str]) -> None:
+        _run(argv, self.log)
+
+    def uv(self, *args: str) -> None:
+        """uv, installed beside the node's root (not into the image's Python, which may refuse it)."""
+        if not os.path.isdir(os.path.join(self.uv_dir, "uv")):
+            pip = [sys.executable, "-m", "pip", "install", "-q", "--target", self.uv_dir]
+            _run([*pip, *self.cache, *self.pip_args, "uv"], self.log)
+        _run([sys.executable, "-m", "uv", *args], self.log, extra_path=self.uv_dir)
 
 
 def install(pins: list[str], env: dict[str, str], root: str) -> tuple[str, list[str]]:
     """Install what this interpreter lacks of `pins` into a venv; return its bin directory and what was
-    installed."""
+    installed. Without the fleet's Python, or without `venv` (Debian's python3 lacks ensurepip), uv makes
+    the venv."""
     wanted = env.get(PYTHON_ENV, "")
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     venv = _venv_dir(env)
-    log = os.path.join(root, LOG)
-    pip_args = env.get(PIP_ARGS_ENV, "").split()
-    cache = ["--cache-dir", os.path.join(root, "cache", "pip")]
+    job = _Install(env, root)
     python = os.path.join(venv, "bin", "python")
+    todo = pins if wanted and wanted != here else missing(pins)
+    if not todo:
+        return os.path.dirname(sys.executable), []
     if wanted and wanted != here:  # another Python: uv brings it, and everything goes into its venv
-        _run([sys.executable, "-m", "pip", "install", "-q", *cache, *pip_args, "uv"], log)
-        _run([sys.executable, "-m", "uv", "venv", "--python", wanted, venv], log)
-        todo = pins
-        command = [sys.executable, "-m", "uv", "pip", "install", "--python", python, *pip_args, *todo]
+        job.uv("venv", "--python", wanted, venv)
+    elif sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        venv, python = sys.prefix, sys.executable  # the image's python is a venv already: add to it
     else:
-        todo = missing(pins)
-        if not todo:
-            return os.path.dirname(sys.executable), []
-        if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
-            venv, python = sys.prefix, sys.executable  # the image's python is a venv already: add to it
-        else:
-            _run([sys.executable, "-m", "venv", "--system-site-packages", venv], log)
-        command = [python, "-m", "pip", "install", "-q", *cache, *pip_args, *todo]
-    _run(command, log)
+        try:
+            job.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
+        except subprocess.CalledProcessError:
+            job.uv("venv", "--system-site-packages", "--python", sys.executable, venv)
+    if os.path.exists(os.path.join(venv, "bin", "pip")):
+        job.run([python, "-m", "pip", "install", "-q", *job.cache, *job.pip_args, *todo])
+    else:  # a uv venv has no pip
+        job.uv("pip", "install", "--python", python, *job.pip_args, *todo)
     return os.path.join(venv, "bin"), todo
 
 
 def node_root(env: dict[str, str]) -> str:
     """The node's root: FLEET_NODE_ROOT when its provider set one (on its volume), else the first of ROOTS
     this user can write (an image may run as a user other than root)."""
-    home = os.path.expanduser("~")
-    for root in (env.get(ROOT_ENV), *ROOTS, os.path.join(home, "trainfleet")):
-        if not root:
-            continue
-        try:
-            os.makedirs(root, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(root, os.W_OK):
-            return root
-    return "/tmp/trainfleet"
+    for root in (env.get(ROOT_ENV), *ROOTS):
+        if root and _writable(os.path.expanduser(root)):
+            return os.path.expanduser(root)
+    return ROOTS[-1]
 
 
 def main(env: dict[str, str]) -> int:

@@ -61,15 +61,19 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
         why = f"its readiness check {info.status}: {info.message}".rstrip(": ")
         raise _broken(head, f"{why}\n{logs[-1500:]}")
     record = found[-1]
+    setup = record.get("setup")
+    said = node_record(EventType.NODE_SETUP, setup) if isinstance(setup, dict) else None
     problems = [str(p) for p in record.get("problems") or []]
     if problems:
+        if isinstance(said, NodeSetup):
+            ctx.ledger.update_run(run.run_id, lambda r: [said])
+            if said.error:
+                problems.append(f"the node's setup could not install what it lacks: {said.error}")
         raise _broken(head, "; ".join(problems))
     check = NodeCheck.model_validate(
         {k: v for k, v in record.items() if k not in ("kind", "problems", "setup", "missing")}
     )
     ctx.ledger.update_instance(head, check=check)
-    setup = record.get("setup")
-    said = node_record(EventType.NODE_SETUP, setup) if isinstance(setup, dict) else None
 
     def go(r: Run) -> list[Draft]:
         drafts: list[Draft] = [said] if isinstance(said, NodeSetup) else []

@@ -34,6 +34,7 @@ class NodeSetup(NodeRecord):
     installed: list[str] = Field(default_factory=list)
     python: str | None = Field(None, description="The interpreter Ray and the trainer run with.")
     venv: str | None = None
+    error: str | None = Field(None, description="Why the install failed (the readiness check then fails).")
 
 
 class NodeReady(Payload):

@@ -18,11 +18,14 @@ import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.sections.base import DEFAULT_IMAGE
-from providers.local.client import node_python
+from providers import nodesetup
+from providers.bootstrap import SETUP_ENV
+from providers.local.client import FLEET_ONLY_ENV, node_python
 from trainer.nodecheck import CPU_STANDIN_ENV
 
 NO_PEFT_IMAGE = "trainfleet-test/no-peft:latest"
@@ -41,6 +44,29 @@ class NodeImage:
     def env(self) -> dict[str, str]:
         """What the image puts in its nodes' environment."""
         return {CPU_STANDIN_ENV: "1"} if self.cpu_standin else {}
+
+    def set_up(self, env: Mapping[str, str], root: Path) -> None:
+        """Run the node's software setup as its start script would (providers.nodesetup, from the
+        instance's environment, with this image's Python), before its Ray starts: it writes what it did to
+        the node's root, which the readiness check reports (`node.setup`). A fake node reaches no package
+        index, so what its image lacks stays missing (and the readiness check says so)."""
+        program = env.get(SETUP_ENV)
+        if not program:
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        run_env = {k: v for k, v in os.environ.items() if not k.startswith(FLEET_ONLY_ENV)}
+        run_env.update({k: v for k, v in env.items() if not k.startswith("-")})
+        run_env.update(
+            {
+                "FLEET_NODE_ROOT": str(root),
+                nodesetup.PIP_ARGS_ENV: "--no-index",
+                nodesetup.VENV_ENV: str(root / "venv"),
+            }
+        )
+        loader = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
+        subprocess.run(
+            [str(self.python), "-c", loader], env=run_env, capture_output=True, timeout=120, check=False
+        )
 
 
 def image(name: str | None) -> NodeImage:

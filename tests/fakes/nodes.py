@@ -12,6 +12,7 @@ any other. A `root` is the node's FLEET_NODE_ROOT when several nodes share one (
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import secrets
 import socket
@@ -121,6 +122,7 @@ class NoNodes:
             self._started.clear()
 
 
+STUB_RAY_VERSION = importlib.metadata.version("ray")  # what a stub node says it runs
 STUB_CHECK = {  # what a stub node's readiness check says: a CPU stand-in with nothing missing
     "kind": "checked",
     "python": "stub",
@@ -165,8 +167,8 @@ class _StubHandler(BaseHTTPRequestHandler):
         path = self.path.rstrip("/")
         jobs = self.server.jobs
         parts = path.split("/")
-        if path == "/api/version":
-            self._reply(200, {"version": "stub"})
+        if path == "/api/version":  # as Ray's dashboard answers it
+            self._reply(200, {"version": "4", "ray_version": STUB_RAY_VERSION, "ray_commit": "stub"})
         elif path.startswith("/api/packages/"):
             self._reply(200, {})  # "already uploaded": nothing is ever run from it
         elif len(parts) >= 4 and parts[:3] == ["", "api", "jobs"] and parts[3] in jobs:
@@ -296,6 +298,7 @@ class RayNodes:
         node_env[NODE_ROOT_ENV] = str(boot.root or self.roots / name)
         runs = node_images.image(boot.image)  # the image's own Python environment, never the fleet's
         node_env.update(runs.env())
+        runs.set_up(boot.env, Path(node_env[NODE_ROOT_ENV]))  # as its start script would, before Ray
         join = boot.join
         if join is None:
             token = boot.token or secrets.token_hex(16)

@@ -65,6 +65,10 @@ def check_ran_on_the_node_and_gave_it_back(
     assert Path(started["python"]).parent == Path(ready["executable"]).parent == node_bin
     assert node_bin != Path(sys.executable).parent
     assert ready["cpu_standin"] and ready["versions"]["peft"] and not ready["cuda"]
+    # Its image had all of the node's software: the setup (the real program, run as the start script
+    # would) installed nothing.
+    (setup,) = [e["data"] for e in evs if e["type"] == "node.setup"]
+    assert setup["installed"] == [] and "error" not in setup and setup["seconds"] < 30
 
     assert secret_hits(home, api_key) == []  # the API key reached no ledger, event or file
     assert api_key not in done.stdout + done.stderr

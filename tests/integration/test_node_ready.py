@@ -24,7 +24,12 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize(
     ("image", "gpus", "why"),
     [
-        (NO_PEFT_IMAGE, 1, "peft is missing (ModuleNotFoundError: No module named 'peft')"),
+        (
+            NO_PEFT_IMAGE,
+            1,
+            "peft is missing (ModuleNotFoundError: No module named 'peft'); the node's setup could not "
+            "install what it lacks: CalledProcessError",
+        ),
         (REAL_GPU_IMAGE, 4, "asked for 4 GPUs, CUDA sees 0"),
     ],
 )
@@ -43,11 +48,14 @@ def test_a_node_that_cannot_train_fails_node_broken_and_is_given_back(
     view = json.loads(done.stdout)
     assert view["state"] == "FAILED" and view["failure_reason"] == "NODE_BROKEN", view["failure_message"]
     name = f"tf-{view['run_id']}-1"
-    assert view["failure_message"] == f"instance {name} cannot train: {why}"
+    assert view["failure_message"].startswith(f"instance {name} cannot train: {why}")
 
     state = fake_state(fake_runpod)
     assert state["instances"] == [] and state["requests"]["create"] == 1  # given back; never tried again
-    types = [e["type"] for e in events_of(home, view["run_id"])]
+    evs = events_of(home, view["run_id"])
+    types = [e["type"] for e in evs]
+    (setup,) = [e["data"] for e in evs if e["type"] == "node.setup"]  # it tried to install what was missing
+    assert setup["installed"] == [] and ("error" in setup) == (image == NO_PEFT_IMAGE)
     assert "instance.ready" in types and "node.ready" not in types and "instance.kept" not in types
     assert "instance.terminated" in types
     assert not {"prepare.submitted", "train.submitted", "run.preempted"} & set(types)
