@@ -31,6 +31,8 @@ SETUP_ENV = "FLEET_NODE_SETUP"  # providers.nodesetup, packed
 # A pod started from a RunPod template runs the template's start command, which runs our start script from
 # this variable (`sh -c "$FLEET_BOOTSTRAP"`): see the README's "What runs on the node".
 BOOTSTRAP_ENV = "FLEET_BOOTSTRAP"
+# What runs the node setup program from the environment: `python3 -c SETUP_LOADER`.
+SETUP_LOADER = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
 ACCESS_ENV = "FLEET_NODE_ACCESS"  # the ACCESS_LINES below, which the start script `eval`s before Ray
 # A way into a kept node, each in the background so that neither a slow install nor a failure touches Ray:
 # sshd with the fleet's key in root's authorized_keys (our start command replaces the image's, so nothing
@@ -75,6 +77,7 @@ def head_argv() -> list[str]:
     ]
 
 
+@functools.cache
 def packed(module: ModuleType) -> str:
     """A stdlib-only module of ours without its docstrings and comments, compressed and in base64: what
     runs on the node before anything of ours is there travels in the vendor's create call (the start
@@ -87,7 +90,6 @@ def packed(module: ModuleType) -> str:
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
 
 
-@functools.cache
 def packed_failsafe() -> str:
     """providers.failsafe, packed: it travels in the start script itself, so it is kept to a few KB."""
     return packed(failsafe)
@@ -168,10 +170,9 @@ def start_script(
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
-    setup = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
     lines += [
         f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${TOKEN_ENV}"',
-        f'eval "$(python3 -c {shlex.quote(setup)} || true)"',  # exports FLEET_NODE_ROOT and PATH
+        f'eval "$(python3 -c {shlex.quote(SETUP_LOADER)} || true)"',  # exports FLEET_NODE_ROOT and PATH
         f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-/tmp/trainfleet}}"',
         f'[ -z "${{{ACCESS_ENV}:-}}" ] || eval "${ACCESS_ENV}"',  # SSH, JupyterLab (ACCESS_LINES)
     ]

@@ -24,7 +24,7 @@ from jobs.redact import redact_values
 from jobs.sections.base import RemoteSection
 from providers.node import JobInfo, JobStatus, NodeClient
 from workers import context
-from workers.node_job import files_for_node, known_secrets, node_env
+from workers.node_job import files_for_node, known_secrets, node_env, submit_once
 
 RAY_JOBS_KEY = "prepare.entry"  # the entry job's key in run.ray_jobs
 OUTPUT_TAIL = 3000  # characters of its output that its event keeps
@@ -60,21 +60,8 @@ def succeeded(ctx: context.Context, run: Run, client: NodeClient, script: str) -
         env = {**run.spec.section.env, **node_env(ctx, run)}
         client.submit(sid, entrypoint(script), env, files_for_node(ctx, run))
 
-    if run.ray_jobs.get(RAY_JOBS_KEY) != sid:
-        submit()
-
-        def submitted(r: Run) -> list[Draft]:
-            if r.ray_jobs.get(RAY_JOBS_KEY) == sid:
-                return []
-            r.ray_jobs[RAY_JOBS_KEY] = sid
-            return [RaySubmitted(ray_job=sid)]
-
-        run = ctx.ledger.update_run(run.run_id, submitted)
-    info = client.info(sid)
-    if info is None:  # the node does not know it (its head started again): submit it again
-        submit()
-        return False
-    if not info.status.is_terminal():
+    info = submit_once(ctx, run, client, RAY_JOBS_KEY, sid, submit, [RaySubmitted(ray_job=sid)])
+    if info is None or not info.status.is_terminal():
         return False
     output = redact_values(output_of(client, sid, script), known_secrets(ctx))[-OUTPUT_TAIL:]
     ended = PrepareEntry(

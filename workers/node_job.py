@@ -4,17 +4,18 @@ credentials the node gets at start, and a client for its Ray head."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
+from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import PAYLOADS, EventType, Payload
 from jobs import shipping
 from jobs.redact import redact_job
-from providers.node import NodeClient
+from providers.node import JobInfo, NodeClient
 from trainer import progress
 from trainer.config import TrainJob
 from workers import context, wandb_plan
@@ -89,6 +90,35 @@ def files_for_node(ctx: context.Context, run: Run) -> Path | None:
 def node(ctx: context.Context, run: Run) -> NodeClient:
     assert run.instance is not None
     return NodeClient(ctx.provider(run.provider).endpoint(run.instance))
+
+
+def submit_once(
+    ctx: context.Context,
+    run: Run,
+    client: NodeClient,
+    key: str,
+    sid: str,
+    submit: Callable[[], None],
+    first: Sequence[Draft],
+) -> JobInfo | None:
+    """The Ray job `sid` of the run (one per attempt), submitted once: `submit()` sends it, its id is
+    recorded under `run.ray_jobs[key]` with the events `first` (once, whatever tasks race), and it is sent
+    again when the node no longer knows it (its head started again). Its info; None when it was just sent
+    again (ask at the next poll)."""
+    if run.ray_jobs.get(key) != sid:
+        submit()
+
+        def submitted(r: Run) -> list[Draft]:
+            if r.ray_jobs.get(key) == sid:
+                return []
+            r.ray_jobs[key] = sid
+            return list(first)
+
+        ctx.ledger.update_run(run.run_id, submitted)
+    info = client.info(sid)
+    if info is None:
+        submit()
+    return info
 
 
 def node_record(event: EventType, record: Mapping[str, Any]) -> Payload | None:

@@ -14,7 +14,7 @@ from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus
 from trainer import progress
 from workers import context, entry
-from workers.node_job import files_for_node, node, node_env, node_record
+from workers.node_job import files_for_node, node, node_env, node_record, submit_once
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
 
@@ -33,18 +33,8 @@ def step(ctx: context.Context, run: Run) -> Next:
         script = entry.script_of(run)
         if script is not None and not entry.succeeded(ctx, run, client, script):
             return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
-        submit()
-
-        def submitted(r: Run) -> list[Draft]:
-            if r.ray_jobs.get(Stage.PREPARE.value) == sid:
-                return []
-            r.ray_jobs[Stage.PREPARE.value] = sid
-            return [RaySubmitted(ray_job=sid)]
-
-        run = ctx.ledger.update_run(run.run_id, submitted)
-    info = client.info(sid)
+    info = submit_once(ctx, run, client, Stage.PREPARE.value, sid, submit, [RaySubmitted(ray_job=sid)])
     if info is None:
-        submit()
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
     if info.status == JobStatus.SUCCEEDED:
         fetched = [r for r in progress.parse(client.logs(sid)) if r["kind"] == progress.Kind.FETCHED]

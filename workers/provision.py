@@ -16,6 +16,7 @@ from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NodeLost, ProviderUnavailable, StageFailed
+from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
 from workers import context, readiness, wandb_plan
@@ -73,10 +74,10 @@ def step(ctx: context.Context, run: Run) -> Next:
         if len(names) > 1:
             joined_now = len(run.progress.cluster)
             why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
-        template = getattr(run.spec.section, "template_id", None)
-        if template and getattr(run.spec.section, "image", None) is None:
+        section = run.spec.section
+        if isinstance(section, RunPodSection) and section.starts_from_template:
             why += (
-                f"; it runs template {template}'s image and start command, which must "
+                f"; it runs template {section.template_id}'s image and start command, which must "
                 'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
             )
         raise StageFailed(FailureReason.NODE_TIMEOUT, why)

@@ -20,7 +20,7 @@ from providers.base import NodeEndpoint
 from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
-from workers.node_job import node_record
+from workers.node_job import node_record, submit_once
 from workers.stage import Next, enter_next
 
 CHECK_JOB = "check"  # the check's key in run.ray_jobs
@@ -41,19 +41,8 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     client = NodeClient(endpoint)
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
     command = entrypoint(run.spec.gpu_count)
-    if run.ray_jobs.get(CHECK_JOB) != sid:
-        client.submit(sid, command, {})
-
-        def submitted(r: Run) -> list[Draft]:
-            r.ray_jobs[CHECK_JOB] = sid
-            return [ready]
-
-        run = ctx.ledger.update_run(run.run_id, submitted)
-    info = client.info(sid)
-    if info is None:  # the head restarted and forgot it
-        client.submit(sid, command, {})
-        return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
-    if not info.status.is_terminal():
+    info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])
+    if info is None or not info.status.is_terminal():
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
     logs = client.logs(sid)
     found = [r for r in progress.parse(logs) if r["kind"] == progress.Kind.CHECKED]

@@ -34,6 +34,12 @@ class RunPodSection(RemoteSection):
             ]
         return []
 
+    @property
+    def starts_from_template(self) -> bool:
+        """Whether the pod runs its template's image and start command (a template, and no `image`): that
+        command must run the fleet's start script from the pod's environment ($FLEET_BOOTSTRAP)."""
+        return self.template_id is not None and self.image is None
+
     gpu: Text = Field("NVIDIA RTX A5000", description="RunPod's GPU display name, e.g. 'NVIDIA RTX A5000'.")
     template_id: Token | None = Field(None, description="RunPod template to start the pod from.")
     volume_in_gb: int = Field(200, ge=0, le=10_000, description="Persistent volume in GB; 0 for none.")

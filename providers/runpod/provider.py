@@ -155,11 +155,10 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             worker=request.head is not None,
             private_host=PRIVATE_HOST if section.num_nodes > 1 else None,
         )
-        if section.template_id and section.image is None:
-            # The template's image and start command; the template runs our script from its environment.
+        if section.starts_from_template:  # the template's command runs our script from its environment
             env[BOOTSTRAP_ENV] = command[-1]
         spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
-        if BOOTSTRAP_ENV not in env:
+        if not section.starts_from_template:
             spec["imageName"] = section.image or self.context.default_image
             spec["dockerArgs"] = shlex.join(command)
         try:

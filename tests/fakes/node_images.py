@@ -24,7 +24,7 @@ from pathlib import Path
 
 from jobs.sections.base import DEFAULT_IMAGE
 from providers import nodesetup
-from providers.bootstrap import SETUP_ENV
+from providers.bootstrap import SETUP_ENV, SETUP_LOADER
 from providers.local.client import FLEET_ONLY_ENV, node_python
 from trainer.nodecheck import CPU_STANDIN_ENV
 
@@ -63,7 +63,7 @@ class NodeImage:
                 nodesetup.VENV_ENV: str(root / "venv"),
             }
         )
-        loader = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
+        loader = SETUP_LOADER
         subprocess.run(
             [str(self.python), "-c", loader], env=run_env, capture_output=True, timeout=120, check=False
         )

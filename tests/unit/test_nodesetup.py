@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from providers import nodesetup
-from providers.bootstrap import SETUP_ENV, node_pins, packed
+from providers.bootstrap import SETUP_ENV, SETUP_LOADER, node_pins, packed
 
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -71,7 +71,7 @@ def test_an_image_lacking_a_pin_gets_it_in_a_venv_that_still_sees_the_images_pac
         nodesetup.PIP_ARGS_ENV: f"--no-index --find-links {wheels}",
         "FLEET_NODE_ROOT": str(tmp_path / "volume" / "trainfleet"),
     }
-    loader = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
+    loader = SETUP_LOADER
     done = subprocess.run(
         [str(BASE_PYTHON), "-c", loader], env=env, capture_output=True, text=True, timeout=300
     )
