@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup node-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup node-env axolotl-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
 	@$(MAKE) --no-print-directory node-env
+	@$(MAKE) --no-print-directory axolotl-env
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
 
 $(BIN)/python:
@@ -31,6 +32,20 @@ node-env:
 	$(NODE_VENV)/bin/pip install -q "$(TORCH)" -c $(NODE_CONSTRAINTS)
 	$(NODE_VENV)/bin/pip install -q -r trainer/requirements-node.txt -c $(NODE_CONSTRAINTS)
 	@echo "node env done: $(NODE_VENV)/bin/python"
+
+# The local nodes' environment for axolotl jobs, as axolotl's image has it: axolotl at the fleet's default
+# release (core.settings.DEFAULT_AXOLOTL_VERSION) with its own pins of torch, transformers and peft (the CPU
+# torch here), plus the fleet's Ray. Never the fleet's .venv: axolotl pins versions the fleet does not run.
+AXOLOTL_VENV := .venv-axolotl
+AXOLOTL_VERSION ?= $(shell $(BIN)/python -c "from core.settings import DEFAULT_AXOLOTL_VERSION as v; print(v)")
+RAY_PIN = $(shell $(BIN)/python -c "from providers.bootstrap import node_pins; print(next(p for p in node_pins() if p.startswith('ray')))")
+
+axolotl-env:
+	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
+	$(AXOLOTL_VENV)/bin/pip install -q --upgrade pip
+	$(AXOLOTL_VENV)/bin/pip install -q "$(TORCH)"
+	$(AXOLOTL_VENV)/bin/pip install -q "axolotl==$(AXOLOTL_VERSION)" "$(RAY_PIN)" "$(TORCH)"
+	@echo "axolotl env done: $(AXOLOTL_VENV)/bin/python (axolotl $(AXOLOTL_VERSION))"
 
 lint:
 	$(BIN)/ruff check .
@@ -95,4 +110,4 @@ node-image:
 		$(if $(NODE_PINS),--build-arg NODE_PINS="$(NODE_PINS)") $(NODE_BUILD_ARGS) .
 
 clean:
-	rm -rf $(VENV) $(NODE_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(NODE_VENV) $(AXOLOTL_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -21,6 +21,10 @@ from core.sshkey import SshPublicKey, parse_ssh_public_key
 # A rented node's image when neither its section nor the settings name one: Ray's, at the fleet's Ray and
 # Python, with CUDA; its start installs the rest of the node's software (providers.nodesetup).
 DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
+# axolotl jobs: the axolotl release their nodes train with, and its official image (axolotl's own CI tags a
+# release `<version>-py<python>-cu<cuda>-<torch>`); the node's start adds Ray where the image lacks it.
+DEFAULT_AXOLOTL_VERSION = "0.19.0"
+DEFAULT_AXOLOTL_IMAGE = "axolotlai/axolotl:0.19.0-py3.12-cu130-2.12.0"
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 
@@ -138,6 +142,20 @@ class Settings(BaseModel):
         DEFAULT_NODE_IMAGE,
         description="The image of a rented node whose section names none: point it at the node image you "
         "published (`make node-image`); a stock image works too, its start installs what it lacks.",
+    )
+    axolotl_version: str = Field(
+        DEFAULT_AXOLOTL_VERSION,
+        pattern=r"^[0-9][0-9A-Za-z.+-]*$",
+        description="The axolotl release an axolotl job trains with when it names none (`axolotl_version:`).",
+    )
+    axolotl_image: str = Field(
+        DEFAULT_AXOLOTL_IMAGE,
+        description="The image of a rented node for an axolotl job whose section names none.",
+    )
+    axolotl_python: Path | None = Field(
+        None,
+        description="The Python of the local nodes that run axolotl jobs (`make axolotl-env`); unset: "
+        ".venv-axolotl beside the fleet's venv.",
     )
     node_python: Path | None = Field(
         None,

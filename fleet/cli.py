@@ -29,8 +29,11 @@ from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exi
 from fleet.live import LiveView
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
-from service.describe import RUN_VIEWS, describe, run_view
+from service.axolotl_check import AxolotlVerdict
+from service.axolotl_check import check as axolotl_verdict
+from service.describe import RUN_VIEWS, describe, run_view, trainer_of
 from service.gitwatch import DEFAULT_GLOB
+from service.plan import JobPlan, plan_job
 from service.sweeps import SWEEP_PREFIX
 
 cli = typer.Typer(
@@ -60,22 +63,75 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
 
 
 @cli.command()
-def validate(files: Annotated[list[Path], typer.Argument(help="Job YAML files.")]) -> None:
-    """Check job files; print every problem with its key and line. Exit 1 on any problem."""
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Job YAML files.")],
+    plan: Annotated[
+        bool, typer.Option("--plan", help="Also show what would run: trainer, command, image, GPUs, $/h.")
+    ] = False,
+    provider: Annotated[
+        str | None, typer.Option(help="The provider of a file with no provider section (default: settings).")
+    ] = None,
+    axolotl_check: Annotated[
+        bool,
+        typer.Option(
+            help="Check axolotl jobs with axolotl's own config model too, where axolotl is installed."
+        ),
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check job files; print every problem with its key and line, and the trainer each would run with.
+    Exit 1 on any problem."""
     settings = settings_or_exit()
-    failed = False
+    failed, shown = False, []
     for path in files:
         try:
-            job = load_job(path, default_provider=settings.default_provider)
+            job = load_job(path, default_provider=provider or settings.default_provider)
+            verdict = axolotl_verdict(settings, job) if axolotl_check else None
+            if verdict is not None and verdict.problems:
+                raise ConfigError(job.source, verdict.problems)
         except ConfigError as exc:
             failed = True
             err.print(format_problems(exc), markup=False, highlight=False)
             continue
         for warning in job.warnings:
             err.print(f"[yellow]warning[/yellow] {job.source}: {warning}", highlight=False)
-        out.print(f"[green]ok[/green] {job.source} (provider {job.spec.provider.value})", highlight=False)
+        if as_json or plan:
+            shown.append(plan_job(settings, job))
+        if not as_json:
+            out.print(f"[green]ok[/green] {job.source} (provider {job.spec.provider.value})", highlight=False)
+            out.print(f"  {job.choice.describe() if job.choice else job.spec.train.trainer}", highlight=False)
+            if job.spec.train.trainer == "axolotl":
+                out.print(f"  {_checked_by(verdict, axolotl_check)}", markup=False, highlight=False)
+        if plan and not as_json:
+            _print_plan(shown[-1])
+    if as_json:
+        out.print_json(json.dumps([p.model_dump(mode="json") for p in shown]))
     if failed:
         raise typer.Exit(1)
+
+
+def _checked_by(verdict: AxolotlVerdict | None, asked: bool) -> str:
+    if verdict is not None:
+        return f"checked with axolotl {verdict.version}'s own config model ({verdict.python})"
+    if not asked:
+        return "axolotl's own check: skipped (--no-axolotl-check)"
+    return (
+        "axolotl's own check: skipped, no axolotl here (`make axolotl-env`, or pip install "
+        "'trainfleet[axolotl]'); its other keys are checked on the node"
+    )
+
+
+def _print_plan(plan: JobPlan) -> None:
+    price = f"${plan.price_per_hour:.2f}/h" if plan.price_per_hour is not None else "unknown"
+    rows = [
+        ("command", plan.command),
+        ("software", plan.software + (f" (axolotl {plan.axolotl_version})" if plan.axolotl_version else "")),
+        ("machines", f"{plan.nodes} x {plan.gpus_per_node} GPU" + (f" ({plan.gpu})" if plan.gpu else "")),
+        ("workers", plan.workers),
+        ("price", f"{price}: {plan.price_note}"),
+    ]
+    for name, value in rows:
+        out.print(f"  {name + ':':<10}{value}", markup=False, highlight=False)
 
 
 @cli.command()
@@ -226,7 +282,16 @@ def status(
         view = run_view(fleet, run)
         table = Table(show_header=False, box=None)
         as_text = view.model_dump(mode="json")
-        for key in ("run_id", "state", "provider", "source", "instance", "output_dir", "failure_reason"):
+        for key in (
+            "run_id",
+            "state",
+            "provider",
+            "trainer",
+            "source",
+            "instance",
+            "output_dir",
+            "failure_reason",
+        ):
             table.add_row(key, str(as_text[key]))
         if view.origin:
             table.add_row("origin", cli_watch.origin_text(view.origin))
@@ -244,7 +309,7 @@ def status(
         return
     table = Table()
     table.add_column("run", no_wrap=True, min_width=18)
-    for name in ("state", "provider", "eval_loss", "age", "source"):
+    for name in ("state", "provider", "trainer", "eval_loss", "age", "source"):
         table.add_column(name)
     for r in runs:
         age = f"{(time.time() - r.created_at) / 60:.0f}m"
@@ -252,7 +317,7 @@ def status(
         shown = f"{loss:.4g}" if isinstance(loss, float) else "-"
         state = "WAITING" if r.held and not r.state.is_terminal() else r.state.value  # for a sweep's slot
         source = f"{r.source} ({r.sweep_id})" if r.sweep_id else r.source
-        table.add_row(r.run_id, state, r.provider, shown, age, source)
+        table.add_row(r.run_id, state, r.provider, trainer_of(r), shown, age, source)
     out.print(table)
 
 

@@ -21,7 +21,7 @@ from core.errors import Problem
 from jobs.sections import SECTION_MODELS
 from jobs.sections.base import CHECK_SCRIPTS
 from jobs.yamlsafe import join_path
-from trainer.config import HUB_ID_PATTERN
+from trainer.config import HUB_ID_PATTERN, HUB_REPO_PATTERN
 
 _PARENT = re.compile(r"(\.[^.\[\]]*|\[\d+\])$")
 
@@ -128,6 +128,8 @@ def _message(err: ErrorDetails, model: type[BaseModel], prefix: str) -> str:
     if kind == "string_pattern_mismatch":
         if ctx.get("pattern") == HUB_ID_PATTERN:
             return "must be a hub repo id like 'org/name'"
+        if ctx.get("pattern") == HUB_REPO_PATTERN:
+            return "must be a hub repo id like 'org/name' (or 'name' in your own namespace)"
         return f"must match the pattern {ctx.get('pattern')}"
     if kind in ("value_error", "assertion_error") and "error" in ctx:
         return str(ctx["error"])

@@ -1,15 +1,18 @@
 """The job spec: a user's axolotl-style YAML, validated into the training config plus one provider section.
 
-A job file is an axolotl config (the `TrainConfig` keys, anything else passed through) with at most one
-provider section at the top level: ``local:``, ``runpod:`` or ``vastai:``. Without one, the job runs on the
-default provider, so a plain axolotl config is a valid job.
+A job file is an axolotl config with at most one provider section at the top level: ``local:``,
+``runpod:`` or ``vastai:``. Without one, the job runs on the default provider, so a plain axolotl config is
+a valid job. Its training part goes to the trainer jobs.trainer_choice picks (or the job names): the
+builtin recipe's typed keys (`TrainConfig`), or axolotl's (`AxolotlConfig`: the fleet's keys typed, the rest
+kept for axolotl).
 
 `load_job` / `parse_job` either return a `LoadedJob` or raise `ConfigError` listing every problem found,
 each with the key path as written in the YAML ("runpod.gpu_count", "datasets[0].type") and its line. They
 raise nothing else. Keys trainfleet does not use are reported once, as one warning in the result.
 
 This module holds the spec, the loading and the checks across keys (the provider section, misspelled
-sections, dataset paths); jobs.problems turns pydantic's errors into those problems.
+sections, dataset paths, what a node without GPUs cannot run); jobs.problems turns pydantic's errors into
+those problems.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from core.errors import ConfigError, Problem
 from jobs.problems import line_of, shorten, validate_mapping
 from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
+from jobs.trainer_choice import TrainerChoice, choose
 from jobs.yamlsafe import MAX_BYTES, join_path, load_yaml
-from trainer.config import HUB_ID_PATTERN, TrainConfig
+from trainer.config import HUB_ID_PATTERN, AnyTrainConfig, AxolotlConfig, TrainConfig
+
+_TRAIN_CONFIG: TypeAdapter[AnyTrainConfig] = TypeAdapter(AnyTrainConfig)
 
 _PROVIDER_KEYS = frozenset(p.value for p in ProviderName)
 
@@ -43,9 +49,15 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    train: TrainConfig
+    train: AnyTrainConfig
     provider: ProviderName
     section: ProviderSection
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _train_for_trainer(cls, value: object) -> object:
+        # From JSON or a dict dump (the ledger): the config of the trainer it names.
+        return _TRAIN_CONFIG.validate_python(value) if isinstance(value, dict) else value
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -88,6 +100,8 @@ class LoadedJob:
     warnings: list[str]
     source: str
     text: str
+    choice: TrainerChoice | None = None
+    """The trainer and why (None only for a LoadedJob made in code)."""
     sweep: Any = None
     """The file's `sweep:` section as written (validated by service.sweep_load), or None."""
     lines: Mapping[str, int] = field(default_factory=dict)
@@ -150,7 +164,14 @@ def parse_job(
     provider, section_data = _take_provider_section(raw, lines, fallback, problems)
     problems += _misspelled_sections(raw, lines)
     problems += _resolve_datasets(raw, lines, base_dir)
-    train = validate_mapping(TrainConfig, raw, "", lines, problems)
+    problems += _resolve_deepspeed(raw, lines, base_dir)
+    choice, choice_problems = choose(raw, lines)
+    trainer = choice.trainer if choice is not None else "builtin"
+    model = AxolotlConfig if trainer == "axolotl" else TrainConfig
+    typed: list[Problem] = []
+    train = validate_mapping(model, {**raw, "trainer": trainer}, "", lines, typed)
+    said = {p.path for p in choice_problems}  # a key the trainer does not implement: said once, not twice
+    problems += choice_problems + [p for p in typed if p.path not in said]
     section = validate_mapping(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
     if section is not None and section.num_nodes > 1 and not section.MULTI_NODE.supported:
         where = join_path(provider.value, "num_nodes")
@@ -164,15 +185,37 @@ def parse_job(
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
     spec = JobSpec(train=train, provider=provider, section=section)
+    problems += _node_problems(spec, lines)
+    if problems or choice is None:  # (no choice: its problem is in the list)
+        raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
     warnings = []
-    if extra := train.extra_keys():
+    if choice.bookkeeping:
         warnings.append(
-            f"{len(extra)} key(s) that trainfleet does not use are kept and passed through unchanged: "
-            + ", ".join(extra)
+            f"{len(choice.bookkeeping)} key(s) that change nothing in how the builtin recipe trains are kept "
+            "and passed through unchanged: " + ", ".join(choice.bookkeeping)
         )
     return LoadedJob(
-        spec=spec, warnings=warnings, source=source, text=doc.text, sweep=sweep, lines=MappingProxyType(lines)
+        spec=spec,
+        warnings=warnings,
+        source=source,
+        text=doc.text,
+        choice=choice,
+        sweep=sweep,
+        lines=MappingProxyType(lines),
     )
+
+
+def _node_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
+    """What the job's node could never run, found before anything is rented."""
+    train = spec.train
+    if isinstance(train, AxolotlConfig) and train.use_ray and spec.gpu_count == 0:
+        where = "use_ray"
+        message = (
+            "axolotl's Ray Train launcher takes one GPU per worker (use_gpu=True), and this job's node has "
+            f"none ({spec.provider.value}); Ray would wait for GPUs forever. Ask for GPUs, or drop use_ray"
+        )
+        return [Problem(where, message, line_of(lines, where))]
+    return []
 
 
 def format_problems(err: ConfigError) -> str:
@@ -239,6 +282,23 @@ def _resolve_datasets(raw: dict[str, Any], lines: Mapping[str, int], base_dir: P
         resolved.append(entry)
     raw["datasets"] = resolved
     return problems
+
+
+def _resolve_deepspeed(raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path) -> list[Problem]:
+    """An axolotl `deepspeed:` JSON named by a relative path is looked up next to the job file and made
+    absolute (it travels with the job); an absolute one is the node's (an image's own configs)."""
+    value = raw.get("deepspeed")
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return []
+    candidate = base_dir / value
+    if _exists(candidate) and candidate.is_file():
+        raw["deepspeed"] = str(candidate.resolve())
+        return []
+    message = (
+        f"file not found: {shorten(value)} (relative paths are looked up in {base_dir}; "
+        "`axolotl fetch deepspeed_configs` puts axolotl's there)"
+    )
+    return [Problem("deepspeed", message, lines.get("deepspeed"))]
 
 
 def _dataset_path(path: str, base_dir: Path) -> str | None:

@@ -20,8 +20,9 @@ from typing import ClassVar
 from pydantic import BaseModel, SecretStr
 
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
-from core.settings import DEFAULT_NODE_IMAGE
+from core.settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
 from jobs.sections import ProviderName, SectionBase
+from trainer.config import TrainerName
 
 INSTANCE_PREFIX = "tf-"
 
@@ -94,6 +95,15 @@ SSH_KEY_ENV = "PUBLIC_KEY"  # the fleet's SSH public key in a node's environment
 
 
 @dataclass(frozen=True)
+class NodeSoftware:
+    """What a node must run besides Ray: the builtin recipe's node software, or axolotl at a release."""
+
+    trainer: TrainerName = "builtin"
+    axolotl_version: str | None = None
+    """The axolotl release (an axolotl job's `axolotl_version`, else the fleet's setting)."""
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     """What to start: the instance's name, the run it is for, the job's provider section, the
     credentials the node needs itself (HF_TOKEN, WANDB_API_KEY), and how long the node's failsafe waits for
@@ -108,6 +118,7 @@ class LaunchRequest:
     secrets: Mapping[str, SecretStr] = field(default_factory=dict)
     heartbeat_timeout_s: float | None = None
     head: str | None = None
+    software: NodeSoftware = NodeSoftware()
 
     def node_env(self, section_env: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: the section's `env`, then the secrets (which win)."""
@@ -124,6 +135,14 @@ class ProviderContext:
     ssh_public_key: str | None = None  # the fleet's SSH public key line, installed on every rented node
     node_python: Path | None = None  # the local nodes' Python (settings.node_python); None: found
     default_image: str = DEFAULT_NODE_IMAGE  # a rented node's image when its section names none
+    axolotl_python: Path | None = None  # the local nodes' Python for axolotl jobs; None: .venv-axolotl
+    axolotl_image: str = DEFAULT_AXOLOTL_IMAGE  # ... and a rented node's image for them
+
+    def image(self, section_image: str | None, software: NodeSoftware) -> str:
+        """The image a rented node starts: its section's, else the default for what it runs."""
+        if section_image:
+            return section_image
+        return self.axolotl_image if software.trainer == "axolotl" else self.default_image
 
     def credential(self, name: str) -> SecretStr:
         """The named credential; CredentialsMissing (naming it, never showing it) when absent."""

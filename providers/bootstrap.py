@@ -22,7 +22,7 @@ from types import ModuleType
 import trainer
 from jobs.sections import ProviderName
 from providers import failsafe, nodesetup
-from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV
+from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV, NodeSoftware
 from trainer.progress import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
@@ -110,14 +110,24 @@ def node_pins() -> tuple[str, ...]:
     return tuple(pins)
 
 
-def node_setup_env() -> dict[str, str]:
+def axolotl_pins(version: str) -> tuple[str, ...]:
+    """An axolotl node's software: axolotl at `version` and the fleet's Ray. Nothing else is pinned: axolotl
+    pins its own torch, transformers and peft, and the image's build of them is what it was tested with."""
+    ray = next(pin for pin in node_pins() if pin.startswith("ray"))
+    return (f"axolotl=={version}", ray)
+
+
+def node_setup_env(software: NodeSoftware | None = None) -> dict[str, str]:
     """What a rented node's start script needs in its environment to set the node's software up
-    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in."""
+    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in. An
+    axolotl node keeps its image's Python (axolotl's images are built for theirs)."""
+    env = {ACCESS_ENV: "\n".join(ACCESS_LINES), SETUP_ENV: packed(nodesetup)}
+    if software is not None and software.trainer == "axolotl" and software.axolotl_version:
+        return {**env, nodesetup.PINS_ENV: " ".join(axolotl_pins(software.axolotl_version))}
     return {
-        ACCESS_ENV: "\n".join(ACCESS_LINES),
+        **env,
         nodesetup.PINS_ENV: " ".join(node_pins()),
         nodesetup.PYTHON_ENV: f"{sys.version_info[0]}.{sys.version_info[1]}",
-        SETUP_ENV: packed(nodesetup),
     }
 
 

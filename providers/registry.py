@@ -61,6 +61,9 @@ def provider_context(settings: Settings, secrets: Secrets | None = None) -> Prov
         credentials=dict(found.values),
         urls=api_urls(settings),
         node_python=settings.node_python,
+        axolotl_python=settings.axolotl_python,
+        default_image=settings.node_image,
+        axolotl_image=settings.axolotl_image,
         ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
     )
 

@@ -15,6 +15,7 @@ from broker.payloads import Event, GitOrigin, Metrics, PrepareEntry, RunSucceede
 from core.errors import FailureReason
 from jobs.sections import ProviderName
 from service.runs import Fleet
+from trainer.config import AxolotlConfig
 
 
 def format_value(value: Any) -> str:
@@ -59,6 +60,7 @@ class RunView(BaseModel):
     run_id: str
     state: RunState
     provider: ProviderName
+    trainer: str = Field(description="The trainer: `builtin`, or `axolotl <release>`.")
     source: str
     created_at: float
     updated_at: float
@@ -83,11 +85,22 @@ class RunView(BaseModel):
 RUN_VIEWS = TypeAdapter(list[RunView])
 
 
+def trainer_of(run: Run) -> str:
+    """`builtin`, or `axolotl 0.19.0` (the release its nodes train with)."""
+    train = run.spec.train
+    if isinstance(train, AxolotlConfig):
+        return f"axolotl {train.axolotl_version}" if train.axolotl_version else "axolotl"
+    return "builtin"
+
+
 def run_view(fleet: Fleet, run: Run) -> RunView:
     """A run as `fleet status RUN` shows it (with what its instances cost so far)."""
     stages = [StageView(name=t.name, started=t.started, ended=t.ended, seconds=t.seconds) for t in run.stages]
     return RunView(
-        **run.model_dump(include=set(RunView.model_fields) - {"instances", "stages", "metrics", "cost_usd"}),
+        **run.model_dump(
+            include=set(RunView.model_fields) - {"instances", "stages", "metrics", "cost_usd", "trainer"}
+        ),
+        trainer=trainer_of(run),
         instances=run.instance_names if run.instance else [],
         stages=stages,
         metrics={"eval_loss_first": None, "eval_loss": None, **run.metrics},

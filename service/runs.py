@@ -23,6 +23,7 @@ from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context
 from service.embedded import ensure_redis
+from trainer.config import AxolotlConfig
 
 
 @dataclass
@@ -120,6 +121,10 @@ def submit(
         raise ValueError("output_dir escapes the run directory")  # validated earlier; belt and braces
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
+        if isinstance(spec.train, AxolotlConfig) and spec.train.axolotl_version is None:
+            # The run trains with the release the fleet names now, even if the setting changes later.
+            pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
+            spec = spec.model_copy(update={"train": pinned})
         if not PROVIDERS[spec.provider].shares_files:
             spec = spec.model_copy(update={"train": ship_datasets(spec.train, job.source, ship_dir(run_dir))})
         run = Run(

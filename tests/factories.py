@@ -29,7 +29,7 @@ from core.errors import FailureReason
 from jobs.sections import SECTION_MODELS, LocalSection, SectionBase
 from jobs.spec import JobSpec
 from trainer import faults, progress
-from trainer.config import TrainConfig, TrainJob, WandbPlan
+from trainer.config import AxolotlConfig, TrainConfig, TrainJob, WandbPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_YAML = REPO_ROOT / "configs" / "examples" / "tiny-lora.yml"
@@ -65,6 +65,33 @@ def train_config(**overrides: Any) -> TrainConfig:
     }
     values.update(overrides)
     return TrainConfig.model_validate(values)
+
+
+def axolotl_config(**overrides: Any) -> AxolotlConfig:
+    """A small axolotl job on the tiny model and the bundled dataset (axolotl's `alpaca` over JSON Lines):
+    a few steps that evaluate and checkpoint, fast on a CPU."""
+    values: dict[str, Any] = {
+        "trainer": "axolotl",
+        "base_model": "trainfleet/tiny-llama",
+        "datasets": [{"path": str(TINY_DATA), "type": "alpaca", "ds_type": "json"}],
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_target_linear": True,
+        "sequence_len": 96,
+        "micro_batch_size": 4,
+        "num_epochs": 1,
+        "max_steps": 6,
+        "learning_rate": 0.002,
+        "lr_scheduler": "cosine",
+        "optimizer": "adamw_torch",
+        "val_set_size": 0.1,
+        "eval_steps": 3,
+        "save_steps": 3,
+        "logging_steps": 1,
+    }
+    values.update(overrides)
+    return AxolotlConfig.model_validate(values)
 
 
 def job_spec(section: SectionBase | None = None) -> JobSpec:

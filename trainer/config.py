@@ -1,18 +1,30 @@
-"""The training half of a job: the axolotl keys the trainfleet LoRA recipe understands.
+"""The training half of a job, for either trainer: the builtin LoRA recipe or axolotl itself.
 
-`TrainConfig` is the node's contract. The front door (jobs.spec) validates a user's YAML into it, and the
-trainer reads it back from JSON on the node. Keys it does not know are kept (``extra="allow"``) so that a
-real axolotl config loads unchanged; jobs.spec warns about them once.
+`FleetKeys` are the keys the fleet reads whatever the trainer (model, datasets, output, hub, W&B, Ray).
+`TrainConfig` adds the keys the builtin recipe implements, typed (`trainer: builtin`); `AxolotlConfig`
+(`trainer: axolotl`) keeps every other key as written, for axolotl to read on the node. `AnyTrainConfig`
+is either, told apart by `trainer`. The front door (jobs.spec, jobs.trainer_choice) decides which; the
+node reads the config back from JSON. `trainer` and `axolotl_version` are the fleet's own keys and never
+reach axolotl.
 """
 
 from __future__ import annotations
 
 import base64
 import posixpath
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from trainer.progress import NODE_ROOT_ENV
 
@@ -21,35 +33,112 @@ ENV_PREFIX = "b64:"  # a TrainJob in an environment variable (TrainJob.to_env)
 # Names under which the trainer builds a model itself instead of downloading it (see trainer.tiny).
 BUILTIN_MODELS = ("trainfleet/tiny-llama",)
 
+TrainerName = Literal["builtin", "axolotl"]
+FLEET_KEYS = (
+    "trainer",
+    "axolotl_version",
+)  # the fleet's own keys in a job's training part: never sent to axolotl
 DatasetType = Literal["alpaca", "completion"]
 Scheduler = Literal[
     "cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"
 ]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"]
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
+# A repository to push to: `org/name`, or `name` alone in the token's own namespace (as transformers allows).
+HUB_REPO_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class DatasetConfig(BaseModel):
-    """One entry of `datasets:` (axolotl's shape). Unknown keys are kept and warned about."""
+class DatasetRef(BaseModel):
+    """One entry of `datasets:` as the fleet reads it, whatever the trainer: where the data is."""
 
     model_config = ConfigDict(extra="allow")
 
-    path: str = Field(min_length=1, description="Local JSONL file or directory, or a hub dataset id.")
-    type: DatasetType = Field(
-        "alpaca", description="alpaca: instruction/input/output; completion: plain text."
-    )
-    field: str = Field("text", min_length=1, description="The text field of a `completion` dataset.")
+    path: str = Field(min_length=1, description="Local file or directory, or a hub dataset id.")
     data_files: str | list[str] | None = Field(None, description="Files inside `path` to read.")
     split: str = Field("train", description="Split name (hub datasets).")
 
 
-class TrainConfig(BaseModel):
-    """The axolotl keys the trainer uses, typed; any other key is passed through untouched."""
+class DatasetConfig(DatasetRef):
+    """One entry of `datasets:` for the builtin recipe (axolotl's shape). Unknown keys are kept."""
+
+    type: DatasetType = Field(
+        "alpaca", description="alpaca: instruction/input/output; completion: plain text."
+    )
+    field: str = Field("text", min_length=1, description="The text field of a `completion` dataset.")
+
+
+class AxolotlDataset(DatasetRef):
+    """One entry of `datasets:` for axolotl: any of axolotl's prompt formats, every key kept for it."""
+
+    type: str | dict[str, Any] | None = Field(None, description="axolotl's prompt strategy.")
+
+
+class FleetKeys(BaseModel):
+    """The keys the fleet itself reads, whatever the trainer; any other key is kept (``extra="allow"``)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
+    trainer: TrainerName
     base_model: str = Field(min_length=1, description="Hub id or local path of the base model.")
+    datasets: Annotated[Sequence[DatasetRef], Field(min_length=1, description="Training datasets.")]
+    output_dir: str = Field(
+        "./outputs", validate_default=True, description="Where results go, relative to the run's directory."
+    )
+    hub_model_id: str | None = Field(
+        None,
+        pattern=HUB_REPO_PATTERN,
+        description="Push the result here (`name` alone: the token's namespace).",
+    )
+    hub_private_repo: bool = Field(True, description="Create the hub repository private (if it is new).")
+    hub_strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
+        "end", description="What goes to the hub: the result at the end, or checkpoints too (transformers')."
+    )
+    wandb_project: str | None = Field(None, description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity.")
+    wandb_name: str | None = Field(None, description="W&B run name.")
+    wandb_run_id: str | None = Field(None, description="W&B run id.")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="W&B mode.")
+    wandb_watch: str | None = Field(None, description="W&B watch setting.")
+    wandb_log_model: str | None = Field(None, description="W&B model logging.")
+    use_ray: bool = Field(False, description="Train with Ray Train's TorchTrainer (else one process).")
+    ray_num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers.")
+    resources_per_worker: dict[str, float] | None = Field(
+        None, description="Ray resources per worker, e.g. {GPU: 1}; default 1 GPU, or 1 CPU without GPUs."
+    )
+    ray_run_name: str | None = Field(None, description="Ray Train run name.")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_stays_inside(cls, value: str) -> str:
+        norm = posixpath.normpath(value.replace("\\", "/"))
+        if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or "\x00" in norm:
+            raise ValueError("must be a relative path inside the run's directory (no '..', not absolute)")
+        return norm
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources_positive(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            for name, amount in value.items():
+                if not name or amount < 0 or amount > 1024:
+                    raise ValueError(f"{name!r}: amount must be between 0 and 1024")
+        return value
+
+    def extra_keys(self) -> list[str]:
+        """Keys trainfleet does not use (kept and passed through), including ones inside datasets."""
+        keys = sorted((self.model_extra or {}).keys())
+        for i, ds in enumerate(self.datasets):
+            keys += [f"datasets[{i}].{k}" for k in sorted((ds.model_extra or {}).keys())]
+        return keys
+
+
+class TrainConfig(FleetKeys):
+    """A job for the builtin recipe: the axolotl keys it implements, typed. Other keys are kept, and the front
+    door allows only bookkeeping ones (jobs.trainer_choice)."""
+
+    trainer: Literal["builtin"] = "builtin"
     datasets: Annotated[list[DatasetConfig], Field(min_length=1, description="Training datasets.")]
+
     adapter: Literal["lora"] = Field("lora", description="Only LoRA adapters are trained by this recipe.")
     lora_r: int = Field(8, ge=1, le=1024, description="LoRA rank.")
     lora_alpha: float = Field(16, gt=0, le=4096, description="LoRA alpha.")
@@ -101,27 +190,6 @@ class TrainConfig(BaseModel):
         description="Rollbacks (on a NaN/inf loss, or a loss above the threshold; each halves the learning "
         "rate) before the run fails; 0 fails at once.",
     )
-    output_dir: str = Field(
-        "./outputs", validate_default=True, description="Where results go, relative to the run's directory."
-    )
-    hub_model_id: str | None = Field(None, pattern=HUB_ID_PATTERN, description="Push the result here.")
-    hub_private_repo: bool = Field(True, description="Create the hub repository private (if it is new).")
-    hub_strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
-        "end", description="What goes to the hub: the result at the end, or checkpoints too (transformers')."
-    )
-    wandb_project: str | None = Field(None, description="W&B project.")
-    wandb_entity: str | None = Field(None, description="W&B entity.")
-    wandb_name: str | None = Field(None, description="W&B run name.")
-    wandb_run_id: str | None = Field(None, description="W&B run id.")
-    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="W&B mode.")
-    wandb_watch: str | None = Field(None, description="W&B watch setting.")
-    wandb_log_model: str | None = Field(None, description="W&B model logging.")
-    use_ray: bool = Field(False, description="Train with Ray Train's TorchTrainer (else one process).")
-    ray_num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers.")
-    resources_per_worker: dict[str, float] | None = Field(
-        None, description="Ray resources per worker, e.g. {GPU: 1}; default 1 GPU, or 1 CPU without GPUs."
-    )
-    ray_run_name: str | None = Field(None, description="Ray Train run name.")
     ray_max_failures: int = Field(
         0,
         ge=0,
@@ -129,23 +197,6 @@ class TrainConfig(BaseModel):
         description="Worker failures Ray Train recovers from, resuming from the last checkpoint "
         "(FailureConfig.max_failures); 0 fails the run at the first.",
     )
-
-    @field_validator("output_dir")
-    @classmethod
-    def _output_dir_stays_inside(cls, value: str) -> str:
-        norm = posixpath.normpath(value.replace("\\", "/"))
-        if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or "\x00" in norm:
-            raise ValueError("must be a relative path inside the run's directory (no '..', not absolute)")
-        return norm
-
-    @field_validator("resources_per_worker")
-    @classmethod
-    def _resources_positive(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value is not None:
-            for name, amount in value.items():
-                if not name or amount < 0 or amount > 1024:
-                    raise ValueError(f"{name!r}: amount must be between 0 and 1024")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -155,12 +206,70 @@ class TrainConfig(BaseModel):
             raise ValueError("val_set_size: a fraction below 1, or a whole number of examples")
         return self
 
-    def extra_keys(self) -> list[str]:
-        """Keys trainfleet does not use (kept and passed through), including ones inside datasets."""
-        keys = sorted((self.model_extra or {}).keys())
-        for i, ds in enumerate(self.datasets):
-            keys += [f"datasets[{i}].{k}" for k in sorted((ds.model_extra or {}).keys())]
-        return keys
+
+# Keys both trainers read with the same meaning: an axolotl job's are checked with the builtin's bounds
+# (axolotl has no bounds of its own for them until it starts on the node).
+SHARED_TYPED_KEYS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "sequence_len",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "num_epochs",
+    "max_steps",
+    "learning_rate",
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "val_set_size",
+    "seed",
+    "train_on_inputs",
+    "auto_find_batch_size",
+    "loss_watchdog_threshold",
+    "loss_watchdog_patience",
+)
+
+
+def _shared_fields() -> dict[str, Any]:
+    """The SHARED_TYPED_KEYS as optional fields (absent: axolotl's default), with the builtin's bounds."""
+    fields: dict[str, Any] = {}
+    for name in SHARED_TYPED_KEYS:
+        info = TrainConfig.model_fields[name]
+        typed: Any = info.annotation
+        if info.metadata:
+            typed = Annotated.__class_getitem__((typed, *info.metadata))  # type: ignore[attr-defined]
+        fields[name] = (typed | None, Field(None, description=info.description))
+    return fields
+
+
+if TYPE_CHECKING:
+    _AxolotlTyped = FleetKeys
+else:
+    _AxolotlTyped = create_model("_AxolotlTyped", __base__=FleetKeys, **_shared_fields())
+
+
+class AxolotlConfig(_AxolotlTyped):
+    """A job for axolotl: the fleet's keys and the keys both trainers share typed (an unset one stays
+    unset), every other key kept as written for axolotl to check and use on the node."""
+
+    trainer: Literal["axolotl"] = "axolotl"
+    datasets: Annotated[list[AxolotlDataset], Field(min_length=1, description="Training datasets.")]
+    axolotl_version: str | None = Field(
+        None, pattern=r"^[0-9][0-9A-Za-z.+-]*$", description="The axolotl release to train with (node setup)."
+    )
+
+
+def _trainer_of(value: Any) -> str:
+    """The trainer a config is for; a config written before the choice existed is the builtin's."""
+    found = value.get("trainer") if isinstance(value, dict) else getattr(value, "trainer", None)
+    return found if found in ("builtin", "axolotl") else "builtin"
+
+
+AnyTrainConfig = Annotated[
+    Annotated[TrainConfig, Tag("builtin")] | Annotated[AxolotlConfig, Tag("axolotl")],
+    Discriminator(_trainer_of),
+]
 
 
 class WandbPlan(BaseModel):
@@ -187,7 +296,7 @@ class TrainJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_id: str = Field(min_length=1, description="The fleet's run id.")
-    config: TrainConfig
+    config: AnyTrainConfig
     work_dir: str = Field(
         description="Scratch directory of this run on the node (Ray storage, checkpoints); a relative path "
         f"is under the node's ${NODE_ROOT_ENV}."
@@ -232,6 +341,6 @@ class TrainJob(BaseModel):
         return cls.model_validate_json(text)
 
 
-def as_jsonable(config: TrainConfig) -> dict[str, Any]:
+def as_jsonable(config: FleetKeys) -> dict[str, Any]:
     """The config as plain JSON data, passthrough keys included."""
     return config.model_dump(mode="json", exclude_none=True)

@@ -4,7 +4,9 @@ job on a node's head before the node counts as ready, with the interpreter that 
 It checks what a run needs of the node's software and hardware: this Python's version and Ray's equal the
 fleet's (given as arguments), torch, transformers and peft import, the other libraries the trainer uses are
 installed, and, when the run's section asks for GPUs, CUDA sees at least that many, unless the node says
-it is a CPU stand-in (a marker only the test fakes set, in the node's own environment). It prints one CHECKED
+it is a CPU stand-in (a marker only the test fakes set, in the node's own environment). A job for axolotl
+(`--axolotl VERSION`, or `any`) also needs axolotl installed at that version and `axolotl.cli.main`
+importable (what trainer.axolotl_run starts). It prints one CHECKED
 progress line with what it found and the problems, and exits 0 whenever it could look (the fleet reads the
 problems); anything else is the fleet's cue that the node is broken beyond checking.
 
@@ -100,10 +102,30 @@ def _setup(environ: dict[str, str]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def check(gpus: int, python: str | None, ray: str | None, environ: dict[str, str]) -> Checked:
+def _axolotl(wanted: str, versions: dict[str, str], missing: dict[str, str]) -> list[str]:
+    """Note axolotl's version (or why it is missing); the problem when it is not the `wanted` one."""
+    try:
+        found = importlib.metadata.version("axolotl")
+    except importlib.metadata.PackageNotFoundError:
+        missing["axolotl"] = "not installed"
+        return []
+    try:
+        importlib.import_module("axolotl.cli.main")
+    except Exception as exc:  # noqa: BLE001 - any failure to import is what we report
+        missing["axolotl"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    versions["axolotl"] = found
+    if wanted != "any" and found != wanted:
+        return [f"axolotl {found} on the node, the job asks for {wanted}"]
+    return []
+
+
+def check(
+    gpus: int, python: str | None, ray: str | None, environ: dict[str, str], axolotl: str | None = None
+) -> Checked:
     """What this node has against what the run needs: `gpus` per node, the fleet's `python` (X.Y) and
-    `ray` versions (None: not compared)."""
+    `ray` versions (None: not compared), and for a job for axolotl its `axolotl` version (`any`: any one)."""
     versions, missing = _libraries()
+    axolotl_problems = _axolotl(axolotl, versions, missing) if axolotl else []
     cuda, cuda_version, names, bf16 = _cuda()
     standin = environ.get(CPU_STANDIN_ENV) == "1"
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -112,6 +134,7 @@ def check(gpus: int, python: str | None, ray: str | None, environ: dict[str, str
         problems.append(f"Python {here} on the node, the fleet runs {python}")
     if ray and "ray" in versions and versions["ray"] != ray:
         problems.append(f"Ray {versions['ray']} on the node, the fleet runs {ray}")
+    problems += axolotl_problems
     for name, why in missing.items():
         problems.append(f"{name} is missing ({why})")
     if gpus > 0 and len(names) < gpus and not standin:
@@ -139,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0, help="GPUs the run's section asks for, per node.")
     parser.add_argument("--python", help="The fleet's Python version, X.Y.")
     parser.add_argument("--ray", help="The fleet's Ray version.")
+    parser.add_argument("--axolotl", metavar="VERSION", help="A job for axolotl: its version, or `any`.")
     args = parser.parse_args(argv)
-    found = check(args.gpus, args.python, args.ray, dict(os.environ))
+    found = check(args.gpus, args.python, args.ray, dict(os.environ), axolotl=args.axolotl)
     emit(Kind.CHECKED, **found)
     return 0

@@ -46,6 +46,7 @@ def push(job: TrainJob) -> Pushed:
     api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)
     try:
         repo = api.create_repo(repo_id, private=job.config.hub_private_repo, exist_ok=True)
+        repo_id = repo.repo_id  # `name` alone is in the token's namespace: the hub says which
         info = api.upload_folder(
             repo_id=repo_id, folder_path=out, commit_message=f"trainfleet run {job.run_id}"
         )

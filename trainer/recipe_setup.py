@@ -54,6 +54,8 @@ class RunSetup:
         from transformers.utils import logging as hf_logging
 
         self.started = time.monotonic()
+        if not isinstance(job.config, TrainConfig):  # axolotl's jobs run axolotl (trainer.axolotl_run)
+            raise TypeError(f"the builtin recipe cannot run a trainer: {job.config.trainer} job")
         self.job, self.config = job, job.config
         cfg = self.config
         hf_logging.disable_progress_bar()

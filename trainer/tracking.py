@@ -63,13 +63,7 @@ class Tracker:
         )
         self.run.define_metric("train/global_step")
         self.run.define_metric("*", step_metric="train/global_step")
-        rows = [[float(e.get("t", 0.0)), str(e.get("event", "")), _detail(e)] for e in plan.lifecycle]
-        if rows:
-            self.run.log({"lifecycle/events": wandb.Table(columns=["t", "event", "detail"], data=rows)})
-        for event in plan.lifecycle:
-            for key, value in event.items():
-                if key not in ("t", "event") and _number(value):
-                    self.run.summary[f"lifecycle/{event['event']}/{key}"] = value
+        log_lifecycle(self.run, plan.lifecycle)
 
     def record(self, kind: Kind, data: Mapping[str, Any]) -> None:
         """Mirror one progress line."""
@@ -123,6 +117,20 @@ class Tracker:
             self.run.summary["failure_reason"] = failure
         self.run.finish(exit_code=1 if failure is not None else 0)
         self.run = None
+
+
+def log_lifecycle(run: Any, lifecycle: Sequence[Mapping[str, Any]]) -> None:
+    """What happened before training (the plan's lifecycle) into the W&B `run`: a table of the events, and
+    each event's numbers in the summary (`lifecycle/<event>/<key>`). Also used for axolotl's run."""
+    import wandb
+
+    rows = [[float(e.get("t", 0.0)), str(e.get("event", "")), _detail(e)] for e in lifecycle]
+    if rows:
+        run.log({"lifecycle/events": wandb.Table(columns=["t", "event", "detail"], data=rows)})
+    for event in lifecycle:
+        for key, value in event.items():
+            if key not in ("t", "event") and _number(value):
+                run.summary[f"lifecycle/{event['event']}/{key}"] = value
 
 
 def _number(value: Any) -> bool:

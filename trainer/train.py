@@ -8,10 +8,15 @@ it with a Ray job). `train` resolves the base model once, here on the driver, th
   workers; Ray's storage (checkpoint copies, run state) goes to ``<work_dir>/ray``.
 - `use_ray: false`: the same recipe in this process.
 
+A job for axolotl (`trainer: axolotl`) trains with axolotl's own command instead (trainer.axolotl_run);
+with `use_ray`, axolotl runs Ray Train itself.
+
 `fetch` resolves the base model (building the tiny one) and reads the datasets, then prints a FETCHED
-progress line; the fleet runs it as the prepare step. `pack` prints the output directory for the fleet to
-bring back from a rented node (trainer.pack). All exit 0 on success and 1 with a one-line
-``trainer: error: ...`` on stderr otherwise. Heavy imports wait until a command needs them.
+progress line; the fleet runs it as the prepare step. For axolotl it checks that the local datasets are
+there and counts their records when it can (JSON Lines, JSON); hub datasets are axolotl's to fetch.
+`pack` prints the output directory for the fleet to bring back from a rented node (trainer.pack). All exit
+0 on success and 1 with a one-line ``trainer: error: ...`` on stderr otherwise. Heavy imports wait until a
+command needs them.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from pydantic import ValidationError
 
 from trainer import hub_checkpoints, pack, push
-from trainer.config import TrainJob
+from trainer.config import AxolotlConfig, TrainConfig, TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
 
 if TYPE_CHECKING:
-    from trainer.download import DownloadSummary
+    from trainer.download import DownloadStats, DownloadSummary
     from trainer.outputs import Metrics
 
 
@@ -39,7 +44,7 @@ class Fetched(TypedDict):
     """What `fetch` found: the FETCHED progress line's fields."""
 
     model_path: str
-    examples: int
+    examples: int | None  # None: axolotl's datasets in a format the fetch does not read
     dataset_files: list[str]
     download: DownloadSummary
 
@@ -76,9 +81,17 @@ def fetch(job: TrainJob, base_dir: Path) -> Fetched:
     from trainer.tiny import fetch_model
 
     model_path, model_download = fetch_model(job.config.base_model, cache_dir(job))
-    datasets, downloads = localize_datasets(job.config.datasets, base_dir, cache_dir(job))
-    examples = len(load_records(datasets, base_dir))
-    files = [str(f) for ds in datasets for f in dataset_files(ds, base_dir)]
+    config = job.config
+    if isinstance(config, AxolotlConfig):
+        from trainer import axolotl_run
+
+        found = axolotl_run.local_dataset_files(job, base_dir)
+        examples, files = axolotl_run.count_examples(found), [str(f) for f in found]
+        downloads: list[DownloadStats] = []
+    else:
+        datasets, downloads = localize_datasets(config.datasets, base_dir, cache_dir(job))
+        examples = len(load_records(datasets, base_dir))
+        files = [str(f) for ds in datasets for f in dataset_files(ds, base_dir)]
     download = summary([*([model_download] if model_download else []), *downloads])
     emit(Kind.FETCHED, model_path=str(model_path), examples=examples, dataset_files=files, download=download)
     return {"model_path": str(model_path), "examples": examples, "dataset_files": files, "download": download}
@@ -90,9 +103,16 @@ def train(job: TrainJob, base_dir: Path) -> Metrics | dict[str, Any]:
     from trainer.data import dataset_files, localize_datasets
     from trainer.tiny import resolve_model
 
-    datasets, _ = localize_datasets(job.config.datasets, base_dir, cache_dir(job))  # hub ids: + local_copy
-    job = job.model_copy(update={"config": job.config.model_copy(update={"datasets": datasets})})
-    for ds in job.config.datasets:  # fail fast, before any worker starts, on a missing file
+    config = job.config
+    if isinstance(config, AxolotlConfig):
+        from trainer import axolotl_run
+
+        axolotl_run.local_dataset_files(job, base_dir)  # fail fast on a missing file
+        model_path = resolve_model(config.base_model, cache_dir(job))
+        return axolotl_run.run(job, model_path, base_dir)
+    datasets, _ = localize_datasets(config.datasets, base_dir, cache_dir(job))  # hub ids: + local_copy
+    job = job.model_copy(update={"config": config.model_copy(update={"datasets": datasets})})
+    for ds in datasets:  # fail fast, before any worker starts, on a missing file
         dataset_files(ds, base_dir)
     model_path = resolve_model(job.config.base_model, cache_dir(job))
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
@@ -119,6 +139,8 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
     from trainer.recipe import loop_config, train_loop_per_worker
 
     cfg = job.config
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"the builtin recipe cannot run a trainer: {cfg.trainer} job")
     started_here = not ray.is_initialized()
     if started_here:
         if os.environ.get("RAY_ADDRESS"):

@@ -15,9 +15,10 @@ from broker.models import Run
 from broker.payloads import PAYLOADS, EventType, Payload
 from jobs import shipping
 from jobs.redact import redact_job
+from providers.base import NodeSoftware
 from providers.node import JobInfo, NodeClient
 from trainer import progress
-from trainer.config import TrainJob
+from trainer.config import AxolotlConfig, TrainJob
 from workers import context, wandb_plan
 
 log = logging.getLogger("trainfleet.workers")
@@ -45,6 +46,14 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         wandb=wandb_plan.for_trainer(ctx, run),
         **dirs,
     )
+
+
+def node_software(ctx: context.Context, run: Run) -> NodeSoftware:
+    """What the run's nodes must run: axolotl at the run's release (pinned at submit), or the builtin's."""
+    train = run.spec.train
+    if isinstance(train, AxolotlConfig):
+        return NodeSoftware("axolotl", train.axolotl_version or ctx.settings.axolotl_version)
+    return NodeSoftware()
 
 
 def shown_job(ctx: context.Context, run: Run) -> str | None:

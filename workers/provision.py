@@ -21,7 +21,7 @@ from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState,
 from providers.node import cluster_nodes, node_summary
 from workers import context, readiness, wandb_plan
 from workers.ending import instance_lost
-from workers.node_job import node_secrets
+from workers.node_job import node_secrets, node_software
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter
 
@@ -114,6 +114,7 @@ def _bring_up(
             node_secrets(ctx),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,
+            software=node_software(ctx, run),
         )
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:

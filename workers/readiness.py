@@ -16,23 +16,25 @@ from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import EventType, NodeCheck, NodeReady, NodeSetup
 from core.errors import FailureReason, StageFailed
-from providers.base import NodeEndpoint
+from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
-from workers.node_job import node_record, submit_once
+from workers.node_job import node_record, node_software, submit_once
 from workers.stage import Next, enter_next
 
 CHECK_JOB = "check"  # the check's key in run.ray_jobs
 FLEET_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def entrypoint(gpus: int) -> str:
-    """The check's command line: what the run's section asks of each node, and the fleet's versions."""
+def entrypoint(gpus: int, software: NodeSoftware | None = None) -> str:
+    """The check's command line: what the run's section asks of each node, and the fleet's versions. An
+    axolotl node keeps its image's Python and must have axolotl at the run's release."""
     ray = importlib.metadata.version("ray")
-    return shlex.join(
-        ["python", "-m", "trainer", "check", f"--gpus={gpus}", f"--python={FLEET_PYTHON}", f"--ray={ray}"]
-    )
+    argv = ["python", "-m", "trainer", "check", f"--gpus={gpus}", f"--ray={ray}"]
+    if software is not None and software.trainer == "axolotl":
+        return shlex.join([*argv, f"--axolotl={software.axolotl_version or 'any'}"])
+    return shlex.join([*argv, f"--python={FLEET_PYTHON}"])
 
 
 def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint, ready: Draft) -> Next:
@@ -40,7 +42,7 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     when it is submitted), and go on to prepare once it passes."""
     client = NodeClient(endpoint)
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
-    command = entrypoint(run.spec.gpu_count)
+    command = entrypoint(run.spec.gpu_count, node_software(ctx, run))
     info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])
     if info is None or not info.status.is_terminal():
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)

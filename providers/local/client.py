@@ -123,6 +123,7 @@ def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
 # and anything that would lead its Python to the fleet's packages instead of the node environment's own.
 FLEET_ONLY_ENV = ("RAY_", "FLEET_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")
 NODE_VENV = ".venv-node"  # `make node-env` builds it beside the fleet's .venv
+AXOLOTL_VENV = ".venv-axolotl"  # `make axolotl-env`: axolotl's own pins, the fleet's Ray
 
 
 def node_python(configured: Path | None = None) -> Path:
@@ -132,6 +133,16 @@ def node_python(configured: Path | None = None) -> Path:
         return configured
     beside = Path(sys.prefix).parent / NODE_VENV / "bin" / "python"
     return beside if beside.exists() else Path(sys.executable)
+
+
+def axolotl_python(configured: Path | None = None) -> Path:
+    """The Python of local nodes that run axolotl jobs: `configured` (settings.axolotl_python), else the
+    environment `make axolotl-env` builds (<repo>/.venv-axolotl), else the builtin nodes' one (whose
+    readiness check then says that axolotl is missing)."""
+    if configured is not None:
+        return configured
+    beside = Path(sys.prefix).parent / AXOLOTL_VENV / "bin" / "python"
+    return beside if beside.exists() else node_python()
 
 
 class LocalHeads:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel
@@ -27,7 +28,7 @@ from providers.base import (
     SshAccess,
     require_ours,
 )
-from providers.local.client import HeadMeta, LocalHeads, node_python
+from providers.local.client import HeadMeta, LocalHeads, axolotl_python, node_python
 from providers.node import jobs_api_answers
 
 
@@ -61,11 +62,18 @@ class LocalProvider(Provider):
                 section.num_cpus or os.cpu_count() or 1,
                 section.num_gpus,
                 request.node_env(section.env),
+                python=self._python(request),
             )
         except OSError as exc:
             self.heads.stop(request.name)
             raise ProvisioningFailed(f"could not start a local Ray head: {exc}") from exc
         return self._instance(meta)
+
+    def _python(self, request: LaunchRequest) -> Path:
+        """The interpreter the node runs: the axolotl environment for an axolotl job, else the node's own."""
+        if request.software.trainer == "axolotl":
+            return axolotl_python(self.context.axolotl_python)
+        return self.heads.python
 
     def get(self, name: str) -> NodeInstance | None:
         meta = self.heads.read(name)

@@ -139,7 +139,9 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             **request.node_env(section.env),
             RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
             **failsafe_env(None, request.heartbeat_timeout_s),  # the deadline is RunPod's terminateAfter
-            **node_setup_env(),  # what the image lacks of the node's software, installed at boot
+            **node_setup_env(
+                request.software
+            ),  # what the image lacks of the node's software, installed at boot
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
         if section.network_volume_id or section.volume_in_gb > 0:
@@ -159,7 +161,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             env[BOOTSTRAP_ENV] = command[-1]
         spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
         if not section.starts_from_template:
-            spec["imageName"] = section.image or self.context.default_image
+            spec["imageName"] = self.context.image(section.image, request.software)
             spec["dockerArgs"] = shlex.join(command)
         try:
             if best.bid_per_gpu is not None:

@@ -214,7 +214,9 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             f"-p {JOBS_PORT}:{JOBS_PORT}": "1",
             VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
             **failsafe_env(deadline, request.heartbeat_timeout_s),
-            **node_setup_env(),  # what the image lacks of the node's software, installed at boot
+            **node_setup_env(
+                request.software
+            ),  # what the image lacks of the node's software, installed at boot
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
         if JUPYTER_TOKEN_ENV in env:
@@ -225,7 +227,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             ident = self.client.create_instance(
                 int(best.candidate.offer_id),
                 label=request.name,
-                image=section.image or self.context.default_image,
+                image=self.context.image(section.image, request.software),
                 disk_gb=section.container_disk_in_gb,
                 env=env,
                 onstart=start_script(self.name),

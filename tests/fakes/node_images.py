@@ -6,7 +6,10 @@ own venv, so that what a node lacks shows here as it would on a rented machine.
   start script has installed what it lacked;
 - `NO_PEFT_IMAGE`: that environment without peft (an image whose install did not happen or failed);
 - `REAL_GPU_IMAGE`: the node environment on a node that does not say it is a CPU stand-in, as a real
-  machine would not: a GPU section on it fails its readiness check, since CUDA sees no GPU here.
+  machine would not: a GPU section on it fails its readiness check, since CUDA sees no GPU here;
+- the fleet's default axolotl image (core.settings.DEFAULT_AXOLOTL_IMAGE): the axolotl environment `make
+  axolotl-env` builds (.venv-axolotl: axolotl's own pins and the fleet's Ray), as axolotl's image is once
+  its start has added Ray.
 
 Every other fake node carries the CPU stand-in marker (FLEET_CPU_STANDIN=1, in the node's own environment,
 which a job's env cannot set) so that the tests' GPU sections may train on this machine's CPU.
@@ -22,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.settings import DEFAULT_AXOLOTL_IMAGE
 from jobs.sections.base import DEFAULT_IMAGE
 from providers import nodesetup
 from providers.bootstrap import SETUP_ENV, SETUP_LOADER
-from providers.local.client import FLEET_ONLY_ENV, node_python
+from providers.local.client import FLEET_ONLY_ENV, axolotl_python, node_python
 from trainer.nodecheck import CPU_STANDIN_ENV
 
 NO_PEFT_IMAGE = "trainfleet-test/no-peft:latest"
@@ -76,6 +80,8 @@ def image(name: str | None) -> NodeImage:
         return NodeImage(without(python, "peft"))
     if name == REAL_GPU_IMAGE:
         return NodeImage(python, cpu_standin=False)
+    if name == DEFAULT_AXOLOTL_IMAGE:
+        return NodeImage(axolotl_python())
     return NodeImage(python)
 
 

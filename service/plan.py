@@ -1,0 +1,114 @@
+"""What a job would run, before anything is rented: `fleet validate --plan`.
+
+The plan names the trainer (and why it was chosen), the command the node runs, the node's software (image
+or local interpreter, axolotl's release), the machines and GPUs, the training workers and the price per
+hour of the cheapest offer that fits now (asked of the provider; a provider that cannot be asked says why).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from core.errors import FleetError
+from core.settings import Settings
+from jobs.sections import LocalSection, ProviderName
+from jobs.spec import LoadedJob
+from providers.base import NodeSoftware
+from providers.local.client import axolotl_python, node_python
+from providers.offers import Choice
+from providers.registry import get_provider, provider_context
+from trainer.config import AxolotlConfig
+
+
+class JobPlan(BaseModel):
+    """One job's plan, as `fleet validate --plan --json` prints it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    provider: ProviderName
+    trainer: str
+    trainer_reason: str
+    command: str
+    """What the node runs for the train stage, as a person would type it."""
+    axolotl_version: str | None
+    software: str
+    """The node's image (rented) or interpreter (local)."""
+    gpu: str | None
+    gpus_per_node: int
+    nodes: int
+    workers: str
+    price_per_hour: float | None
+    price_note: str
+
+
+def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
+    """The plan of a validated job; asks the job's provider for its offers (never raises FleetError)."""
+    spec, train = job.spec, job.spec.train
+    axolotl = isinstance(train, AxolotlConfig)
+    software = (
+        NodeSoftware("axolotl", train.axolotl_version or settings.axolotl_version)
+        if isinstance(train, AxolotlConfig)
+        else NodeSoftware()
+    )
+    section = spec.section
+    local = isinstance(section, LocalSection)
+    context = provider_context(settings)
+    if local:
+        where = str(axolotl_python(settings.axolotl_python) if axolotl else node_python(settings.node_python))
+    else:
+        where = context.image(getattr(section, "image", None), software)
+    price, note = _price(settings, job)
+    return JobPlan(
+        source=job.source,
+        provider=spec.provider,
+        trainer=train.trainer,
+        trainer_reason=job.choice.describe() if job.choice is not None else f"trainer: {train.trainer}",
+        command=_command(train, spec.gpu_count),
+        axolotl_version=software.axolotl_version,
+        software=where,
+        gpu=None if local else str(getattr(section, "gpu", "")) or None,
+        gpus_per_node=spec.gpu_count,
+        nodes=section.num_nodes,
+        workers=_workers(train, spec.gpu_count),
+        price_per_hour=price,
+        price_note=note,
+    )
+
+
+def _command(train: object, gpus: int) -> str:
+    if isinstance(train, AxolotlConfig):
+        return "axolotl train job.yml" + (" --use-ray" if train.use_ray else "")
+    return "python -m trainer train (the builtin LoRA recipe)"
+
+
+def _workers(train: object, gpus: int) -> str:
+    if isinstance(train, AxolotlConfig) and train.use_ray:
+        return f"{train.ray_num_workers} Ray Train workers, {train.resources_per_worker or {'GPU': 1}} each"
+    if isinstance(train, AxolotlConfig):
+        return f"{gpus} processes (accelerate, one per GPU)" if gpus > 1 else "1 process"
+    use_ray = getattr(train, "use_ray", False)
+    if use_ray:
+        resources = getattr(train, "resources_per_worker", None) or ({"GPU": 1} if gpus else {"CPU": 1})
+        return f"{getattr(train, 'ray_num_workers', 1)} Ray Train workers, {resources} each"
+    return "1 process"
+
+
+def _price(settings: Settings, job: LoadedJob) -> tuple[float | None, str]:
+    """The cheapest fitting offer's price for the whole cluster, and a note on where it came from."""
+    spec = job.spec
+    if isinstance(spec.section, LocalSection):
+        return 0.0, "this machine"
+    try:
+        provider = get_provider(spec.provider.value, provider_context(settings))
+        chooser = getattr(provider, "choose", None)
+        choice: Choice | None = chooser(spec.section) if chooser is not None else None
+    except FleetError as exc:
+        return None, f"offers unknown: {exc}"
+    if choice is None or choice.best is None:
+        return None, "no offer fits now (`fleet offers FILE` says why)"
+    nodes = spec.section.num_nodes
+    total = choice.best.price_per_hour * nodes
+    return total, f"cheapest of {len(choice.fits)} fitting offer(s): {choice.best.candidate.gpu}" + (
+        f", x{nodes} nodes" if nodes > 1 else ""
+    )

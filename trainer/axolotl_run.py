@@ -1,0 +1,274 @@
+"""A job for axolotl (`trainer: axolotl`): axolotl's own `train` on this node, every fleet feature kept.
+
+`node_config` turns the job's config into the one axolotl runs here: the job's keys as written (less the
+fleet's own, FLEET_KEYS), with the node's paths (the base model the prepare stage fetched, output_dir,
+dataset_prepared_path under work_dir, shipped datasets made absolute), the fleet's W&B run, the fleet's
+plugin (trainfleet's progress lines, loss watchdog, eval samples, final metrics: trainer/axolotl_plugin.py),
+and auto-resume from the newest checkpoint-N in output_dir (a restarted or replacement node goes on).
+
+`run` writes it to `<work_dir>/axolotl.yml`, runs `python -m axolotl.cli.main train` in a child process
+(its output goes straight to this job's log), then finishes as the builtin recipe does: the adapter's
+base model set to the job's hub id, metrics.json, the model card, a FINISHED line. Nothing here imports
+axolotl, so the fleet's environment can test it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer import card
+from trainer.config import FLEET_KEYS, HUB_ID_PATTERN, AxolotlConfig, TrainJob
+from trainer.errors import DatasetError, TrainingFailed
+from trainer.progress import ENV_VAR, Kind, emit
+
+CONFIG_FILE = "axolotl.yml"  # under work_dir: what axolotl ran with
+RESULT_FILE = "axolotl-result.json"  # under work_dir: what the plugin found (watchdog, final metrics)
+RESULT_ENV = "FLEET_AXOLOTL_RESULT"  # names the result file for the plugin
+PLUGIN = "trainer.axolotl_plugin.TrainfleetPlugin"
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".zst")
+PREPARED_DIR = "axolotl-prepared"  # dataset_prepared_path's default, under work_dir
+# axolotl turns these on by itself for LoRA, and they need CUDA (axolotl/kernels/*.py).
+CUDA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel")
+# The fleet pushes the result at finalize, with its own model card (trainer.push): axolotl must not push.
+HUB_KEYS = ("hub_model_id", "hub_strategy", "hub_private_repo")
+WANDB_FROM_PLAN = ("wandb_project", "wandb_entity", "wandb_name", "wandb_run_id", "wandb_mode", "use_wandb")
+
+
+def node_config(job: TrainJob, model_path: Path, base_dir: Path, cuda: bool) -> dict[str, Any]:
+    """The axolotl config this node runs for `job` (see the module docstring); `model_path` is the local
+    base model, `base_dir` the directory shipped datasets are relative to (the Ray job's working_dir)."""
+    config = _axolotl(job)
+    out = {k: v for k, v in config.model_dump(mode="json", exclude_none=True).items() if k not in FLEET_KEYS}
+    for key in HUB_KEYS:
+        out.pop(key, None)
+    out["base_model"] = str(model_path)  # the original id stays in the job, for the card and the adapter
+    out["output_dir"] = job.output_dir
+    out["datasets"] = [_local_paths(ds, base_dir) for ds in out["datasets"]]
+    work = Path(job.work_dir)
+    prepared = out.get("dataset_prepared_path")
+    out["dataset_prepared_path"] = str(work / (prepared or PREPARED_DIR))  # an absolute one stays itself
+    _wandb(out, job)
+    plugins = list(out.get("plugins") or [])
+    out["plugins"] = plugins if PLUGIN in plugins else [*plugins, PLUGIN]
+    if out.get("resume_from_checkpoint") is None and out.get("auto_resume_from_checkpoints") is None:
+        out["auto_resume_from_checkpoints"] = True  # a restarted or replacement node goes on from the newest
+    if not cuda:
+        off = [key for key in CUDA_KERNELS if out.get(key) is None]
+        for key in off:
+            out[key] = False
+        if off:
+            print(
+                f"trainer: warning: no CUDA on this node: {', '.join(off)} set to false (axolotl's LoRA "
+                "kernels need CUDA)",
+                file=sys.stderr,
+            )
+    return out
+
+
+def _axolotl(job: TrainJob) -> AxolotlConfig:
+    if not isinstance(job.config, AxolotlConfig):
+        raise TypeError(f"not an axolotl job (trainer: {job.config.trainer})")
+    return job.config
+
+
+def _local_paths(ds: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A dataset entry with its path made absolute when it is on this disk (hub ids are left as they are)."""
+    path = Path(str(ds["path"])).expanduser()
+    local = path if path.is_absolute() else base_dir / path
+    return {**ds, "path": str(local.resolve())} if local.exists() else ds
+
+
+def _wandb(out: dict[str, Any], job: TrainJob) -> None:
+    """W&B as the fleet planned it (axolotl logs into the run the fleet announced), or none at all."""
+    plan = job.wandb
+    for key in [k for k in out if k.startswith("wandb_") or k == "use_wandb"]:
+        if plan is None or key in WANDB_FROM_PLAN:
+            out.pop(key, None)  # with a plan, wandb_watch and wandb_log_model stay the job's
+    if plan is None:
+        return
+    out.update(wandb_project=plan.project, wandb_run_id=plan.run_id, wandb_mode=plan.mode)
+    out["wandb_name"] = plan.name or f"trainfleet {job.run_id}"
+    if plan.entity:
+        out["wandb_entity"] = plan.entity
+
+
+def child_env(job: TrainJob, result: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The environment axolotl runs in: this one, this interpreter's bin dir first on PATH (axolotl looks
+    `accelerate` up there), the trainer package importable (the plugin), no telemetry unless asked, the job
+    and the result file for the plugin, and the W&B run's settings."""
+    env = dict(environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]).rstrip(os.pathsep)
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env[ENV_VAR] = job.to_env()
+    env[RESULT_ENV] = str(result)
+    if job.wandb is not None:
+        env.setdefault("WANDB_DIR", job.work_dir)
+        env.setdefault("WANDB_SILENT", "true")
+        if job.wandb.mode == "online":  # an offline run cannot be resumed (trainer.tracking)
+            env["WANDB_RESUME"] = "allow"
+        if job.wandb.group:
+            env["WANDB_RUN_GROUP"] = job.wandb.group
+    return env
+
+
+def command(config_file: Path, use_ray: bool) -> list[str]:
+    """axolotl's train command for `config_file` (`--use-ray`: Ray Train's TorchTrainer, GPUs only)."""
+    return [
+        sys.executable,
+        "-m",
+        "axolotl.cli.main",
+        "train",
+        str(config_file),
+        *(["--use-ray"] if use_ray else []),
+    ]
+
+
+def run(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
+    """Train `job` with axolotl and finish its output directory; return the final metrics. Raises
+    TrainingFailed when axolotl fails, the loss watchdog stopped it, or the fleet's plugin did not run."""
+    import torch
+
+    config = _axolotl(job)
+    work = Path(job.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    config_file, result_file = work / CONFIG_FILE, work / RESULT_FILE
+    config_file.write_text(
+        yaml.safe_dump(node_config(job, model_path, base_dir, torch.cuda.is_available()), sort_keys=False),
+        encoding="utf-8",
+    )
+    result_file.unlink(missing_ok=True)  # an earlier attempt's
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = subprocess.call(
+        command(config_file, config.use_ray), cwd=base_dir, env=child_env(job, result_file, dict(os.environ))
+    )
+    result = read_result(result_file)
+    if (trip := result.get("watchdog")) is not None:
+        raise TrainingFailed(describe_trip(trip))
+    if code != 0:
+        raise TrainingFailed(f"axolotl exited with code {code} (its log above says why)")
+    if "metrics" not in result:
+        raise TrainingFailed(
+            f"axolotl finished but trainfleet's plugin reported nothing ({result_file} has no metrics): "
+            f"was {PLUGIN} loaded? (axolotl's log above says)"
+        )
+    metrics: dict[str, Any] = dict(result["metrics"])
+    finish(job, metrics)
+    return metrics
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """The plugin's result file ({} when it is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def describe_trip(trip: dict[str, Any]) -> str:
+    """The watchdog's stop as one line: which loss, against what threshold and patience, at which step."""
+    loss, step = trip.get("loss"), trip.get("step")
+    if not isinstance(loss, int | float) or not math.isfinite(loss):
+        return f"loss watchdog: the logged loss was {loss} at step {step}; training stopped"
+    return (
+        f"loss watchdog: the logged loss was above loss_watchdog_threshold {trip.get('threshold')} for "
+        f"loss_watchdog_patience {trip.get('patience')} logged steps in a row ({loss:.6g} at step {step}); "
+        "training stopped"
+    )
+
+
+def finish(job: TrainJob, metrics: dict[str, Any]) -> None:
+    """The output directory as the builtin recipe leaves it: the adapter's base model named by its hub id
+    (not this node's path), metrics.json, the model card; then the FINISHED line."""
+    import importlib.metadata
+
+    config = _axolotl(job)
+    out = Path(job.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    targets: list[str] = []
+    adapter_config = out / "adapter_config.json"
+    if adapter_config.is_file():
+        data = json.loads(adapter_config.read_text(encoding="utf-8"))
+        data["base_model_name_or_path"] = config.base_model
+        adapter_config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        found = data.get("target_modules") or []
+        targets = sorted(found) if isinstance(found, list) else [str(found)]
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    try:
+        version: str | None = importlib.metadata.version("axolotl")
+    except importlib.metadata.PackageNotFoundError:
+        version = config.axolotl_version
+    text = card.render(
+        config,
+        metrics,
+        run_id=job.run_id,
+        target_modules=targets,
+        job_yaml=job.job_yaml,
+        wandb_url=job.wandb.url if job.wandb else None,
+        trainer_version=version,
+    )
+    card.write(out / "README.md", text)
+    emit(Kind.FINISHED, metrics=metrics, output_dir=str(out))
+
+
+def local_dataset_files(job: TrainJob, base_dir: Path) -> list[Path]:
+    """The files of the job's local datasets (hub datasets are axolotl's to fetch). Raises DatasetError for
+    a path that is neither on this disk nor a hub id, or `data_files` missing from a local directory."""
+    files: list[Path] = []
+    for ds in _axolotl(job).datasets:
+        path = Path(ds.path).expanduser()
+        local = path if path.is_absolute() else base_dir / path
+        if not local.exists():
+            if is_hub_id(ds.path):
+                continue
+            raise DatasetError(f"dataset {ds.path!r} not found at {local}, and it is not a hub id")
+        if ds.data_files is not None and local.is_dir():
+            names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
+            missing = [n for n in names if not (local / n).exists()]
+            if missing:
+                raise DatasetError(f"{ds.path}: data_files not found in {local}: {', '.join(missing)}")
+            files += [local / n for n in names]
+        else:
+            files += sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+    return files
+
+
+def is_hub_id(path: str) -> bool:
+    """Whether a dataset path not on this disk reads as a hub id: 'org/name', not a file like x.jsonl."""
+    suffix = Path(path).suffix.lower()
+    return (
+        bool(re.fullmatch(HUB_ID_PATTERN, path))
+        and not path.startswith((".", "~"))
+        and suffix not in DATA_SUFFIXES
+    )
+
+
+def count_examples(files: list[Path]) -> int | None:
+    """Records in JSON Lines and JSON-array files (None when a file is in another format, or unreadable)."""
+    total = 0
+    for f in files:
+        if f.suffix not in (".jsonl", ".json"):
+            return None
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        try:
+            data = json.loads(text) if f.suffix == ".json" else None
+        except ValueError:
+            data = None  # JSON Lines under a .json name, as axolotl's `ds_type: json` reads them
+        total += len(data) if isinstance(data, list) else sum(1 for line in text.splitlines() if line.strip())
+    return total
