@@ -23,6 +23,7 @@ from providers.base import NodeState
 from workers import context
 from workers.node_job import node
 from workers.stage import enter
+from workers.wandb_end import record_early_end
 
 log = logging.getLogger("trainfleet.workers")
 
@@ -179,6 +180,9 @@ def teardown(
     else:
         drafts += terminate_instance(ctx, run)
     cost = run_cost(ctx.ledger, run)
+
+    # Before the run shows its end: whoever waits for it (`fleet run`) finds its W&B run complete.
+    record_early_end(ctx, run, reason, message)
 
     def close(r: Run) -> list[Draft]:
         if r.state.is_terminal():
