@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from core.errors import ConfigError, Problem
 from trainer.config import DatasetConfig, DatasetRef, FleetKeys
-from trainer.data import dataset_files
+from trainer.data import dataset_files, every_file
 from trainer.errors import DatasetError
 
 SHIP_DIR = "ship"
@@ -47,7 +47,7 @@ def ship_datasets(config: Config, source: str, dest: Path) -> Config:
         if not root.is_absolute():
             continue  # a hub dataset id
         try:
-            plan.append((i, root, _local_files(config, ds)))
+            plan.append((i, root, _local_files(ds)))
         except DatasetError as exc:
             problems.append(Problem(f"datasets.{i}.path", str(exc)))
     total = sum(f.stat().st_size for _, _, files in plan for f in files)
@@ -81,19 +81,11 @@ def ship_datasets(config: Config, source: str, dest: Path) -> Config:
     return config.model_copy(update=update)
 
 
-def _local_files(config: FleetKeys, ds: DatasetRef) -> list[Path]:
+def _local_files(ds: DatasetRef) -> list[Path]:
     """The files of a local dataset that travel: what the builtin recipe reads, or all of it for axolotl."""
     if isinstance(ds, DatasetConfig):
         return dataset_files(ds)
-    root = Path(ds.path)
-    if root.is_file():
-        return [root]
-    if ds.data_files is not None:
-        names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
-        files = [root / name for name in names]
-    else:
-        files = sorted(p for p in root.rglob("*") if p.is_file())
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing or not files:
-        raise DatasetError(f"{ds.path}: " + (f"not found: {', '.join(missing)}" if missing else "no files"))
+    files = every_file(ds, Path(ds.path))  # what the axolotl node reads (trainer.axolotl_run)
+    if not files:
+        raise DatasetError(f"{ds.path}: no files")
     return files

@@ -54,6 +54,7 @@ BOOKKEEPING = frozenset(
     }
 )
 BUILTIN_ONLY = ("loss_watchdog_max_rollbacks", "ray_max_failures")  # axolotl would ignore these
+_KNOWN = frozenset(TrainConfig.model_fields) | frozenset(FLEET_KEYS)  # the builtin's keys, and the fleet's
 _CHOICES: tuple[TrainerName, ...] = ("builtin", "axolotl")
 
 
@@ -92,7 +93,7 @@ def choose(raw: Mapping[str, Any], lines: Mapping[str, int]) -> tuple[TrainerCho
     gaps = builtin_gaps(raw)
     only_builtin = [key for key in BUILTIN_ONLY if key in raw and raw[key] is not None]
     bookkeeping = tuple(
-        key for key in raw if key in BOOKKEEPING or (key not in _known() and _asks_nothing(raw[key]))
+        key for key in raw if key in BOOKKEEPING or (key not in _KNOWN and _asks_nothing(raw[key]))
     )
     trainer: TrainerName = named if named is not None else ("axolotl" if gaps else "builtin")
     problems = []
@@ -144,15 +145,11 @@ def builtin_gaps(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
             if other_format or unknown:
                 gaps.append((where, _setting(where, value)))
     for key, value in raw.items():
-        if key in FLEET_KEYS or key in BOOKKEEPING or key in TrainConfig.model_fields:
+        if key in _KNOWN or key in BOOKKEEPING:
             continue
         if not _asks_nothing(value):
             gaps.append((key, _setting(key, value)))
     return gaps
-
-
-def _known() -> frozenset[str]:
-    return frozenset(TrainConfig.model_fields) | frozenset(FLEET_KEYS)
 
 
 def _asks_nothing(value: Any) -> bool:

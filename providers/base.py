@@ -22,7 +22,7 @@ from pydantic import BaseModel, SecretStr
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
 from core.settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
 from jobs.sections import ProviderName, SectionBase
-from trainer.config import TrainerName
+from trainer.config import AxolotlConfig, FleetKeys, TrainerName
 
 INSTANCE_PREFIX = "tf-"
 
@@ -101,6 +101,13 @@ class NodeSoftware:
     trainer: TrainerName = "builtin"
     axolotl_version: str | None = None
     """The axolotl release (an axolotl job's `axolotl_version`, else the fleet's setting)."""
+
+    @classmethod
+    def of(cls, train: FleetKeys, axolotl_version: str) -> NodeSoftware:
+        """What a job's nodes run: axolotl at the job's release (else `axolotl_version`), or the builtin's."""
+        if isinstance(train, AxolotlConfig):
+            return cls("axolotl", train.axolotl_version or axolotl_version)
+        return cls()
 
 
 @dataclass(frozen=True)

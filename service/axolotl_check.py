@@ -24,7 +24,7 @@ from core.errors import Problem
 from core.settings import Settings
 from jobs.problems import line_of
 from jobs.spec import LoadedJob
-from providers.local.client import AXOLOTL_VENV
+from providers.local.client import AXOLOTL_VENV, beside_fleet
 from trainer.config import FLEET_KEYS, AxolotlConfig
 
 TRAINER_DIR = Path(__file__).resolve().parents[1] / "trainer"
@@ -45,7 +45,7 @@ def axolotl_python(settings: Settings) -> Path | None:
     """An interpreter that has axolotl, or None."""
     if settings.axolotl_python is not None:
         return settings.axolotl_python
-    beside = Path(sys.prefix).parent / AXOLOTL_VENV / "bin" / "python"
+    beside = beside_fleet(AXOLOTL_VENV)
     if beside.exists():
         return beside
     return Path(sys.executable) if importlib.util.find_spec("axolotl") is not None else None

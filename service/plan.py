@@ -13,11 +13,11 @@ from core.errors import FleetError
 from core.settings import Settings
 from jobs.sections import LocalSection, ProviderName
 from jobs.spec import LoadedJob
-from providers.base import NodeSoftware
+from providers.base import NodeSoftware, ProviderContext
 from providers.local.client import axolotl_python, node_python
 from providers.offers import Choice
 from providers.registry import get_provider, provider_context
-from trainer.config import AxolotlConfig
+from trainer.config import AxolotlConfig, FleetKeys
 
 
 class JobPlan(BaseModel):
@@ -44,27 +44,22 @@ class JobPlan(BaseModel):
 
 def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
     """The plan of a validated job; asks the job's provider for its offers (never raises FleetError)."""
-    spec, train = job.spec, job.spec.train
-    axolotl = isinstance(train, AxolotlConfig)
-    software = (
-        NodeSoftware("axolotl", train.axolotl_version or settings.axolotl_version)
-        if isinstance(train, AxolotlConfig)
-        else NodeSoftware()
-    )
-    section = spec.section
-    local = isinstance(section, LocalSection)
+    spec, train, section = job.spec, job.spec.train, job.spec.section
+    software = NodeSoftware.of(train, settings.axolotl_version)
+    axolotl = software.trainer == "axolotl"
     context = provider_context(settings)
+    local = isinstance(section, LocalSection)
     if local:
         where = str(axolotl_python(settings.axolotl_python) if axolotl else node_python(settings.node_python))
     else:
         where = context.image(getattr(section, "image", None), software)
-    price, note = _price(settings, job)
+    price, note = _price(context, job)
     return JobPlan(
         source=job.source,
         provider=spec.provider,
         trainer=train.trainer,
         trainer_reason=job.choice.describe() if job.choice is not None else f"trainer: {train.trainer}",
-        command=_command(train, spec.gpu_count),
+        command=_command(train),
         axolotl_version=software.axolotl_version,
         software=where,
         gpu=None if local else str(getattr(section, "gpu", "")) or None,
@@ -76,31 +71,29 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
     )
 
 
-def _command(train: object, gpus: int) -> str:
+def _command(train: FleetKeys) -> str:
     if isinstance(train, AxolotlConfig):
         return "axolotl train job.yml" + (" --use-ray" if train.use_ray else "")
     return "python -m trainer train (the builtin LoRA recipe)"
 
 
-def _workers(train: object, gpus: int) -> str:
-    if isinstance(train, AxolotlConfig) and train.use_ray:
-        return f"{train.ray_num_workers} Ray Train workers, {train.resources_per_worker or {'GPU': 1}} each"
-    if isinstance(train, AxolotlConfig):
-        return f"{gpus} processes (accelerate, one per GPU)" if gpus > 1 else "1 process"
-    use_ray = getattr(train, "use_ray", False)
-    if use_ray:
-        resources = getattr(train, "resources_per_worker", None) or ({"GPU": 1} if gpus else {"CPU": 1})
-        return f"{getattr(train, 'ray_num_workers', 1)} Ray Train workers, {resources} each"
+def _workers(train: FleetKeys, gpus: int) -> str:
+    axolotl = isinstance(train, AxolotlConfig)
+    if train.use_ray:  # axolotl's launcher takes a GPU per worker unless told otherwise
+        default = {"GPU": 1} if gpus or axolotl else {"CPU": 1}
+        return f"{train.ray_num_workers} Ray Train workers, {train.resources_per_worker or default} each"
+    if axolotl and gpus > 1:
+        return f"{gpus} processes (accelerate, one per GPU)"
     return "1 process"
 
 
-def _price(settings: Settings, job: LoadedJob) -> tuple[float | None, str]:
+def _price(context: ProviderContext, job: LoadedJob) -> tuple[float | None, str]:
     """The cheapest fitting offer's price for the whole cluster, and a note on where it came from."""
     spec = job.spec
     if isinstance(spec.section, LocalSection):
         return 0.0, "this machine"
     try:
-        provider = get_provider(spec.provider.value, provider_context(settings))
+        provider = get_provider(spec.provider.value, context)
         chooser = getattr(provider, "choose", None)
         choice: Choice | None = chooser(spec.section) if chooser is not None else None
     except FleetError as exc:

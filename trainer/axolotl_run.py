@@ -27,6 +27,7 @@ import yaml
 
 from trainer import card
 from trainer.config import FLEET_KEYS, HUB_ID_PATTERN, AxolotlConfig, TrainJob
+from trainer.data import every_file
 from trainer.errors import DatasetError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
 
@@ -235,14 +236,7 @@ def local_dataset_files(job: TrainJob, base_dir: Path) -> list[Path]:
             if is_hub_id(ds.path):
                 continue
             raise DatasetError(f"dataset {ds.path!r} not found at {local}, and it is not a hub id")
-        if ds.data_files is not None and local.is_dir():
-            names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
-            missing = [n for n in names if not (local / n).exists()]
-            if missing:
-                raise DatasetError(f"{ds.path}: data_files not found in {local}: {', '.join(missing)}")
-            files += [local / n for n in names]
-        else:
-            files += sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        files += every_file(ds, local)
     return files
 
 

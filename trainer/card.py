@@ -107,8 +107,8 @@ def render(
         hyper, how = builtin_rows(config, target_modules, workers), ""
     else:
         version = trainer_version or config.axolotl_version or ""
-        hyper, how = axolotl_rows(config, target_modules, workers, version), f" (axolotl {version})"
-        how = how.replace(" )", ")")  # no version known: "(axolotl)"
+        hyper = axolotl_rows(config, target_modules, workers, version)
+        how = f" (axolotl {version})" if version else " (axolotl)"
     results: list[tuple[str, Any]] = [
         ("eval loss before training", _num(metrics.get("eval_loss_first"))),
         ("eval loss after training", _num(metrics.get("eval_loss"))),

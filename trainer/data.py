@@ -36,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import HUB_ID_PATTERN, DatasetConfig, TrainConfig
+from trainer.config import HUB_ID_PATTERN, DatasetConfig, DatasetRef, TrainConfig
 from trainer.errors import DatasetError, DownloadError
 
 if TYPE_CHECKING:
@@ -126,6 +126,19 @@ def dataset_files(ds: DatasetConfig, base_dir: Path | None = None) -> list[Path]
         f"dataset {ds.path!r} not found at {root}; local JSONL files and directories are read here "
         "(hub datasets are not: localize_datasets downloads them first)"
     )
+
+
+def every_file(ds: DatasetRef, root: Path) -> list[Path]:
+    """Every file of one `datasets:` entry found at `root` (any format, as axolotl reads them): the entry's
+    `data_files` inside a directory, else every file under it, or the file itself. Raises DatasetError
+    when a named data file is missing."""
+    if ds.data_files is not None and root.is_dir():
+        names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
+        missing = [n for n in names if not (root / n).exists()]
+        if missing:
+            raise DatasetError(f"{ds.path}: data_files not found in {root}: {', '.join(missing)}")
+        return [root / n for n in names]
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
 
 
 def is_hub_dataset(ds: DatasetConfig, base_dir: Path | None = None) -> bool:

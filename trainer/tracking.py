@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.config import TrainJob, as_jsonable
+from trainer.config import TrainJob, WandbPlan, as_jsonable
 from trainer.progress import Kind
 
 SAMPLE_COLUMNS = ("step", "input", "prediction", "label")
@@ -45,22 +45,10 @@ class Tracker:
         plan = self.plan
         if plan is None:
             return
-        os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
         work = Path(self.job.work_dir)
         work.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            id=plan.run_id,
-            project=plan.project,
-            entity=plan.entity,
-            name=plan.name or f"trainfleet {self.job.run_id}",
-            group=plan.group,
-            mode=plan.mode,
-            dir=str(work),
-            resume="allow" if plan.mode == "online" else None,
-            config={**as_jsonable(self.job.config), "fleet_run_id": self.job.run_id},
-        )
+        config = {**as_jsonable(self.job.config), "fleet_run_id": self.job.run_id}
+        self.run = open_run(plan, self.job.run_id, work, config)
         self.run.define_metric("train/global_step")
         self.run.define_metric("*", step_metric="train/global_step")
         log_lifecycle(self.run, plan.lifecycle)
@@ -117,6 +105,28 @@ class Tracker:
             self.run.summary["failure_reason"] = failure
         self.run.finish(exit_code=1 if failure is not None else 0)
         self.run = None
+
+
+def open_run(
+    plan: WandbPlan, fleet_run_id: str, directory: Path, config: Mapping[str, Any], settings: Any = None
+) -> Any:
+    """The planned W&B run, opened (online: continued if it exists) with its files under `directory`;
+    `settings` are wandb.Settings. The trainer's and, for a run that never trained, the fleet's."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    return wandb.init(
+        id=plan.run_id,
+        project=plan.project,
+        entity=plan.entity,
+        name=plan.name or f"trainfleet {fleet_run_id}",
+        group=plan.group,
+        mode=plan.mode,
+        dir=str(directory),
+        resume="allow" if plan.mode == "online" else None,
+        config=dict(config),
+        settings=settings,
+    )
 
 
 def log_lifecycle(run: Any, lifecycle: Sequence[Mapping[str, Any]]) -> None:

@@ -18,7 +18,7 @@ from jobs.redact import redact_job
 from providers.base import NodeSoftware
 from providers.node import JobInfo, NodeClient
 from trainer import progress
-from trainer.config import AxolotlConfig, TrainJob
+from trainer.config import TrainJob
 from workers import context, wandb_plan
 
 log = logging.getLogger("trainfleet.workers")
@@ -50,10 +50,7 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
 
 def node_software(ctx: context.Context, run: Run) -> NodeSoftware:
     """What the run's nodes must run: axolotl at the run's release (pinned at submit), or the builtin's."""
-    train = run.spec.train
-    if isinstance(train, AxolotlConfig):
-        return NodeSoftware("axolotl", train.axolotl_version or ctx.settings.axolotl_version)
-    return NodeSoftware()
+    return NodeSoftware.of(run.spec.train, ctx.settings.axolotl_version)
 
 
 def shown_job(ctx: context.Context, run: Run) -> str | None:

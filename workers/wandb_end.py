@@ -13,13 +13,13 @@ Best effort: W&B being unreachable never changes how the run ends (a warning in 
 from __future__ import annotations
 
 import logging
-import os
+from pathlib import Path
 
 from broker.constants import Stage
 from broker.models import Run
 from core.errors import FailureReason
 from jobs.redact import redact_values
-from trainer.tracking import log_lifecycle
+from trainer.tracking import log_lifecycle, open_run
 from workers import context, wandb_plan
 from workers.node_job import known_secrets
 
@@ -35,7 +35,6 @@ def record_early_end(ctx: context.Context, run: Run, reason: FailureReason | Non
     plan = wandb_plan.for_trainer(ctx, run)
     if plan is None:
         return
-    os.environ.setdefault("WANDB_SILENT", "true")
     try:
         import wandb
 
@@ -43,18 +42,8 @@ def record_early_end(ctx: context.Context, run: Run, reason: FailureReason | Non
         settings = wandb.Settings(
             init_timeout=INIT_TIMEOUT_S, api_key=key.get_secret_value() if key is not None else None
         )
-        wb = wandb.init(
-            id=plan.run_id,
-            project=plan.project,
-            entity=plan.entity,
-            name=plan.name or f"trainfleet {run.run_id}",
-            group=plan.group,
-            mode=plan.mode,
-            dir=run.run_dir,
-            resume="allow" if plan.mode == "online" else None,
-            config={"fleet_run_id": run.run_id, "trainer": run.spec.train.trainer},
-            settings=settings,
-        )
+        config = {"fleet_run_id": run.run_id, "trainer": run.spec.train.trainer}
+        wb = open_run(plan, run.run_id, Path(run.run_dir), config, settings)
         try:
             log_lifecycle(wb, plan.lifecycle)
             wb.summary["failure_reason"] = reason.value if reason is not None else "CANCELLED"

@@ -126,12 +126,17 @@ NODE_VENV = ".venv-node"  # `make node-env` builds it beside the fleet's .venv
 AXOLOTL_VENV = ".venv-axolotl"  # `make axolotl-env`: axolotl's own pins, the fleet's Ray
 
 
+def beside_fleet(venv: str) -> Path:
+    """The Python of the environment `venv` that `make setup` builds beside the fleet's own."""
+    return Path(sys.prefix).parent / venv / "bin" / "python"
+
+
 def node_python(configured: Path | None = None) -> Path:
     """The Python that local nodes run: `configured` (settings.node_python), else the node environment that
     `make setup` builds beside the fleet's venv (<repo>/.venv-node), else the fleet's own Python."""
     if configured is not None:
         return configured
-    beside = Path(sys.prefix).parent / NODE_VENV / "bin" / "python"
+    beside = beside_fleet(NODE_VENV)
     return beside if beside.exists() else Path(sys.executable)
 
 
@@ -141,7 +146,7 @@ def axolotl_python(configured: Path | None = None) -> Path:
     readiness check then says that axolotl is missing)."""
     if configured is not None:
         return configured
-    beside = Path(sys.prefix).parent / AXOLOTL_VENV / "bin" / "python"
+    beside = beside_fleet(AXOLOTL_VENV)
     return beside if beside.exists() else node_python()
 
 
