@@ -214,7 +214,7 @@ def measure(args: argparse.Namespace, work: Path, redis_url: str) -> dict[str, A
         rules = inject_429s(noisy, args.every, args.retry_after)
         sides = [
             Side("no_429", quiet, redis_url),
-            Side("with_429", noisy, redis_url.rsplit("/", 1)[0] + "/1"),
+            Side("with_429", noisy, redis_url.replace("?db=0", "?db=1")),
         ]
         try:
             run_sides(sides, steps, args.rate, work)

@@ -4,6 +4,10 @@ Discord's `default_permissions` is a hint a server admin can change; the check t
 for every interaction before anything else. An empty allowlist denies everyone; a DM is refused. Each
 refusal is written to the event stream as an audit event (`bot.refused`), as is every command that
 changes something (`bot.command`). Ids are not secrets; nothing else of the caller is kept.
+
+Stopping a run (/cancel, /terminate of its node) is for its owner, the user who started it from Discord,
+and for the admins (`discord_admin_users`, `discord_admin_roles`); `steer_refusal` says why anyone else
+may not.
 """
 
 from __future__ import annotations
@@ -74,6 +78,24 @@ def refusal(settings: Settings, caller: Caller) -> str | None:
     if caller.role_ids & set(settings.discord_allowed_roles):
         return None
     return "you are not on the fleet bot's allowlist (by user or by role); ask the fleet's admin"
+
+
+def is_admin(settings: Settings, caller: Caller) -> bool:
+    """Whether `caller` is one of the fleet's Discord admins (by user id or by role)."""
+    return caller.user_id in settings.discord_admin_users or bool(
+        caller.role_ids & set(settings.discord_admin_roles)
+    )
+
+
+def steer_refusal(settings: Settings, caller: Caller, owner: int | None, what: str) -> str | None:
+    """Why `caller` may not cancel or terminate `what` (a run, or a run's node), or None when they may: its
+    owner (who started it with /train or /sweep) and the admins may. A run started by the CLI or the git
+    trigger has no Discord owner: only an admin may stop it from Discord."""
+    if caller.user_id == owner or is_admin(settings, caller):
+        return None
+    if owner is None:
+        return f"{what} was not started from Discord; only a fleet admin may stop it here (or use the CLI)"
+    return f"{what} was started by another user; only they or a fleet admin may stop it"
 
 
 def audit(ledger: Ledger, event_type: EventType, caller: Caller, data: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import discord
 from discord import app_commands
 from discord.types.embed import Embed as EmbedData
 
-from bot.access import Caller, Caps, audit, refusal
+from bot.access import Caller, Caps, audit, refusal, steer_refusal
 from bot.commands_nodes import register_nodes
 from bot.commands_runs import register_runs
 from bot.commands_submit import register_submit
@@ -83,6 +83,20 @@ class FleetTree(app_commands.CommandTree[discord.Client]):
     async def refuse(self, interaction: discord.Interaction[Any], title: str, text: str) -> None:
         """An error: private to the caller, saying what to fix."""
         await self.say(interaction, plain_embed(title, text, ERROR_COLOUR), ephemeral=True)
+
+    async def may_stop(self, interaction: discord.Interaction[Any], run_id: str | None, what: str) -> bool:
+        """Whether the caller may cancel or terminate `what` (of run `run_id`; None: of no run we know):
+        its Discord owner or an admin. Anyone else is answered privately and audited (`bot.refused`, kind
+        `owner`), and nothing is done."""
+        caller = Caller.of(interaction)
+        owner = await self.run(self.caps.owner, run_id) if run_id else None
+        why = steer_refusal(self.fleet.settings, caller, owner, what)
+        if why is None:
+            return True
+        name = interaction.data.get("name") if interaction.data else None
+        await self.audit(EventType.BOT_REFUSED, caller, command=name, kind="owner", reason=why)
+        await self.refuse(interaction, "Not your run", why)
+        return False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking service call, off the event loop."""

@@ -1,6 +1,10 @@
 """/instances, /terminate, /budget and /jupyter: the fleet's live instances, ending one, what is being spent
 (the caller's caps and use, and the fleet's hourly rate), and the way into a run's JupyterLab (its owner's
-only, privately)."""
+only, privately).
+
+/terminate is for the run's owner and the admins (an instance of no run we know: admins only). It and
+/instances defer privately: Discord makes the first followup after a deferral as private or public as the
+deferral was, whatever the followup's own flags say, so an error after a public deferral would be public."""
 
 from __future__ import annotations
 
@@ -32,10 +36,11 @@ def register_nodes(tree: FleetTree) -> None:
         return [app_commands.Choice(name=n, value=n) for n in found]
 
     @tree.command(name="instances", description="The fleet's live instances at every provider.")
-    async def instances(interaction: discord.Interaction[Any]) -> None:
+    @app_commands.describe(public="Show the answer to the channel (default: only you see it).")
+    async def instances(interaction: discord.Interaction[Any], public: bool = False) -> None:
         from service.instances import live_instances
 
-        await interaction.response.defer(thinking=True)
+        await interaction.response.defer(ephemeral=not public, thinking=True)
         rows = await tree.run(live_instances, fleet)
         lines = [
             f"`{r.node.name}` {r.node.provider.value} {r.node.state.value} · {r.node.age_s / 60:.0f}m · "
@@ -46,9 +51,13 @@ def register_nodes(tree: FleetTree) -> None:
         await tree.say(
             interaction,
             plain_embed(f"{len(rows)} live instances · ${per_hour:.3f}/h", "\n".join(lines) or "none"),
+            ephemeral=not public,
         )
 
-    @tree.command(name="terminate", description="Terminate one instance now (not while its run is going).")
+    @tree.command(
+        name="terminate",
+        description="Terminate your run's instance now (admins: any; not while its run goes).",
+    )
     @app_commands.describe(
         instance="An instance name, tf-<run>-<attempt>.", force="Even while its run is going."
     )
@@ -56,7 +65,11 @@ def register_nodes(tree: FleetTree) -> None:
     async def terminate(interaction: discord.Interaction[Any], instance: str, force: bool = False) -> None:
         from service.instances import terminate as terminate_instance
 
-        await interaction.response.defer(thinking=True)
+        record = await tree.run(fleet.ledger.get_instance, instance)
+        run_id = record.run_id if record is not None else None
+        if not await tree.may_stop(interaction, run_id, f"instance {instance}"):
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)  # its errors stay private too
         row = await tree.run(terminate_instance, fleet, instance, force)
         await tree.audit(
             EventType.BOT_COMMAND,
@@ -70,6 +83,7 @@ def register_nodes(tree: FleetTree) -> None:
             plain_embed(
                 f"Terminated {row.node.name}", f"at {row.node.provider.value}", COLOURS[RunState.CANCELLED]
             ),
+            ephemeral=True,
         )
 
     @tree.command(name="budget", description="Your caps and use, and what the fleet is spending.")

@@ -1,8 +1,13 @@
-"""/status, /runs, /logs and /cancel: the fleet's runs, one or the newest, and stopping one."""
+"""/status, /runs, /logs and /cancel: the fleet's runs, one or the newest, and stopping one.
+
+What /status, /runs and /logs answer is seen by the caller alone (an ephemeral answer) unless they pass
+`public: true`: a run's name, config and events are the business of the channel only when someone shares
+them. /cancel is for the run's owner and the admins (FleetTree.may_stop)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import discord
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from bot.commands import FleetTree
 
 LOG_LINES = 25
+PUBLIC_HELP = "Show the answer to the channel (default: only you see it)."
 
 
 def register_runs(tree: FleetTree) -> None:
@@ -36,31 +42,35 @@ def register_runs(tree: FleetTree) -> None:
         return [app_commands.Choice(name=f"{r.run_id} {r.state.value}", value=r.run_id) for r in found]
 
     @tree.command(name="status", description="One run's status (the newest run when none is named).")
-    @app_commands.describe(run="A run id (or a unique prefix).")
+    @app_commands.describe(run="A run id (or a unique prefix).", public=PUBLIC_HELP)
     @app_commands.autocomplete(run=runs_choices)
-    async def status(interaction: discord.Interaction[Any], run: str | None = None) -> None:
+    async def status(
+        interaction: discord.Interaction[Any], run: str | None = None, public: bool = False
+    ) -> None:
         if run is None:
             newest = await tree.run(fleet.ledger.list_runs, 1)
             if not newest:
-                await tree.say(interaction, plain_embed("No runs yet", "start one with /train"))
+                embed = plain_embed("No runs yet", "start one with /train")
+                await tree.say(interaction, embed, ephemeral=not public)
                 return
             found = newest[0]
         else:
             found = await tree.run(fleet.ledger.find_run, run)
         instance = await tree.run(fleet.ledger.get_instance, found.instance) if found.instance else None
         cost = await tree.run(run_cost, fleet.ledger, found)
-        await tree.say(interaction, status_embed(found, instance, cost_usd=cost))
+        await tree.say(interaction, status_embed(found, instance, cost_usd=cost), ephemeral=not public)
 
     @tree.command(name="runs", description="The newest runs.")
-    async def runs(interaction: discord.Interaction[Any]) -> None:
+    @app_commands.describe(public=PUBLIC_HELP)
+    async def runs(interaction: discord.Interaction[Any], public: bool = False) -> None:
         found = await tree.run(fleet.ledger.list_runs, 15)
         text = "\n".join(_run_line(r) for r in found) or "no runs yet; start one with /train"
-        await tree.say(interaction, plain_embed("Runs", text))
+        await tree.say(interaction, plain_embed("Runs", text), ephemeral=not public)
 
     @tree.command(name="logs", description="A run's latest events.")
-    @app_commands.describe(run="A run id (or a unique prefix).")
+    @app_commands.describe(run="A run id (or a unique prefix).", public=PUBLIC_HELP)
     @app_commands.autocomplete(run=runs_choices)
-    async def logs(interaction: discord.Interaction[Any], run: str) -> None:
+    async def logs(interaction: discord.Interaction[Any], run: str, public: bool = False) -> None:
         found = await tree.run(fleet.ledger.find_run, run)
         lines = [
             describe(e)
@@ -74,9 +84,19 @@ def register_runs(tree: FleetTree) -> None:
         await tree.say(
             interaction,
             plain_embed(f"{found.run_id}: last {len(shown)} of {len(lines)} events", f"```\n{body}\n```"),
+            ephemeral=not public,
         )
 
-    @tree.command(name="cancel", description="Cancel a run: its job is stopped and its node terminated.")
+    _register_cancel(tree, runs_choices)
+
+
+def _register_cancel(tree: FleetTree, runs_choices: Callable[..., Any]) -> None:
+    fleet = tree.fleet
+
+    @tree.command(
+        name="cancel",
+        description="Cancel your run (admins: any run): its job is stopped, its node terminated.",
+    )
     @app_commands.describe(run="A run id (or a unique prefix).")
     @app_commands.autocomplete(run=runs_choices)
     async def cancel(interaction: discord.Interaction[Any], run: str) -> None:
@@ -85,6 +105,8 @@ def register_runs(tree: FleetTree) -> None:
             await tree.refuse(
                 interaction, "Nothing to cancel", f"run {found.run_id} already ended {found.state.value}"
             )
+            return
+        if not await tree.may_stop(interaction, found.run_id, f"run {found.run_id}"):
             return
         done = await tree.run(svc.cancel, fleet, found.run_id)
         await tree.audit(

@@ -17,8 +17,9 @@ from bot.replies import CHOICES_MAX, plain_embed
 from broker.payloads import EventType
 from core.errors import ConfigError, Problem
 from core.settings import Settings
+from jobs.paths import Confinement
 from jobs.spec import LoadedJob, format_problems, load_job, parse_job
-from jobs.yamlsafe import MAX_BYTES
+from jobs.yamlsafe import MAX_BYTES, read_job_file
 from service import runs as svc
 from service import sweep_spec, sweeps
 from service.sweep_load import parse_sweep
@@ -158,7 +159,9 @@ async def _load_job(settings: Settings, file: discord.Attachment | None, config:
         raise ConfigError("/train", [Problem("", "give either a YAML file or the name of a config")])
     if config is not None:
         return load_job(
-            _config_path(settings.bot_configs_dir, config), default_provider=settings.default_provider
+            _config_path(settings.bot_configs_dir, config),
+            default_provider=settings.default_provider,
+            data_roots=settings.data_roots,
         )
     assert file is not None
     if file.size > MAX_BYTES:
@@ -171,6 +174,7 @@ async def _load_job(settings: Settings, file: discord.Attachment | None, config:
         source=file.filename,
         base_dir=settings.bot_configs_dir.resolve(),
         default_provider=settings.default_provider,
+        paths=_attached(settings),
     )
 
 
@@ -192,10 +196,12 @@ async def _load_sweep(
     sweep_source = sweep_file.filename if sweep_file is not None else None
     if config is not None:
         path = _config_path(settings.bot_configs_dir, config)
-        data, source, base_dir = path.read_bytes(), config, path.parent
+        data, source, base_dir = read_job_file(path), config, path.parent
+        paths = Confinement(base_dir, settings.data_roots)
     else:
         assert file is not None
         data, source, base_dir = await file.read(), file.filename, settings.bot_configs_dir.resolve()
+        paths = _attached(settings)
     return await tree.run(
         lambda: parse_sweep(
             data,
@@ -205,8 +211,15 @@ async def _load_sweep(
             sweep_source=sweep_source,
             default_provider=settings.default_provider,
             max_parallel=max_parallel,
+            paths=paths,
         )
     )
+
+
+def _attached(settings: Settings) -> Confinement:
+    """An attachment has no directory of its own: its relative paths are looked up in the configs
+    directory as before, but its local files may be only under the operator's data roots."""
+    return Confinement(None, settings.data_roots)
 
 
 def _config_names(directory: Path, current: str) -> list[str]:

@@ -42,6 +42,7 @@ SEPARATE = frozenset(
         EventType.INSTANCE_KEPT,
         EventType.REAP_TERMINATED,
         EventType.RUN_PREEMPTED,
+        EventType.RUN_RETRYING,  # the first failure of a streak only (see _retrying)
         EventType.INSTANCE_IDLE,
         EventType.INSTANCE_REMINDER,
         EventType.INSTANCE_STUCK,
@@ -111,6 +112,10 @@ def status_embed(
         fields.append({"name": "W&B", "value": url})
     if progress.hub is not None and (url := progress.hub.url):
         fields.append({"name": "Hub", "value": url})
+    if run.retrying is not None and not run.state.is_terminal():
+        streak = run.retrying
+        retrying = f"{streak.stage.value}: {streak.failures} failures since {_when(streak.since)}"
+        fields.append({"name": "Retrying", "value": retrying})
     if run.failure_reason is not None:
         fields.append(
             {"name": "Failure", "value": f"{run.failure_reason.value}: {run.failure_message or ''}"}
@@ -181,7 +186,21 @@ def separate_message(event: Event) -> str | None:
         return f"🔧 Instance {data.get('instance')} of run {run} kept for debugging until {until}"
     if event.type == EventType.REAP_TERMINATED:
         return f"🧹 The reaper terminated instance {data.get('instance')} ({data.get('why', '?')})"
+    if event.type == EventType.RUN_RETRYING:
+        return _retrying(data, run)
     return _node_message(event.type, data, run)
+
+
+def _retrying(data: dict[str, Any], run: str) -> str | None:
+    """A step that failed with an error that may pass: said once per streak (its first failure); the status
+    embed shows the count after that, and the run's end says why it gave up."""
+    if data.get("attempt") != 1:
+        return None
+    return (
+        f"🔁 Run {run}: its {data.get('stage')} step failed ({data.get('error')}: "
+        f"{truncate(str(data.get('why', '?')), 300)}); trying again in {data.get('retry_in_s', 0):g} s, "
+        f"until {_when(data.get('gives_up_at'))} at most"
+    )
 
 
 def _node_message(kind: EventType, data: dict[str, Any], run: str) -> str | None:

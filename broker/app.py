@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -19,21 +20,37 @@ if TYPE_CHECKING:
 
 TASK_MODULES = ["workers.provision", "workers.prepare", "workers.train", "workers.finalize", "workers.reap"]
 # Long enough that no task (each is a short step) is redelivered while still running; a worker that
-# died leaves its message to the reaper's kick long before this.
+# died leaves its message to the reaper's kick long before this. Never shorter than the longest task's hard
+# time limit plus VISIBILITY_MARGIN_S (`visibility_timeout_s`).
 VISIBILITY_TIMEOUT_S = 900
+VISIBILITY_MARGIN_S = 60
 
 app = Celery("trainfleet", include=TASK_MODULES, set_as_current=True)
 
 
+def celery_url(redis_url: str) -> str:
+    """The broker URL kombu understands for a Redis URL of redis-py's: a unix socket (`unix://[:pw@]/path
+    ?db=N`, the embedded Redis) is `redis+socket://[:pw@]/path[?virtual_host=N]` to kombu (and Flower);
+    redis:// and rediss:// are the same to both."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    query = "" if db == "0" else f"?virtual_host={db}"
+    return f"redis+socket://{parts.netloc}{parts.path}{query}"
+
+
 def configure(settings: Settings, redis_url: str) -> Celery:
     """Point the app at Redis and set its delivery rules (idempotent)."""
+    redis_url = celery_url(redis_url)
     if app.conf.broker_url not in (None, redis_url):
         # Another Redis than before (a process that connects to a second fleet: tests do). The app keeps
         # the pools it made for the first one and would go on sending there: drop them (not close them:
         # kombu keeps them per URL, for a return to that Redis).
         app._pool = None
         app.amqp._producer_pool = None
-    transport = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    limits = time_limits(settings)
+    transport = {"visibility_timeout": visibility_timeout_s(settings)}
     app.conf.update(
         broker_url=redis_url,
         broker_transport_options=transport,
@@ -59,5 +76,39 @@ def configure(settings: Settings, redis_url: str) -> Celery:
             "reap": {"task": REAP_TASK, "schedule": timedelta(seconds=settings.reap_interval_s)},
         },
         timezone="UTC",
+        task_annotations={name: {"soft_time_limit": s, "time_limit": h} for name, (s, h) in limits.items()},
     )
+    _apply_time_limits(limits)
     return app
+
+
+def time_limits(settings: Settings) -> dict[str, tuple[float, float]]:
+    """Every task's (soft, hard) time limit in seconds, by task name. At the soft one the task's step gets
+    SoftTimeLimitExceeded (the runner retries the step, within its bound); `time_limit_grace_s` later the
+    worker kills the process (the reaper re-sends the task; a task that keeps dying fails the run STALLED)."""
+    soft = {
+        Stage.PROVISION.task_name: settings.provision_time_limit_s,
+        Stage.PREPARE.task_name: settings.prepare_time_limit_s,
+        Stage.TRAIN.task_name: settings.train_time_limit_s,
+        Stage.FINALIZE.task_name: settings.finalize_time_limit_s,
+        REAP_TASK: settings.reap_time_limit_s,
+    }
+    return {name: (limit, limit + settings.time_limit_grace_s) for name, limit in soft.items()}
+
+
+def visibility_timeout_s(settings: Settings) -> float:
+    """How long a taken message stays unacked before Redis hands it out again: past every hard limit."""
+    longest = max(hard for _soft, hard in time_limits(settings).values())
+    return max(float(VISIBILITY_TIMEOUT_S), longest + VISIBILITY_MARGIN_S)
+
+
+def _apply_time_limits(limits: dict[str, tuple[float, float]]) -> None:
+    """The limits on the tasks: Celery reads `task_annotations` once, as it makes a task (and caches the
+    parsed form), so a task made before this call (a process configured twice: tests) gets them here."""
+    app.__dict__.pop("annotations", None)  # Celery's cached_property: parsed again from the new conf
+    if not app.finalized:
+        return  # the tasks are made later, from the annotations above
+    for name, (soft, hard) in limits.items():
+        if name in app.tasks:
+            task = app.tasks[name]
+            task.soft_time_limit, task.time_limit = soft, hard

@@ -3,18 +3,29 @@
 Each run has a tick key holding the id of the one task allowed to act on it next. A task claims the run
 when it starts (the key is its id, or empty) and passes it on when it sends the next task (the key still
 holds its own id). A redelivered or duplicate message finds another id there and stands down, so a
-worker killed and restarted never doubles a run. The key expires `stall_after_s` after its last claim;
-the reaper then sends a fresh task for any run that is not finished and has no owner.
+worker killed and restarted never doubles a run.
+
+The claim is a lease: while a task holds its run (`hold`, around the whole task body), its claim is renewed
+every third of `stall_after_s` for as long as the key still holds its id, so a step longer than that (a
+large upload, an unpack) keeps the run. A task that dies stops renewing; its key expires `stall_after_s`
+later and the reaper then sends a fresh task for any run that is not finished and has no owner. The claim
+also fences the ledger (broker.ledger.fenced): a task whose claim was taken over (it stalled past the TTL)
+has its writes to the run refused with LeaseLost.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from celery import Celery
 
 from broker.constants import Stage, tick_key
+from broker.ledger import fenced
+from broker.locks import Renewer
 
 # KEYS[1] tick key; ARGV[1] expected owner ("" = anyone), ARGV[2] new owner, ARGV[3] ttl ms
 _HANDOVER = """
@@ -34,10 +45,33 @@ class Dispatcher:
         self.app, self.client = app, client
         self.ttl_ms = int(stall_after_s * 1000)
         self._handover = client.register_script(_HANDOVER)
+        self._held: dict[tuple[str, str], Renewer] = {}  # the claims of tasks inside `hold`
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, run_id: str, task_id: str) -> Iterator[None]:
+        """The scope of a task's work on a run: once `claim` gave it the run, its claim is renewed until the
+        scope ends (or the key is no longer its own), and the ledger's writes to the run are fenced by it."""
+        renewer = Renewer(self.client, tick_key(run_id), task_id, self.ttl_ms)
+        with self._lock:
+            self._held[(run_id, task_id)] = renewer
+        try:
+            with fenced(run_id, task_id):
+                yield
+        finally:
+            with self._lock:
+                self._held.pop((run_id, task_id), None)
+            renewer.stop()
 
     def claim(self, run_id: str, task_id: str) -> bool:
-        """Called by a task as it starts: True if it may act on the run."""
-        return bool(self._handover(keys=[tick_key(run_id)], args=[task_id, task_id, self.ttl_ms]))
+        """Called by a task as it starts: True if it may act on the run (renewed from then on, in `hold`)."""
+        if not self._handover(keys=[tick_key(run_id)], args=[task_id, task_id, self.ttl_ms]):
+            return False
+        with self._lock:
+            renewer = self._held.get((run_id, task_id))
+        if renewer is not None:
+            renewer.start()
+        return True
 
     def send(self, stage: Stage, run_id: str, *, after: str | None, countdown: float = 0.0) -> bool:
         """Send `stage`'s task for the run if `after` (the sending task's id, or None) still owns it."""

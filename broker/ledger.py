@@ -3,12 +3,21 @@
 Each run is one JSON document. `update_run` reads it under WATCH, lets a function change it and name the
 events that change means, and writes the document and those events in one MULTI/EXEC, so a state change
 and its events are never seen apart, and two workers acting on one run cannot both win.
+
+Writes are fenced while a stage task acts on a run (`fenced`, set by workers.runner for the task): a write
+to that run, or to one of its instances, first checks under the same WATCH that the run's tick key
+(broker.dispatch) still holds the task's id, and raises LeaseLost when another task took the run over. A
+context variable carries the fence, so no function between the runner and the ledger passes it on, and
+writes from elsewhere (the CLI's cancel, the reaper, another thread) are not fenced.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis
@@ -23,16 +32,39 @@ from broker.constants import (
     instance_key,
     run_key,
     sweep_key,
+    tick_key,
 )
 from broker.models import Instance, Run, Sweep
 from broker.payloads import Event, Payload
-from core.errors import NotFound
+from core.errors import LeaseLost, NotFound
 
 Draft = Payload
 """An event a change writes, before the ledger numbers it in the run's sequence."""
 RunChange = Callable[[Run], list[Draft] | None]
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The stage task acting on a run: writes to the run go through only while its tick holds `owner`."""
+
+    run_id: str
+    owner: str
+
+
+_FENCE: ContextVar[Fence | None] = ContextVar("trainfleet_fence", default=None)
+
+
+@contextmanager
+def fenced(run_id: str, owner: str) -> Iterator[None]:
+    """For the duration (in this thread), the ledger's writes to `run_id` are `owner`'s: refused with
+    LeaseLost once the run's tick key holds another task's id, or none."""
+    token = _FENCE.set(Fence(run_id, owner))
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
 
 
 class Ledger:
@@ -77,6 +109,7 @@ class Ledger:
         def body(raw: str | None, pipe: redis.client.Pipeline[str]) -> Run:
             if raw is None:
                 raise NotFound(f"no run {run_id!r}")
+            self._check_fence(pipe, run_id)
             run = Run.model_validate_json(raw)
             drafts = change(run) or []
             run.updated_at = time.time()
@@ -108,18 +141,33 @@ class Ledger:
         return [model.model_validate_json(raw) for raw in raws if raw is not None]
 
     def _optimistic(self, key: str, body: Callable[[str | None, redis.client.Pipeline[str]], T]) -> T:
-        """Run `body(current value, pipeline)` under WATCH `key`, retried until no one else wrote the key
-        in between. `body` calls `pipe.multi()` before queueing its writes (or queues none)."""
+        """Run `body(current value, pipeline)` under WATCH `key` (and the fenced run's tick key, if any),
+        retried until no one else wrote them in between. `body` calls `pipe.multi()` before queueing its
+        writes (or queues none)."""
+        fence = _FENCE.get()
+        watched = [key] if fence is None else [key, tick_key(fence.run_id)]
         while True:
             with self.client.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(key)
+                    pipe.watch(*watched)
                     result = body(cast(str | None, pipe.get(key)), pipe)
                     if pipe.explicit_transaction:
                         pipe.execute()
                     return result
                 except redis.WatchError:
                     continue
+
+    @staticmethod
+    def _check_fence(pipe: redis.client.Pipeline[str], run_id: str) -> None:
+        """LeaseLost when this thread acts for a stage task on `run_id` whose tick is no longer the task's
+        (read under WATCH: a change before EXEC retries the write, and so this check)."""
+        fence = _FENCE.get()
+        if fence is None or fence.run_id != run_id or not run_id:
+            return
+        owner = cast(str | None, pipe.get(tick_key(run_id)))  # watching: answers at once
+        if owner != fence.owner:
+            now = f"task {owner}" if owner else "no task (its claim expired)"
+            raise LeaseLost(f"run {run_id}: task {fence.owner} lost its claim ({now} owns it); write refused")
 
     @staticmethod
     def _number(run: Run, drafts: list[Draft]) -> list[Event]:
@@ -179,10 +227,13 @@ class Ledger:
 
     # instances ----------------------------------------------------------------------------------
     def put_instance(self, instance: Instance) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
+        def body(_raw: str | None, pipe: redis.client.Pipeline[str]) -> None:
+            self._check_fence(pipe, instance.run_id)
+            pipe.multi()
             pipe.set(instance_key(instance.name), instance.model_dump_json())
             pipe.sadd(INSTANCES_INDEX, instance.name)
-            pipe.execute()
+
+        self._optimistic(instance_key(instance.name), body)
 
     def get_instance(self, name: str) -> Instance | None:
         raw = self.client.get(instance_key(name))
@@ -195,6 +246,7 @@ class Ledger:
             if raw is None:
                 return None
             inst = Instance.model_validate_json(raw).model_copy(update=changes)
+            self._check_fence(pipe, inst.run_id)
             inst.updated_at = time.time()
             pipe.multi()
             pipe.set(instance_key(name), inst.model_dump_json())

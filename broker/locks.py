@@ -2,7 +2,7 @@
 a holder whose lock expired never deletes the next holder's. A lease can renew itself while its work runs
 (every third of its TTL, from a daemon thread), so work that takes longer than the TTL (a reaper pass whose
 provider call hangs until its timeout) keeps the lock; a holder that dies stops renewing, and its lock
-expires one TTL later."""
+expires one TTL later. `Renewer` is that thread on its own: a run's claim (broker.dispatch) uses it too."""
 
 from __future__ import annotations
 
@@ -23,6 +23,37 @@ return 0
 """
 
 
+class Renewer:
+    """Renews `key`'s TTL every third of it while the key still holds `token` (compare-and-pexpire, one
+    Lua script); stops for good at `stop()` or once the key holds another value or none (taken over,
+    handed on, expired: nothing of ours is left to keep)."""
+
+    def __init__(self, client: redis.Redis[str], key: str, token: str, ttl_ms: int) -> None:
+        self.client, self.key, self.token, self.ttl_ms = client, key, token, max(1, ttl_ms)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._keep, name=f"lease:{self.key}", daemon=True)
+            self._thread.start()
+
+    def _keep(self) -> None:
+        renew = self.client.register_script(_RENEW)
+        while not self._stop.wait(self.ttl_ms / 3000):
+            try:
+                if not renew(keys=[self.key], args=[self.token, self.ttl_ms]):
+                    return  # not ours any more: nothing to keep
+            except redis.RedisError:
+                continue  # Redis away for a moment: try again; the key lasts a TTL meanwhile
+
+    def stop(self) -> None:
+        """Stop renewing (the key keeps the TTL of its last renewal)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
 class Lease:
     """One attempt to hold `key` for `ttl_s` seconds (renewed while held, with `renew`)."""
 
@@ -32,8 +63,7 @@ class Lease:
         self.client, self.key, self.ttl_ms = client, key, max(1, int(ttl_s * 1000))
         self.token = f"{holder}:{uuid.uuid4().hex}" if holder else uuid.uuid4().hex
         self.renew = renew
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._renewer = Renewer(client, key, self.token, self.ttl_ms)
 
     def acquire(self, wait_s: float = 0.0) -> bool:
         """Take the lock, waiting up to `wait_s` for another holder to let it go; whether it is ours."""
@@ -43,22 +73,10 @@ class Lease:
                 return False
             time.sleep(0.05)
         if self.renew:
-            self._renewer = threading.Thread(target=self._keep, name=f"lease:{self.key}", daemon=True)
             self._renewer.start()
         return True
 
-    def _keep(self) -> None:
-        renew = self.client.register_script(_RENEW)
-        while not self._stop.wait(self.ttl_ms / 3000):
-            try:
-                if not renew(keys=[self.key], args=[self.token, self.ttl_ms]):
-                    return  # not ours any more (it expired while Redis was away): nothing to keep
-            except redis.RedisError:
-                continue  # Redis away for a moment: try again; the lock lasts a TTL meanwhile
-
     def release(self) -> None:
         """Let the lock go, if it is still ours; stop renewing it."""
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join(5)
+        self._renewer.stop()
         self.client.register_script(_RELEASE)(keys=[self.key], args=[self.token])

@@ -80,6 +80,16 @@ class StageTiming(BaseModel):
         return round(self.ended - self.started, 3)
 
 
+class Retrying(BaseModel):
+    """A stage whose step keeps failing with errors that may pass (run.retrying): the bound's clock."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: Stage
+    since: float = Field(description="When the first failure of this streak came (epoch seconds).")
+    failures: int = Field(0, description="Failed tries of the step in a row.")
+
+
 class RunProgress(BaseModel):
     """What the stages have learned about a run as it went; each stage writes its own fields."""
 
@@ -143,6 +153,11 @@ class Run(BaseModel):
         False, description="A sweep child waiting (QUEUED) for a free slot under the sweep's max_parallel."
     )
     origin: GitOrigin | None = Field(None, description="Where the job came from beyond its file (a commit).")
+    retrying: Retrying | None = Field(None, description="Its stage's step is being retried (workers.stage).")
+    kicks: int = Field(0, description="Times the reaper re-sent its stage task since a step last ended.")
+    kicked_starts: int = Field(
+        0, description="Stage tasks that started after such a kick and have not ended a step (STALLED)."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -21,13 +21,18 @@ class FailureReason(StrEnum):
     CANCELLED_BY_USER = "CANCELLED_BY_USER"
     OVER_BUDGET = "OVER_BUDGET"
     DEADLINE = "DEADLINE"  # the node reached its terminate_after
+    AUTH_FAILED = "AUTH_FAILED"  # a provider refused the fleet's credential, or none is configured
+    STALLED = "STALLED"  # its stage task kept starting and dying without finishing a step (the reaper)
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
 class FleetError(Exception):
-    """Base of every error trainfleet raises on purpose."""
+    """Base of every error trainfleet raises on purpose. The class says what a stage does with it: retry
+    it (`retryable`, with back-off, for a bounded time), or end the run at once; and with which reason the
+    run fails (`failure`; None: the stage's own, e.g. PROVISIONING_FAILED)."""
 
     retryable = False
+    failure: FailureReason | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class OverBudget(FleetError):
 class CredentialsMissing(FleetError):
     """A provider's credential is not configured (named, never shown)."""
 
+    failure = FailureReason.AUTH_FAILED
+
 
 class ProviderError(FleetError):
     """A provider call failed."""
@@ -85,6 +92,7 @@ class NoCapacity(ProviderError):
     """No offer fits the job's section right now."""
 
     retryable = True
+    failure = FailureReason.NO_CAPACITY
 
 
 class ProvisioningFailed(ProviderError):
@@ -92,7 +100,9 @@ class ProvisioningFailed(ProviderError):
 
 
 class AuthFailed(ProviderError):
-    """The provider refused the credential."""
+    """The provider refused the credential (its words in the message, never the credential)."""
+
+    failure = FailureReason.AUTH_FAILED
 
 
 class StageFailed(FleetError):
@@ -109,6 +119,11 @@ class NodeLost(FleetError):
     """The run's node is gone from under it (preempted, outbid, no longer listed): replace it."""
 
 
+class LeaseLost(FleetError):
+    """A stage task's claim on its run was taken over (it stalled past its TTL and another task owns the
+    run now): its writes are refused, and it stands down without touching the run or its nodes."""
+
+
 class GitError(FleetError):
     """A git command failed: not a repository, an unknown branch or commit, a fetch that did not work."""
 
@@ -119,5 +134,11 @@ class NodeError(FleetError):
     retryable = True
 
 
+class StepTimedOut(FleetError):
+    """A stage's step ran past its task's soft time limit (a call that hung): the step is tried again."""
+
+    retryable = True
+
+
 # What Celery's autoretry_for may retry: only errors that say trying again can help.
-RETRYABLE: tuple[type[FleetError], ...] = (ProviderUnavailable, NoCapacity, NodeError)
+RETRYABLE: tuple[type[FleetError], ...] = (ProviderUnavailable, NoCapacity, NodeError, StepTimedOut)

@@ -25,8 +25,16 @@ DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 # release `<version>-py<python>-cu<cuda>-<torch>`); the node's start adds Ray where the image lacks it.
 DEFAULT_AXOLOTL_VERSION = "0.19.0"
 DEFAULT_AXOLOTL_IMAGE = "axolotlai/axolotl:0.19.0-py3.12-cu130-2.12.0"
+DEFAULT_RUNPOD_PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy of a pod's port
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
+
+# How long a call to a node's Jobs API or a provider's API may wait (the settings' defaults): to connect,
+# for an answer, and for the answer to an upload of a job's files (a large working_dir).
+API_CONNECT_TIMEOUT_S = 10.0
+NODE_API_TIMEOUT_S = 60.0
+PROVIDER_API_TIMEOUT_S = 60.0
+UPLOAD_TIMEOUT_S = 900.0
 
 
 class Settings(BaseModel):
@@ -36,7 +44,9 @@ class Settings(BaseModel):
 
     redis_url: str | None = Field(
         None,
-        description="Redis for the broker, ledger and events; unset: an embedded redis-server.",
+        description="Redis for the broker, ledger and events (redis://:password@host:port/db, rediss://, or "
+        "unix:///path.sock?db=0; a secret: its password is never shown); unset: the embedded redis-server, "
+        "private to its owner on a unix socket (service.embedded).",
     )
     home: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("trainfleet")),
@@ -66,6 +76,49 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
+    stalled_after_kicks: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="A run whose re-sent stage task died this often without ending a step fails STALLED.",
+    )
+    retry_for_s: float = Field(
+        1800,
+        ge=0,
+        description="A step failing with errors that may pass is retried this long (from its "
+        "first failure) at most, then the run fails with the error.",
+    )
+    provision_time_limit_s: float = Field(
+        900, gt=0, le=3600, description="Soft time limit of one provision task (a step past it is retried)."
+    )
+    prepare_time_limit_s: float = Field(
+        1200, gt=0, le=3600, description="Soft time limit of one prepare task (uploads the job's files)."
+    )
+    train_time_limit_s: float = Field(
+        1200,
+        gt=0,
+        le=3600,
+        description="Soft time limit of one train task (a submit and its upload, a poll).",
+    )
+    finalize_time_limit_s: float = Field(
+        1800, gt=0, le=3600, description="Soft time limit of one finalize task (results back, unpacked)."
+    )
+    reap_time_limit_s: float = Field(600, gt=0, le=3600, description="Soft time limit of one reaper pass.")
+    time_limit_grace_s: float = Field(
+        60, ge=1, le=600, description="A task still running this long after its soft time limit is killed."
+    )
+    api_connect_timeout_s: float = Field(
+        API_CONNECT_TIMEOUT_S, gt=0, le=300, description="Connect timeout of a node's or provider's API call."
+    )
+    node_api_timeout_s: float = Field(
+        NODE_API_TIMEOUT_S, gt=0, le=3600, description="Read timeout of a call to a node's Jobs API."
+    )
+    provider_api_timeout_s: float = Field(
+        PROVIDER_API_TIMEOUT_S, gt=0, le=3600, description="Read timeout of a call to a provider's API."
+    )
+    upload_timeout_s: float = Field(
+        UPLOAD_TIMEOUT_S, gt=0, le=86400, description="Read timeout of the upload of a job's files to a node."
+    )
     reap_interval_s: float = Field(30, gt=0, description="How often the reaper runs (celery beat).")
     node_heartbeat_timeout_s: float | None = Field(
         1800,
@@ -102,7 +155,10 @@ class Settings(BaseModel):
     )
     events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
     max_dollars_per_run: float | None = Field(
-        None, gt=0, description="A run whose nodes cost this much is stopped (OVER_BUDGET); unset: no cap."
+        None,
+        gt=0,
+        description="A run whose nodes cost this much is stopped (OVER_BUDGET), by its next task or the "
+        "reaper's next pass; unset: no cap.",
     )
     max_dollars_per_day: float | None = Field(
         None, gt=0, description="No new run while the fleet's nodes cost this much in the last 24 h."
@@ -128,6 +184,12 @@ class Settings(BaseModel):
     discord_allowed_channels: tuple[int, ...] = Field(
         (), description="Channel ids the bot answers in (comma-separated); empty: none."
     )
+    discord_admin_users: tuple[int, ...] = Field(
+        (), description="User ids (also allowlisted) who may cancel or terminate anyone's run from Discord."
+    )
+    discord_admin_roles: tuple[int, ...] = Field(
+        (), description="Role ids whose (allowlisted) members may cancel or terminate anyone's run."
+    )
     bot_runs_per_hour: int = Field(5, ge=0, description="Runs one Discord user may start per hour.")
     bot_dollars_per_day: float = Field(
         50.0, ge=0, description="A Discord user's /train is refused once their runs cost this much in 24 h."
@@ -135,7 +197,12 @@ class Settings(BaseModel):
     bot_configs_dir: Path = Field(
         Path("configs"),
         description="Where /train finds configs by name; relative dataset paths of an "
-        "attached YAML are looked up here too.",
+        "attached YAML are looked up here too (and allowed only under data_roots).",
+    )
+    data_roots: tuple[Path, ...] = Field(
+        (),
+        description="Absolute directories (os.pathsep-separated) whose files any job may name besides those "
+        "under its own directory; the only ones a Discord attachment may name. Empty: none.",
     )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
     node_image: str = Field(
@@ -162,6 +229,17 @@ class Settings(BaseModel):
         description="The Python of the local nodes' own environment (the node's software only, `make "
         "node-env`); unset: .venv-node beside the fleet's venv if there is one, else the fleet's own Python.",
     )
+    runpod_proxy_url: str = Field(
+        DEFAULT_RUNPOD_PROXY_URL,
+        pattern=r"^https://",
+        description="Where RunPod's HTTPS proxy publishes a pod's port ({pod_id}, {port}): the only way the "
+        "fleet reaches a pod's Jobs API (a fake's in tests).",
+    )
+    runpod_proxy_ca_file: Path | None = Field(
+        None,
+        description="The certificate authorities trusted for RunPod's proxy; unset: the system's (a fake's "
+        "own in tests).",
+    )
     ssh_public_key: SshPublicKey | None = Field(
         None,
         description="An OpenSSH public key line, or the path of a .pub file: installed on every rented node "
@@ -169,7 +247,12 @@ class Settings(BaseModel):
     )
 
     @field_validator(
-        "discord_allowed_users", "discord_allowed_roles", "discord_allowed_channels", mode="before"
+        "discord_allowed_users",
+        "discord_allowed_roles",
+        "discord_allowed_channels",
+        "discord_admin_users",
+        "discord_admin_roles",
+        mode="before",
     )
     @classmethod
     def _id_list(cls, value: Any) -> Any:
@@ -178,6 +261,19 @@ class Settings(BaseModel):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         if isinstance(value, int):
             return (value,)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        """A URL redis-py and Celery both take; empty: the embedded Redis. The message never quotes the URL
+        (its password)."""
+        if not value:
+            return None
+        if value.partition("://")[0] not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                "must be redis://[:password@]host[:port]/db, rediss://... (TLS) or unix:///path/redis.sock?db=0"
+            )
         return value
 
     @field_validator("ssh_public_key", mode="before")
@@ -199,6 +295,23 @@ class Settings(BaseModel):
         if value < floor:
             raise ValueError(f"must be 0 (off) or at least {floor:g} s (60 s, and three reap_interval_s)")
         return value
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _data_roots(cls, value: Any) -> Any:
+        """From the environment: one os.pathsep-separated string. Each root must be absolute."""
+        if isinstance(value, str | Path):
+            value = [part for part in str(value).split(os.pathsep) if part.strip()]
+        if isinstance(value, list | tuple):
+            relative = [str(part) for part in value if not Path(str(part)).is_absolute()]
+            if relative:
+                raise ValueError(f"each data root must be an absolute directory; not {', '.join(relative)}")
+        return value
+
+    @property
+    def provider_api_timeouts(self) -> tuple[float, float]:
+        """requests' (connect, read) timeout of a provider API call."""
+        return self.api_connect_timeout_s, self.provider_api_timeout_s
 
     @property
     def runs_dir(self) -> Path:

@@ -48,7 +48,12 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
     overrides = {"use_ray": True} if use_ray else None
     for path in paths:
         try:
-            job = load_job(path, default_provider=settings.default_provider, overrides=overrides)
+            job = load_job(
+                path,
+                default_provider=settings.default_provider,
+                overrides=overrides,
+                data_roots=settings.data_roots,
+            )
             svc.check_submittable(settings, job)
             jobs.append(job)
         except ConfigError as exc:
@@ -85,7 +90,9 @@ def validate(
     failed, shown = False, []
     for path in files:
         try:
-            job = load_job(path, default_provider=provider or settings.default_provider)
+            job = load_job(
+                path, default_provider=provider or settings.default_provider, data_roots=settings.data_roots
+            )
             verdict = axolotl_verdict(settings, job) if axolotl_check else None
             if verdict is not None and verdict.problems:
                 raise ConfigError(job.source, verdict.problems)

@@ -83,7 +83,7 @@ def offers(
     """The offers that fit the job's provider section, cheapest first, and why the others do not."""
     settings = settings_or_exit()
     try:
-        job = load_job(file, default_provider=settings.default_provider)
+        job = load_job(file, default_provider=settings.default_provider, data_roots=settings.data_roots)
         provider = get_provider(job.spec.provider.value, provider_context(settings))
         chooser = getattr(provider, "choose", None)
         choice: Choice | None = chooser(job.spec.section) if chooser is not None else None

@@ -47,7 +47,11 @@ def sweep(
     settings = settings_or_exit()
     try:
         plan = sweep_load.load_sweep(
-            file, sweep_file, default_provider=settings.default_provider, max_parallel=max_parallel
+            file,
+            sweep_file,
+            default_provider=settings.default_provider,
+            max_parallel=max_parallel,
+            data_roots=settings.data_roots,
         )
     except ConfigError as exc:
         err.print(format_problems(exc), markup=False, highlight=False)

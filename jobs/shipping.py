@@ -12,11 +12,13 @@ dataset path (axolotl reads parquet, arrow, csv, json, ...).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import TypeVar
 
 from core.errors import ConfigError, Problem
+from jobs.paths import Confinement, PathRefused, escapes, lexical
 from trainer.config import DatasetConfig, DatasetRef, FleetKeys
 from trainer.data import dataset_files, every_file
 from trainer.errors import DatasetError
@@ -33,9 +35,11 @@ def ship_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / SHIP_DIR
 
 
-def ship_datasets(config: Config, source: str, dest: Path) -> Config:
+def ship_datasets(config: Config, source: str, dest: Path, paths: Confinement | None) -> Config:
     """Copy the local files of `config`'s datasets under `dest` and return the config with their paths
-    relative to it. ConfigError (naming the key) for a local base model or datasets over the limit."""
+    relative to it. ConfigError (naming the key) for a local base model, datasets over the limit, or a
+    file `paths` (where the job's local files may be, jobs.paths; None: nowhere) no longer allows."""
+    paths = paths or Confinement(None)
     problems = []
     if Path(config.base_model).is_absolute():
         problems.append(
@@ -47,9 +51,14 @@ def ship_datasets(config: Config, source: str, dest: Path) -> Config:
         if not root.is_absolute():
             continue  # a hub dataset id
         try:
-            plan.append((i, root, _local_files(ds)))
-        except DatasetError as exc:
-            problems.append(Problem(f"datasets.{i}.path", str(exc)))
+            files = _local_files(ds)
+            for f in [root, *files]:  # checked again as they are now, links followed
+                paths.check(lexical(f, root), str(f), directory=f == root)
+                if escapes(str(_shipped_as(i, root, f))):  # before anything is copied
+                    raise PathRefused(f"{_shipped_as(i, root, f)} would be written outside {SHIP_DIR}/")
+            plan.append((i, root, files))
+        except (DatasetError, PathRefused) as exc:
+            problems.append(Problem(f"datasets[{i}].path", str(exc)))
     total = sum(f.stat().st_size for _, _, files in plan for f in files)
     if total > SHIP_LIMIT_BYTES:
         problems.append(
@@ -64,21 +73,42 @@ def ship_datasets(config: Config, source: str, dest: Path) -> Config:
         raise ConfigError(source, problems)
     datasets = list(config.datasets)
     for i, root, files in plan:
-        # datasets/<i>/<its own name>: never taken for a hub id, and the card can name it
-        relative = Path("datasets", str(i), root.name)
         for f in files:
-            inside = dest / relative / f.relative_to(root) if root.is_dir() else dest / relative
-            inside.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, inside)
-        datasets[i] = datasets[i].model_copy(update={"path": relative.as_posix()})
+            _copy(f, dest, _shipped_as(i, root, f), source, f"datasets[{i}].path")
+        datasets[i] = datasets[i].model_copy(update={"path": _shipped_as(i, root, root).as_posix()})
     update: dict[str, object] = {"datasets": datasets}
     deepspeed = (config.model_extra or {}).get("deepspeed")
-    if isinstance(deepspeed, str) and Path(deepspeed).is_absolute() and Path(deepspeed).is_file():
+    # Only a DeepSpeed JSON the job may name travels; another absolute path is the node's own file.
+    if isinstance(deepspeed, str) and Path(deepspeed).is_absolute() and paths.allows(Path(deepspeed)):
+        try:
+            paths.check(Path(deepspeed), deepspeed, directory=False)
+        except PathRefused as exc:
+            raise ConfigError(source, [Problem("deepspeed", str(exc))]) from None
         inside = Path(DEEPSPEED_DIR, Path(deepspeed).name)
-        (dest / inside).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(deepspeed, dest / inside)
+        _copy(Path(deepspeed), dest, inside, source, "deepspeed")
         update["deepspeed"] = inside.as_posix()
     return config.model_copy(update=update)
+
+
+def _shipped_as(i: int, root: Path, f: Path) -> Path:
+    """Where file `f` of dataset `i` (at `root`) goes under ship/: datasets/<i>/<its own name>[/<inner>],
+    never taken for a hub id, and the card can name it."""
+    relative = Path("datasets", str(i), root.name)
+    return relative / os.path.relpath(f, root) if f != root else relative
+
+
+def _copy(src: Path, dest: Path, relative: Path, source: str, key: str) -> None:
+    """Copy `src` to `dest / relative`, refused (ConfigError naming `key`) unless the destination, links
+    followed, stays inside `dest`: whatever a job's paths say, nothing is written outside ship/."""
+    message = f"{relative.as_posix()} would be written outside the job's {SHIP_DIR}/ directory"
+    target = lexical(relative, dest)
+    if Path(os.path.normpath(dest)) not in target.parents:
+        raise ConfigError(source, [Problem(key, message)])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    real = target.parent.resolve() / target.name
+    if dest.resolve() not in real.parents or real.is_symlink():
+        raise ConfigError(source, [Problem(key, message)])
+    shutil.copyfile(src, real)
 
 
 def _local_files(ds: DatasetRef) -> list[Path]:

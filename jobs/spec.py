@@ -18,8 +18,9 @@ those problems.
 from __future__ import annotations
 
 import difflib
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -28,10 +29,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from core.errors import ConfigError, Problem
+from jobs.paths import Confinement, PathRefused, escapes, is_system, lexical
 from jobs.problems import line_of, shorten, validate_mapping
+from jobs.secretscan import said_once, scan
 from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
 from jobs.trainer_choice import TrainerChoice, choose
-from jobs.yamlsafe import MAX_BYTES, join_path, load_yaml
+from jobs.yamlsafe import join_path, load_yaml, read_job_file
 from trainer.config import HUB_ID_PATTERN, AnyTrainConfig, AxolotlConfig, TrainConfig
 
 _TRAIN_CONFIG: TypeAdapter[AnyTrainConfig] = TypeAdapter(AnyTrainConfig)
@@ -106,29 +109,29 @@ class LoadedJob:
     """The file's `sweep:` section as written (validated by service.sweep_load), or None."""
     lines: Mapping[str, int] = field(default_factory=dict)
     """The line of each key path in the file, for errors about the sweep section."""
+    paths: Confinement | None = None
+    """Where its local files may be (jobs.paths); shipping checks them again. None: nothing local."""
 
 
 def load_job(
-    path: Path, *, default_provider: str = "local", overrides: Mapping[str, Any] | None = None
+    path: Path,
+    *,
+    default_provider: str = "local",
+    overrides: Mapping[str, Any] | None = None,
+    data_roots: Sequence[Path] = (),
 ) -> LoadedJob:
     """Read and validate the job file at `path` (see `parse_job`); relative dataset paths are relative to
-    the file's directory. Raises `ConfigError` only, also when the file cannot be read or is too large.
+    the file's directory, and local files must be under it or a data root (jobs.paths). Raises
+    `ConfigError` only, also when the file cannot be read, is too large or is not a regular file.
     """
-    source = str(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:  # refuse before reading; load_yaml checks again what was read
-            raise ConfigError(source, [Problem("", f"file is {size} bytes; the limit is {MAX_BYTES} bytes")])
-        with path.open("rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    base_dir = path.absolute().parent
     return parse_job(
-        data,
-        source=source,
-        base_dir=path.absolute().parent,
+        read_job_file(path),
+        source=str(path),
+        base_dir=base_dir,
         default_provider=default_provider,
         overrides=overrides,
+        paths=Confinement(base_dir, tuple(data_roots)),
     )
 
 
@@ -139,11 +142,13 @@ def parse_job(
     base_dir: Path,
     default_provider: str = "local",
     overrides: Mapping[str, Any] | None = None,
+    paths: Confinement | None = None,
 ) -> LoadedJob:
     """Validate a job file's bytes into a `LoadedJob`.
 
     `source` names the file in errors; `base_dir` is where relative dataset paths are looked up (existing
-    ones are made absolute). `overrides` replace top-level keys after parsing (``{"use_ray": True}``).
+    ones are made absolute). `paths` says where local files may be (default: under `base_dir` only).
+    `overrides` replace top-level keys after parsing (``{"use_ray": True}``).
     `default_provider` is used when the file has no provider section. Every problem is collected and raised
     together as one `ConfigError`; nothing else is raised.
     """
@@ -159,12 +164,14 @@ def parse_job(
         raw[key] = value
         lines = {p: n for p, n in lines.items() if p != key and not p.startswith((f"{key}.", f"{key}["))}
 
-    problems: list[Problem] = []
+    secrets = scan(raw, lines)  # anywhere in the file, the sweep and the provider section too
+    problems: list[Problem] = list(secrets)
     sweep = ({} if (value := raw.pop("sweep")) is None else value) if "sweep" in raw else None
     provider, section_data = _take_provider_section(raw, lines, fallback, problems)
     problems += _misspelled_sections(raw, lines)
-    problems += _resolve_datasets(raw, lines, base_dir)
-    problems += _resolve_deepspeed(raw, lines, base_dir)
+    paths = paths or Confinement(base_dir)
+    problems += _resolve_datasets(raw, lines, base_dir, paths)
+    problems += _resolve_deepspeed(raw, lines, base_dir, paths, provider)
     choice, choice_problems = choose(raw, lines)
     trainer = choice.trainer if choice is not None else "builtin"
     model = AxolotlConfig if trainer == "axolotl" else TrainConfig
@@ -181,6 +188,7 @@ def parse_job(
         for key, message in section.multi_node_problems():
             where = join_path(provider.value, key)
             problems.append(Problem(where, message, line_of(lines, where)))
+    problems = said_once(secrets, problems)
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
@@ -202,6 +210,7 @@ def parse_job(
         choice=choice,
         sweep=sweep,
         lines=MappingProxyType(lines),
+        paths=paths,
     )
 
 
@@ -262,8 +271,11 @@ def _misspelled_sections(raw: Mapping[str, Any], lines: Mapping[str, int]) -> li
     return problems
 
 
-def _resolve_datasets(raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path) -> list[Problem]:
-    """Make local dataset paths absolute in `raw`; keep hub ids; report paths that are neither."""
+def _resolve_datasets(
+    raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path, paths: Confinement
+) -> list[Problem]:
+    """Make local dataset paths absolute in `raw` once `paths` allows them and their `data_files`; keep hub
+    ids; report paths that are neither, or that the rule refuses."""
     datasets = raw.get("datasets")
     if not isinstance(datasets, list):
         return []
@@ -273,27 +285,71 @@ def _resolve_datasets(raw: dict[str, Any], lines: Mapping[str, int], base_dir: P
         path = entry.get("path") if isinstance(entry, dict) else None
         if isinstance(path, str) and path:
             where = join_path(join_path("datasets", i), "path")
-            new_path = _dataset_path(path, base_dir)
+            try:
+                new_path = _dataset_path(path, base_dir, paths)
+            except PathRefused as exc:
+                problems.append(Problem(where, str(exc), lines.get(where)))
+                new_path = path
             if new_path is None:
                 message = f"file not found: {shorten(path)} (relative paths are looked up in {base_dir})"
                 problems.append(Problem(where, message, lines.get(where)))
             else:
                 entry = {**entry, "path": new_path}
+                problems += _data_files(entry, join_path("datasets", i), lines, paths)
         resolved.append(entry)
     raw["datasets"] = resolved
     return problems
 
 
-def _resolve_deepspeed(raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path) -> list[Problem]:
-    """An axolotl `deepspeed:` JSON named by a relative path is looked up next to the job file and made
-    absolute (it travels with the job); an absolute one is the node's (an image's own configs)."""
+def _data_files(
+    entry: dict[str, Any], at: str, lines: Mapping[str, int], paths: Confinement
+) -> list[Problem]:
+    """A dataset's `data_files` name files inside its directory: relative, never climbing out; for a local
+    directory each must be a regular file `paths` allows."""
+    value = entry.get("data_files")
+    named = [(join_path(at, "data_files"), value)] if isinstance(value, str) else []
+    if isinstance(value, list):
+        named = [
+            (join_path(join_path(at, "data_files"), j), v) for j, v in enumerate(value) if isinstance(v, str)
+        ]
+    root = Path(entry["path"])
+    problems = []
+    for where, name in named:
+        try:
+            if escapes(name):
+                raise PathRefused(f"{shorten(name)}: data_files name files inside the dataset's directory")
+            if root.is_absolute() and root.is_dir():
+                candidate = lexical(Path(name), root)
+                if not os.path.lexists(candidate):
+                    raise PathRefused(f"file not found: {shorten(name)} in {shorten(entry['path'])}")
+                paths.check(candidate, shorten(name), directory=False)
+        except PathRefused as exc:
+            problems.append(Problem(where, str(exc), lines.get(where)))
+    return problems
+
+
+def _resolve_deepspeed(
+    raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path, paths: Confinement, provider: ProviderName
+) -> list[Problem]:
+    """An axolotl `deepspeed:` JSON named by a relative path (or an absolute one `paths` allows) is a local
+    file, made absolute (it travels with the job); another absolute one is a rented node's (an image's own
+    configs), which a local node, being this machine, may not read."""
     value = raw.get("deepspeed")
-    if not isinstance(value, str) or not value or Path(value).is_absolute():
+    if not isinstance(value, str) or not value:
         return []
-    candidate = base_dir / value
-    if _exists(candidate) and candidate.is_file():
-        raw["deepspeed"] = str(candidate.resolve())
-        return []
+    candidate = lexical(Path(value), base_dir)
+    absolute = Path(value).is_absolute()
+    try:
+        if not paths.allows(candidate):
+            if absolute and provider is not ProviderName.LOCAL and not is_system(candidate):
+                return []  # the rented node's own file: never read here, never shipped (jobs.shipping)
+            raise paths.outside(candidate, shorten(value))
+        if os.path.lexists(candidate):
+            real = paths.check(candidate, shorten(value), directory=False)
+            raw["deepspeed"] = value if absolute else str(real)
+            return []
+    except PathRefused as exc:
+        return [Problem("deepspeed", str(exc), lines.get("deepspeed"))]
     message = (
         f"file not found: {shorten(value)} (relative paths are looked up in {base_dir}; "
         "`axolotl fetch deepspeed_configs` puts axolotl's there)"
@@ -301,19 +357,23 @@ def _resolve_deepspeed(raw: dict[str, Any], lines: Mapping[str, int], base_dir: 
     return [Problem("deepspeed", message, lines.get("deepspeed"))]
 
 
-def _dataset_path(path: str, base_dir: Path) -> str | None:
-    if _exists(Path(path)) and Path(path).is_absolute():
-        return path
-    candidate = base_dir / path
-    if not Path(path).is_absolute() and _exists(candidate):
-        return str(candidate.resolve())
+def _dataset_path(path: str, base_dir: Path, paths: Confinement) -> str | None:
+    """The local path (checked by `paths`), the hub id as written, or None when neither is found. Raises
+    PathRefused for a local path the rule does not allow."""
+    written = Path(path)
+    candidate = lexical(written, base_dir)
+    if paths.allows(candidate) and _exists(candidate):
+        paths.check(candidate, shorten(path))
+        return path if written.is_absolute() else str(candidate.resolve())
     if re.fullmatch(HUB_ID_PATTERN, path) and PurePosixPath(path).suffix.lower() not in DATA_SUFFIXES:
         return path  # a hub dataset id, fetched where the job runs
+    if not paths.allows(candidate):
+        raise paths.outside(candidate, shorten(path))
     return None
 
 
 def _exists(path: Path) -> bool:
     try:
-        return path.exists()
-    except OSError:  # e.g. a name too long: not a file we can use
+        return os.path.lexists(path)
+    except (OSError, ValueError):  # e.g. a name too long, a NUL: not a file we can use
         return False

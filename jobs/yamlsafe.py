@@ -20,7 +20,10 @@ Values otherwise follow PyYAML's YAML 1.1 rules (``yes``/``on`` are true), as ax
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -97,6 +100,34 @@ class _Loader(yaml.SafeLoader):
 
     def _next_event(self) -> Any:
         return self.peek_event()  # type: ignore[no-untyped-call]
+
+
+def read_job_file(path: Path) -> bytes:
+    """The bytes of a job (or sweep) file, at most `MAX_BYTES + 1` of them. Only a regular file is read: a
+    FIFO would block the reader for ever, a device may never end, a directory is not a file; each is refused
+    at once, by a stat before opening (and an fstat after, opened without blocking, should it change in
+    between). Raises ConfigError naming the file."""
+    source = str(path)
+    try:
+        _regular(os.stat(path).st_mode, source)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            status = os.fstat(fh.fileno())
+            _regular(status.st_mode, source)
+            if status.st_size > MAX_BYTES:  # refuse before reading; load_yaml checks again what was read
+                message = f"file is {status.st_size} bytes; the limit is {MAX_BYTES} bytes"
+                raise ConfigError(source, [Problem("", message)])
+            return fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+
+
+def _regular(mode: int, source: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+        raise ConfigError(
+            source, [Problem("", f"{kind}, not a regular file; a job file must be a plain file")]
+        )
 
 
 def load_yaml(data: bytes, *, source: str) -> YamlDocument:

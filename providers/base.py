@@ -9,6 +9,7 @@ errors of core.errors (ProviderError and its subclasses), translated from their 
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -19,12 +20,20 @@ from typing import ClassVar
 
 from pydantic import BaseModel, SecretStr
 
+from core import envnames
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
-from core.settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
+from core.settings import (
+    API_CONNECT_TIMEOUT_S,
+    DEFAULT_AXOLOTL_IMAGE,
+    DEFAULT_NODE_IMAGE,
+    DEFAULT_RUNPOD_PROXY_URL,
+    PROVIDER_API_TIMEOUT_S,
+)
 from jobs.sections import ProviderName, SectionBase
 from trainer.config import AxolotlConfig, FleetKeys, TrainerName
 
 INSTANCE_PREFIX = "tf-"
+log = logging.getLogger(__name__)
 
 
 class NodeState(StrEnum):
@@ -69,11 +78,18 @@ class NodeInstance:
 
 @dataclass(frozen=True)
 class NodeEndpoint:
-    """How to reach a node's Ray head. `headers` carry the node's token: never log or store them."""
+    """How to reach a node's Ray head. `headers` carry the node's token: never log or store them.
+
+    Every call goes through providers.node.channel, which refuses plain HTTP but to this machine (the local
+    provider's heads). `tls_pin` is the node's own certificate (providers.tokens), the only one trusted for
+    it, whatever its address; else `ca_file` names the authorities trusted for an HTTPS proxy in front of
+    the node (None: the system's), and the proxy's name is checked."""
 
     jobs_url: str
     dashboard_url: str
     headers: dict[str, str] = field(repr=False)
+    tls_pin: Path | None = None
+    ca_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,7 @@ NO_SSH_ADVICE = (
 )
 JUPYTER_PORT = 8888  # JupyterLab inside a node (`jupyter: true`), published by the provider
 JUPYTER_TOKEN_ENV = "FLEET_JUPYTER_TOKEN"  # its token arrives in the node's environment under this name
-SSH_KEY_ENV = "PUBLIC_KEY"  # the fleet's SSH public key in a node's environment (RunPod images read it)
+SSH_KEY_ENV = envnames.SSH_PUBLIC_KEY  # the fleet's SSH public key in a node's env (RunPod images read it)
 
 
 @dataclass(frozen=True)
@@ -127,9 +143,17 @@ class LaunchRequest:
     head: str | None = None
     software: NodeSoftware = NodeSoftware()
 
-    def node_env(self, section_env: Mapping[str, str]) -> dict[str, str]:
-        """The node's environment: the section's `env`, then the secrets (which win)."""
-        return {**section_env, **{k: v.get_secret_value() for k, v in self.secrets.items()}}
+    def node_env(
+        self, section_env: Mapping[str, str], own: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The node's environment: the section's `env` less the names a job may not set (validation refuses
+        them; a job in the ledger from before it did is held here too), then the secrets, then `own`, the
+        fleet's values for the node: written last, so nothing of the job's overrides them."""
+        dropped = sorted(name for name in section_env if not envnames.job_may_set(name))
+        if dropped:  # names only: the values may be anything
+            log.warning("%s: the job's env may not set %s; left out", self.name, ", ".join(dropped))
+        job = {k: v for k, v in section_env.items() if envnames.job_may_set(k)}
+        return {**job, **{k: v.get_secret_value() for k, v in self.secrets.items()}, **(own or {})}
 
 
 @dataclass(frozen=True)
@@ -144,6 +168,9 @@ class ProviderContext:
     default_image: str = DEFAULT_NODE_IMAGE  # a rented node's image when its section names none
     axolotl_python: Path | None = None  # the local nodes' Python for axolotl jobs; None: .venv-axolotl
     axolotl_image: str = DEFAULT_AXOLOTL_IMAGE  # ... and a rented node's image for them
+    api_timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S)  # connect, read (s)
+    runpod_proxy_url: str = DEFAULT_RUNPOD_PROXY_URL  # RunPod's HTTPS proxy: {pod_id}, {port}
+    runpod_proxy_ca_file: Path | None = None  # the authorities trusted for that proxy (None: the system's)
 
     def image(self, section_image: str | None, software: NodeSoftware) -> str:
         """The image a rented node starts: its section's, else the default for what it runs."""

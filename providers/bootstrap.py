@@ -20,12 +20,15 @@ from pathlib import Path
 from types import ModuleType
 
 import trainer
+from core import envnames
 from jobs.sections import ProviderName
-from providers import failsafe, nodesetup
+from providers import failsafe, nodesetup, tlsfront
 from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV, NodeSoftware
 from trainer.progress import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
+INNER_JOBS_PORT = 8266  # behind a TLS front (providers.tlsfront) the dashboard listens here, on loopback only
+TLS_CERT_ENV, TLS_KEY_ENV = tlsfront.CERT_ENV, tlsfront.KEY_ENV  # the node's certificate and key (PEM)
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
 SETUP_ENV = "FLEET_NODE_SETUP"  # providers.nodesetup, packed
 # A pod started from a RunPod template runs the template's start command, which runs our start script from
@@ -53,8 +56,8 @@ ACCESS_LINES = (
     f'if [ -n "${{{JUPYTER_TOKEN_ENV}:-}}" ]; then (',
     f'  umask 077 && exec >"${NODE_ROOT_ENV}/jupyter.log" 2>&1',
     '  python3 -c "import jupyterlab" || python3 -m pip install -q jupyterlab',
-    f'  JUPYTER_TOKEN="${JUPYTER_TOKEN_ENV}" exec python3 -m jupyterlab --ip=0.0.0.0 --port={JUPYTER_PORT}'
-    " --no-browser --allow-root",
+    f'  {envnames.JUPYTER_TOKEN}="${JUPYTER_TOKEN_ENV}" exec python3 -m jupyterlab --ip=0.0.0.0'
+    f" --port={JUPYTER_PORT} --no-browser --allow-root",
     ") & fi",
     f"unset {JUPYTER_TOKEN_ENV}",
 )
@@ -64,17 +67,26 @@ GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
 JOIN_RETRY_S = 5
 
 
-def head_argv() -> list[str]:
-    """`ray start` for the node's head (it blocks, so the container lives as long as the head)."""
+def head_argv(tls: bool = False) -> list[str]:
+    """`ray start` for the node's head (it blocks, so the container lives as long as the head). With `tls`
+    its dashboard listens on loopback only, behind the node's TLS front on the published port."""
+    host, port = ("127.0.0.1", INNER_JOBS_PORT) if tls else ("0.0.0.0", JOBS_PORT)
     return [
         "ray",
         "start",
         "--head",
         "--block",
-        "--dashboard-host=0.0.0.0",
-        f"--dashboard-port={JOBS_PORT}",
+        f"--dashboard-host={host}",
+        f"--dashboard-port={port}",
         "--disable-usage-stats",
     ]
+
+
+def tlsfront_argv() -> list[str]:
+    """The node's TLS front (`python3 -c`, standard library only): the published Jobs API port, over TLS
+    with the node's certificate, to the dashboard on loopback."""
+    loader = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed(tlsfront)}")))'
+    return ["python3", "-c", loader, str(JOBS_PORT), str(INNER_JOBS_PORT)]
 
 
 @functools.cache
@@ -165,6 +177,7 @@ def start_script(
     vendor: ProviderName | None = None,
     worker: bool = False,
     private_host: str | None = None,
+    tls: bool = False,
 ) -> str:
     """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
     whose start goes wrong later goes too), token auth on, the node's software set up and its root chosen
@@ -176,10 +189,17 @@ def start_script(
     `private_host` (a constant of the provider's, such as `$RUNPOD_POD_ID.runpod.internal`) is this
     node's name on the private network: Ray then advertises that address, which the cluster's other nodes
     can reach, instead of the one it would guess. The job's `entry` is not here: it runs as prepare's
-    first Ray job (workers.entry), checked and logged."""
+    first Ray job (workers.entry), checked and logged. With `tls` (a node reached by its public address)
+    the head's Jobs API is published only through the node's TLS front (providers.tlsfront), whose
+    certificate and key the script then takes out of the environment, before anything else starts."""
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
+    if tls:  # first, so that nothing started later (setup, SSH, JupyterLab, Ray) inherits the key
+        lines += [
+            f'[ -z "${{{TLS_CERT_ENV}:-}}" ] || {shlex.join(tlsfront_argv())} &',
+            f"unset {TLS_CERT_ENV} {TLS_KEY_ENV}",
+        ]
     lines += [
         f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${TOKEN_ENV}"',
         f'eval "$(python3 -c {shlex.quote(SETUP_LOADER)} || true)"',  # exports FLEET_NODE_ROOT and PATH
@@ -194,7 +214,7 @@ def start_script(
         join = shlex.join(worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
         lines.append(f"while true; do {join} || true; sleep {JOIN_RETRY_S}; done")
     else:
-        lines.append("exec " + shlex.join(head_argv()) + node_ip)
+        lines.append("exec " + shlex.join(head_argv(tls)) + node_ip)
     return "\n".join(lines)
 
 

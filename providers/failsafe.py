@@ -31,6 +31,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
+# Every name read here is one a job's env may not set: FLEET_*, and the others listed in core.envnames'
+# NODE_READS (this module runs on the node alone, so it cannot import that; a test holds them in step).
 DEADLINE_ENV = "FLEET_DEADLINE_S"
 HEARTBEAT_ENV = "FLEET_HEARTBEAT_TIMEOUT_S"
 RAY_TEMP_ENV = "FLEET_RAY_TEMP_DIR"

@@ -2,23 +2,38 @@
 
 Every call names the fleet in its User-Agent, which the node's failsafe (providers.failsafe) counts as the
 fleet's heartbeat: a node that hears none for `node_heartbeat_timeout_s` gives itself back.
+
+Every call goes through `channel`: the one place that decides how the fleet may reach a node. The token
+lets its holder run code on a node that holds the job's credentials, so it never crosses a network in
+clear: plain HTTP is refused unless to this machine (a local head), a node's own certificate is pinned
+(trusted alone, whatever its name; vast.ai), and an HTTPS proxy in front of a node is checked against the
+system's authorities (or `ca_file`) and its name (RunPod's).
+
+Every call has a timeout too, so a node that takes the connection and never answers costs a worker a
+retryable NodeError, never the worker: Ray's client sends its requests with none, so NodeClient's get a
+connect and a read timeout each (`NodeTimeouts`, from the settings), and the upload of a job's files a
+longer read timeout.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import urllib.error
-import urllib.request
+import hashlib
+import ipaddress
+import ssl
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
+import requests
 from pydantic import BaseModel, ConfigDict, ValidationError
+from requests.adapters import HTTPAdapter
 
 from core.errors import NodeError
+from core.settings import API_CONNECT_TIMEOUT_S, NODE_API_TIMEOUT_S, UPLOAD_TIMEOUT_S, Settings
 from providers import failsafe
 from providers.base import NodeEndpoint
 
@@ -48,14 +63,77 @@ class JobInfo:
     """How long the job ran (start to end, by the node's clock), once it ended."""
 
 
-def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
-    """Whether a Ray head's Jobs API at `url` answers with the node's token (HTTP 200 on /api/version)."""
-    request = urllib.request.Request(f"{url.rstrip('/')}/api/version", headers=headers)
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine (127.0.0.0/8, ::1, localhost)."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() in LOOPBACK_NAMES
+
+
+def fingerprint(cert_file: Path) -> str:
+    """The SHA-256 fingerprint of a PEM certificate (hex): what a pinned connection insists on."""
+    der = ssl.PEM_cert_to_DER_cert(cert_file.read_text(encoding="ascii"))
+    return hashlib.sha256(der).hexdigest()
+
+
+class PinnedAdapter(HTTPAdapter):
+    """TLS that trusts one certificate: it must be the chain's only one (`verify` is its file) and have
+    its fingerprint. The node is reached by address, so there is no name to check: the pin is the proof."""
+
+    def __init__(self, cert_file: Path) -> None:
+        self._fingerprint = fingerprint(cert_file)
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(assert_hostname=False, assert_fingerprint=self._fingerprint)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def channel(endpoint: NodeEndpoint) -> requests.Session:
+    """A session for the node's Jobs API, after the check every connection to a node passes: HTTPS (with
+    the node's certificate pinned, or a proxy's checked), or plain HTTP to this machine only. NodeError
+    naming the URL otherwise. The caller closes it."""
+    url = endpoint.jobs_url
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+        raise NodeError(
+            f"refusing plain HTTP to {url}: the node's token and the job's data would cross the network "
+            "in clear (a rented node is reached over HTTPS only)"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NodeError(f"not a node's address: {url}")
+    session = requests.Session()
+    session.trust_env = False  # the environment's proxies, CA bundle and .netrc have no say here
+    if endpoint.tls_pin is not None:
+        if not endpoint.tls_pin.is_file():
+            raise NodeError(f"the certificate pinned for {url} is missing: {endpoint.tls_pin}")
+        session.mount(f"{parts.scheme}://{parts.netloc}", PinnedAdapter(endpoint.tls_pin))
+        session.verify = str(endpoint.tls_pin)
+    elif endpoint.ca_file is not None:
+        session.verify = str(endpoint.ca_file)
+    return session
+
+
+def answers(endpoint: NodeEndpoint, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
+    """Whether the node's Jobs API answers with these headers (HTTP 200 on /api/version). Never raises,
+    but for a refused channel (NodeError): an unreachable node is the caller's to judge."""
+    with channel(endpoint) as session:
+        try:
+            reply = session.get(
+                f"{endpoint.jobs_url.rstrip('/')}/api/version", headers=headers, timeout=timeout_s
+            )
+        except (requests.RequestException, OSError):
+            return False
+        return reply.status_code == 200
+
+
+def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
+    """Whether a local Ray head's Jobs API at `url` answers with the node's token (see `answers`)."""
+    return answers(NodeEndpoint(url, url, headers), headers, timeout_s)
 
 
 @functools.cache
@@ -71,19 +149,19 @@ def fleet_headers(endpoint: NodeEndpoint) -> dict[str, str]:
 
 def ping(endpoint: NodeEndpoint, timeout_s: float = 5.0) -> bool:
     """A heartbeat to the node's failsafe (GET /api/version with the node's token); whether the head
-    answered. Never raises: an unreachable node is the caller's to judge."""
-    return jobs_api_answers(endpoint.jobs_url, fleet_headers(endpoint), timeout_s)
+    answered. Never raises but NodeError for a channel `channel` refuses."""
+    return answers(endpoint, fleet_headers(endpoint), timeout_s)
 
 
 def _get_json(endpoint: NodeEndpoint, path: str, timeout_s: float = 10.0) -> Any:
-    request = urllib.request.Request(
-        f"{endpoint.jobs_url.rstrip('/')}{path}", headers=fleet_headers(endpoint)
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return json.loads(reply.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise NodeError(f"the node's Ray head did not answer {path}: {exc}") from None
+    url = f"{endpoint.jobs_url.rstrip('/')}{path}"
+    with channel(endpoint) as session:
+        try:
+            reply = session.get(url, headers=fleet_headers(endpoint), timeout=timeout_s)
+            reply.raise_for_status()
+            return reply.json()
+        except (requests.RequestException, OSError, ValueError) as exc:
+            raise NodeError(f"the node's Ray head did not answer {path}: {exc}") from None
 
 
 class RayNode(BaseModel):
@@ -170,15 +248,34 @@ class RuntimeEnv(TypedDict, total=False):
     working_dir: str
 
 
+@dataclass(frozen=True)
+class NodeTimeouts:
+    """How long a call to a node's Jobs API waits: for the connection, for an answer, and for the answer to
+    an upload of a job's files (each wait on the socket; a large upload gets a longer one)."""
+
+    connect_s: float = API_CONNECT_TIMEOUT_S
+    read_s: float = NODE_API_TIMEOUT_S
+    upload_s: float = UPLOAD_TIMEOUT_S
+
+    @classmethod
+    def of(cls, settings: Settings) -> NodeTimeouts:
+        return cls(settings.api_connect_timeout_s, settings.node_api_timeout_s, settings.upload_timeout_s)
+
+    def for_request(self, method: str, path: str) -> tuple[float, float]:
+        """requests' (connect, read) timeout for one request of Ray's client."""
+        upload = method == "PUT" and path.startswith("/api/packages/")
+        return self.connect_s, self.upload_s if upload else self.read_s
+
+
 class NodeClient:
     """Submit, watch and stop Ray jobs on one node. Submissions are idempotent by submission id."""
 
-    def __init__(self, endpoint: NodeEndpoint) -> None:
-        from ray.job_submission import JobSubmissionClient
-
+    def __init__(self, endpoint: NodeEndpoint, timeouts: NodeTimeouts | None = None) -> None:
+        session = channel(endpoint)
         try:
-            self._client = JobSubmissionClient(endpoint.jobs_url, headers=fleet_headers(endpoint))
+            self._client = _submission_client(endpoint, session, timeouts or NodeTimeouts())
         except (OSError, RuntimeError) as exc:
+            session.close()
             raise NodeError(f"the node's Ray head at {endpoint.jobs_url} does not answer: {exc}") from None
 
     def info(self, submission_id: str) -> JobInfo | None:
@@ -230,3 +327,39 @@ class NodeClient:
             return bool(self._client.stop_job(submission_id))
         except (RuntimeError, OSError):
             return False
+
+
+def _submission_client(endpoint: NodeEndpoint, session: requests.Session, timeouts: NodeTimeouts) -> Any:
+    """Ray's JobSubmissionClient whose every request (the jobs, their logs, the working_dir's upload) goes
+    through `session`, the node's checked channel, instead of a bare `requests.request`, with `timeouts`
+    (Ray's own sends none)."""
+    from ray._private.authentication.http_token_authentication import format_authentication_http_error
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    class ChannelClient(JobSubmissionClient):  # type: ignore[misc]
+        def _do_request(
+            self,
+            method: str,
+            endpoint: str,
+            *,
+            data: bytes | None = None,
+            json_data: dict[str, Any] | None = None,
+            **kwargs: Any,
+        ) -> requests.Response:
+            kwargs.setdefault("timeout", timeouts.for_request(method, endpoint))
+            reply = session.request(
+                method,
+                self._address + endpoint,
+                cookies=self._cookies,
+                data=data,
+                json=json_data,
+                headers=self._headers,
+                **kwargs,
+            )
+            formatted = format_authentication_http_error(reply.status_code, reply.text)
+            if formatted:
+                raise AuthenticationError(formatted)
+            return reply
+
+    return ChannelClient(endpoint.jobs_url, headers=fleet_headers(endpoint))

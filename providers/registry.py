@@ -64,6 +64,9 @@ def provider_context(settings: Settings, secrets: Secrets | None = None) -> Prov
         axolotl_python=settings.axolotl_python,
         default_image=settings.node_image,
         axolotl_image=settings.axolotl_image,
+        api_timeouts=settings.provider_api_timeouts,
+        runpod_proxy_url=settings.runpod_proxy_url,
+        runpod_proxy_ca_file=settings.runpod_proxy_ca_file,
         ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
     )
 

@@ -29,7 +29,7 @@ from providers.base import (
     SshAccess,
     require_ours,
 )
-from providers.node import jobs_api_answers
+from providers.node import answers
 from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
 
@@ -183,12 +183,18 @@ class RemoteProvider(Provider, Generic[S, R]):
         token = self.tokens.get(name)
         return None if token is None else {"Authorization": f"Bearer {token}"}
 
+    def _reach(self, name: str, url: str, headers: dict[str, str]) -> NodeEndpoint:
+        """The endpoint at `url`, with what authenticates the node's end: its pinned certificate, when the
+        fleet made one for it (a node reached by its address), else the authorities trusted for a proxy."""
+        return NodeEndpoint(url, url, headers, self.tokens.tls_pin(name), self.context.runpod_proxy_ca_file)
+
     def _ready(self, record: R) -> bool:
-        if self.tokens.head_of(self._name(record)) is not None:
+        name = self._name(record)
+        if self.tokens.head_of(name) is not None:
             return True  # a worker node serves no Jobs API: up once its container runs; its head's cluster
             # says whether it joined (the provision stage asks the head)
-        url, headers = self._jobs_url(record), self._headers(self._name(record))
-        return bool(url and headers and jobs_api_answers(url, headers))
+        url, headers = self._jobs_url(record), self._headers(name)
+        return bool(url and headers and answers(self._reach(name, url, headers), headers))
 
     def get(self, name: str) -> NodeInstance | None:
         records = self._records(name)
@@ -204,7 +210,7 @@ class RemoteProvider(Provider, Generic[S, R]):
         headers = self._headers(name)
         if url is None or headers is None:
             raise NodeError(f"instance {name} has no reachable Ray head (yet)")
-        return NodeEndpoint(url, url, headers)
+        return self._reach(name, url, headers)
 
     def terminate(self, name: str) -> None:
         for record in self._records(name):

@@ -5,16 +5,52 @@ cluster share its head's token.
 
 A node that runs JupyterLab (`jupyter: true`) has a token of its own for it, made the same way and kept
 beside the Ray token (`<name>.jupyter`): shown only to whoever holds the fleet's home (`fleet jupyter`).
+
+A node reached by its public address (vast.ai) serves its Jobs API over TLS (providers.tlsfront) with a
+certificate made here for it alone (`<name>.crt`, `<name>.key`): its key travels in the node's environment at
+create time, over the vendor's HTTPS API, like the Ray token (the host machine's owner can read both, as they
+can read everything on their machine anyway), and the fleet trusts that one certificate and no other.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import secrets
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
 HEAD_SUFFIX = ".head"  # beside a worker node's token: the name of the head it joined
 JUPYTER_SUFFIX = ".jupyter"  # beside a node's token: its JupyterLab's token
+CERT_SUFFIX = ".crt"  # beside a node's token: the TLS certificate the fleet pins for it (PEM)
+KEY_SUFFIX = ".key"  # ... and its private key, which only the node needs
+CERT_DAYS = 398  # longer than any node lives (a node's `terminate_after` of -1 still ends with its run)
+
+
+def self_signed(name: str) -> tuple[str, str]:
+    """(certificate, key) in PEM: a fresh P-256 key and a self-signed certificate for the node `name`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"trainfleet node {name}")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
 
 
 class NodeTokens:
@@ -64,6 +100,21 @@ class NodeTokens:
         """The node's JupyterLab token; None when it was created without one."""
         return self.get(name + JUPYTER_SUFFIX)
 
+    def ensure_tls(self, name: str) -> tuple[str, str]:
+        """The node's TLS certificate and key (PEM), made now if it has none yet (a relaunch reuses them)."""
+        cert, key = self.get(name + CERT_SUFFIX), self.get(name + KEY_SUFFIX)
+        if cert is None or key is None:
+            cert, key = self_signed(name)
+            for suffix, text in ((CERT_SUFFIX, cert), (KEY_SUFFIX, key)):
+                self._path(name + suffix).unlink(missing_ok=True)
+                self._write(self._path(name + suffix), text)
+        return cert, key
+
+    def tls_pin(self, name: str) -> Path | None:
+        """The file of the node's certificate, the only one the fleet trusts for it; None: it has none."""
+        path = self._path(name + CERT_SUFFIX)
+        return path if path.is_file() else None
+
     def head_of(self, name: str) -> str | None:
         """The head whose cluster `name` joined as a worker node; None for a head (or an unknown name)."""
         return self.get(name + HEAD_SUFFIX)
@@ -82,5 +133,5 @@ class NodeTokens:
 
     def forget(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
-        self._path(name + HEAD_SUFFIX).unlink(missing_ok=True)
-        self._path(name + JUPYTER_SUFFIX).unlink(missing_ok=True)
+        for suffix in (HEAD_SUFFIX, JUPYTER_SUFFIX, CERT_SUFFIX, KEY_SUFFIX):
+            self._path(name + suffix).unlink(missing_ok=True)

@@ -31,6 +31,7 @@ import redis
 from broker.constants import GIT_INVALID, git_claim_key, git_lease_key, git_watermark_key, run_key
 from broker.payloads import GitOrigin
 from core.errors import ConfigError, FleetError, GitError, OverBudget, Problem
+from jobs.paths import Confinement
 from jobs.spec import LoadedJob, format_problems, parse_job
 from jobs.yamlsafe import MAX_BYTES
 from service import runs
@@ -286,6 +287,7 @@ def _load(trigger: Trigger, commit: str, path: str) -> LoadedJob:
         base_dir=(repo.root / path).parent,
         default_provider=trigger.fleet.settings.default_provider,
         overrides=trigger.overrides,
+        paths=Confinement(repo.root, trigger.fleet.settings.data_roots),  # the checkout: the job's directory
     )
     if job.sweep is not None:  # never "refused, retried": the file will not change at that commit
         message = "the git trigger starts single runs; start a sweep with `fleet sweep FILE`"

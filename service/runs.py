@@ -126,7 +126,8 @@ def submit(
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})
         if not PROVIDERS[spec.provider].shares_files:
-            spec = spec.model_copy(update={"train": ship_datasets(spec.train, job.source, ship_dir(run_dir))})
+            shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths)
+            spec = spec.model_copy(update={"train": shipped})
         run = Run(
             run_id=run_id,
             provider=spec.provider,

@@ -10,7 +10,7 @@ node, its own events) that records the sweep and the values it set.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ from typing import Any
 from pydantic import JsonValue
 
 from core.errors import ConfigError, Problem
+from jobs.paths import Confinement
 from jobs.problems import line_of, validate_mapping
 from jobs.sections import ProviderName
 from jobs.spec import LoadedJob, parse_job
-from jobs.yamlsafe import MAX_BYTES, load_yaml
+from jobs.yamlsafe import load_yaml, read_job_file
 from service.sweep_spec import Child, Layout, SweepPlan, SweepSection, expand
 from trainer.config import TrainConfig
 
@@ -43,15 +44,18 @@ def load_sweep(
     *,
     default_provider: str = "local",
     max_parallel: int | None = None,
+    data_roots: Sequence[Path] = (),
 ) -> SweepPlan:
     """Read a job file and its sweep (its `sweep:` section, or `sweep_file` in axolotl's format) and
-    validate every child. Raises ConfigError naming the file, key and line of each problem."""
-    data = _read(path)
-    sweep_data = _read(sweep_file) if sweep_file is not None else None
+    validate every child. Raises ConfigError naming the file, key and line of each problem. Local files
+    must be beside the job file or under `data_roots` (jobs.paths)."""
+    data = read_job_file(path)
+    sweep_data = read_job_file(sweep_file) if sweep_file is not None else None
     return parse_sweep(
         data,
         source=str(path),
         base_dir=path.absolute().parent,
+        paths=Confinement(path.absolute().parent, tuple(data_roots)),
         sweep_data=sweep_data,
         sweep_source=str(sweep_file) if sweep_file is not None else None,
         default_provider=default_provider,
@@ -68,8 +72,9 @@ def parse_sweep(
     sweep_source: str | None = None,
     default_provider: str = "local",
     max_parallel: int | None = None,
+    paths: Confinement | None = None,
 ) -> SweepPlan:
-    """`load_sweep` on bytes (the bot's attachments)."""
+    """`load_sweep` on bytes (the bot's attachments); `paths` as for jobs.spec.parse_job."""
     doc = load_yaml(data, source=source)
     if not isinstance(doc.data, dict):
         parse_job(data, source=source, base_dir=base_dir, default_provider=default_provider)  # says why
@@ -96,19 +101,10 @@ def parse_sweep(
         section = section.model_copy(update={"max_parallel": max_parallel})
     keys = _check_keys(section, layout)
     children = expand(section, layout)
-    jobs = _child_jobs(data, source, base_dir, default_provider, children, layout)
+    jobs = _child_jobs(data, source, base_dir, default_provider, children, layout, paths)
     _check_distinct(jobs, source, doc.lines)
     warnings = sorted({w for job in jobs for w in job.warnings})
     return SweepPlan(source, section, keys, jobs, [c.params for c in children], warnings)
-
-
-def _read(path: Path) -> bytes:
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise ConfigError(str(path), [Problem("", f"file is larger than {MAX_BYTES} bytes")])
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(str(path), [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
 
 
 # Keys that name one thing outside the fleet: children sharing a value would overwrite each other's result.
@@ -199,6 +195,7 @@ def _child_jobs(
     default_provider: str,
     children: list[Child],
     layout: Layout,
+    paths: Confinement | None,
 ) -> list[LoadedJob]:
     """Each child validated as its own job; a bad value is reported where the sweep wrote it, a problem of
     the job file itself once, against the job file."""
@@ -213,6 +210,7 @@ def _child_jobs(
                 base_dir=base_dir,
                 default_provider=default_provider,
                 overrides=child.params,
+                paths=paths,
             )
         except ConfigError as exc:
             for p in exc.problems:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -247,12 +248,20 @@ VASTAI_SECTION = (
 
 def light_job_file(folder: Path, section: str = LOCAL_SECTION, extra: str = "") -> Path:
     """The example job trained in one process (`use_ray: false`: no Ray Train start-up), written to
-    `folder/tiny.yml` with its data linked beside it; `section` replaces its `local:` section (a runpod: or
+    `folder/tiny.yml` with its data copied beside it; `section` replaces its `local:` section (a runpod: or
     vastai: one) and `extra` adds top-level keys (e.g. `hub_model_id: ...`)."""
     folder.mkdir(parents=True, exist_ok=True)
     text = EXAMPLE_YAML.read_text().replace("use_ray: true", "use_ray: false")
     job = folder / "tiny.yml"
     job.write_text(text.replace(LOCAL_SECTION, extra + section))
-    if not (folder / "data").exists():
-        (folder / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(folder)
     return job
+
+
+def copy_example_data(folder: Path) -> Path:
+    """The example's `data/` copied into `folder` (once), where a job file there names it. A copy, not a
+    link: a job's local files must be under its own directory after symlinks (jobs.paths)."""
+    data = folder / "data"
+    if not data.exists():
+        shutil.copytree(EXAMPLE_YAML.parent / "data", data)
+    return data

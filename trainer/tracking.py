@@ -15,6 +15,7 @@ A train job that runs again (a restart from a checkpoint) opens the same id: onl
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,19 @@ from trainer.config import TrainJob, WandbPlan, as_jsonable
 from trainer.progress import Kind
 
 SAMPLE_COLUMNS = ("step", "input", "prediction", "label")
+REDACTED = "<redacted>"
+# The node's own short list of what a credential looks like (it cannot import the fleet's jobs.secretscan,
+# which refuses such values at validate): a config value matching one, or any value under a key named
+# like a credential, never reaches the W&B run's config.
+_SECRET_VALUE = re.compile(
+    r"(?<![A-Za-z0-9_-])(hf_[A-Za-z0-9]{30,}|api_org_[A-Za-z0-9]{30,}|rpa_[A-Za-z0-9]{30,}"
+    r"|sk-[A-Za-z0-9_-]{32,}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{60,}|local-[0-9a-f]{40}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,})|(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}|-----BEGIN [A-Z0-9 ]*PRIVATE KEY"
+)
+_SECRET_KEY = re.compile(
+    r"(^|[^a-z])(token|secret|passw(or)?d|passphrase|api_?key|access_?key|private_?key)($|[^a-z])"
+)
+_TOKENIZER_KEYS = frozenset({"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token"})
 
 
 class Tracker:
@@ -124,9 +138,32 @@ def open_run(
         mode=plan.mode,
         dir=str(directory),
         resume="allow" if plan.mode == "online" else None,
-        config=dict(config),
+        config=clean_config(config),
         settings=settings,
     )
+
+
+def clean_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` for a W&B run: every value that looks like a credential, or sits under a key named like
+    one (`hub_token`, `api_key`; not the tokenizer's `pad_token`), replaced by REDACTED."""
+    return {str(k): _clean(v, _secret_key(str(k))) for k, v in config.items()}
+
+
+def _secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return lowered not in _TOKENIZER_KEYS and _SECRET_KEY.search(lowered) is not None
+
+
+def _clean(value: Any, under_secret: bool) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _clean(v, under_secret or _secret_key(str(k))) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, under_secret) for v in value]
+    if value is None or isinstance(value, bool):
+        return value
+    if (under_secret and str(value).strip()) or (isinstance(value, str) and _SECRET_VALUE.search(value)):
+        return REDACTED
+    return value
 
 
 def log_lifecycle(run: Any, lifecycle: Sequence[Mapping[str, Any]]) -> None:

@@ -178,7 +178,10 @@ def teardown(
             InstanceKept(instance=run.instance, why="one_shot is false", until=keep_until, **cluster)
         )
     else:
-        drafts += terminate_instance(ctx, run)
+        try:
+            drafts += terminate_instance(ctx, run)
+        except FleetError as exc:  # the run ends all the same: its nodes are TERMINATING, the reaper retries
+            log.warning("run %s: terminating its nodes: %s (the reaper retries)", run.run_id, exc)
     cost = run_cost(ctx.ledger, run)
 
     # Before the run shows its end: whoever waits for it (`fleet run`) finds its W&B run complete.

@@ -8,17 +8,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
 from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import PAYLOADS, EventType, Payload
+from core.errors import ConfigError, Problem
 from jobs import shipping
 from jobs.redact import redact_job
+from jobs.secretscan import redacted
 from providers.base import NodeSoftware
-from providers.node import JobInfo, NodeClient
+from providers.node import JobInfo, NodeClient, NodeTimeouts
 from trainer import progress
-from trainer.config import TrainJob
+from trainer.config import AnyTrainConfig, TrainJob, as_jsonable
 from workers import context, wandb_plan
 
 log = logging.getLogger("trainfleet.workers")
@@ -40,12 +42,29 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
     return TrainJob(
         run_id=run.run_id,
-        config=spec.train,
+        config=without_secrets(spec.train, run.source),
         use_gpu=spec.gpu_count > 0,
         job_yaml=shown_job(ctx, run),
         wandb=wandb_plan.for_trainer(ctx, run),
         **dirs,
     )
+
+
+def without_secrets(config: AnyTrainConfig, source: str) -> AnyTrainConfig:
+    """The training config with every secret-looking value blanked (jobs.secretscan.redacted): what the
+    node's Ray jobs carry in their runtime_env (which Ray logs) and the trainer writes to W&B. A job
+    validated since job files refuse such values has none; one submitted before may. ConfigError (naming
+    the keys, never the values) when a typed key cannot hold the blank."""
+    data = as_jsonable(config)
+    clean = redacted(data)
+    if clean == data:
+        return config
+    try:
+        return type(config).model_validate(clean)
+    except ValidationError as exc:
+        keys = sorted({".".join(map(str, err["loc"])) for err in exc.errors()})
+        why = "holds a secret-looking value; take it out of the job file and submit it again"
+        raise ConfigError(source, [Problem(key, why) for key in keys]) from None
 
 
 def node_software(ctx: context.Context, run: Run) -> NodeSoftware:
@@ -67,15 +86,6 @@ def known_secrets(ctx: context.Context) -> list[str]:
     return [v.get_secret_value() for v in ctx.provider_context.credentials.values()]
 
 
-NODE_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")  # what the node itself uses, when the fleet has them
-
-
-def node_secrets(ctx: context.Context) -> dict[str, SecretStr]:
-    """The credentials a node gets in its environment at start (never in a Ray job's runtime_env)."""
-    found = ctx.provider_context.credentials
-    return {name: found[name] for name in NODE_SECRETS if name in found}
-
-
 def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
     """The environment of each of the run's Ray jobs: the TrainJob and where the hub is. No secrets."""
     env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
@@ -95,7 +105,7 @@ def files_for_node(ctx: context.Context, run: Run) -> Path | None:
 
 def node(ctx: context.Context, run: Run) -> NodeClient:
     assert run.instance is not None
-    return NodeClient(ctx.provider(run.provider).endpoint(run.instance))
+    return NodeClient(ctx.provider(run.provider).endpoint(run.instance), NodeTimeouts.of(ctx.settings))
 
 
 def submit_once(

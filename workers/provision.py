@@ -21,7 +21,8 @@ from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState,
 from providers.node import cluster_nodes, node_summary
 from workers import context, readiness, wandb_plan
 from workers.ending import instance_lost
-from workers.node_job import node_secrets, node_software
+from workers.node_job import node_software
+from workers.node_secrets import node_secrets
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter
 
@@ -111,7 +112,7 @@ def _bring_up(
             name,
             run.run_id,
             run.spec.section,
-            node_secrets(ctx),
+            node_secrets(ctx, run),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,
             software=node_software(ctx, run),

@@ -17,7 +17,7 @@ from broker.models import Run
 from broker.payloads import EventType, NodeCheck, NodeReady, NodeSetup
 from core.errors import FailureReason, StageFailed
 from providers.base import NodeEndpoint, NodeSoftware
-from providers.node import JobStatus, NodeClient
+from providers.node import JobStatus, NodeClient, NodeTimeouts
 from trainer import progress
 from workers import context
 from workers.node_job import node_record, node_software, submit_once
@@ -40,7 +40,7 @@ def entrypoint(gpus: int, software: NodeSoftware | None = None) -> str:
 def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint, ready: Draft) -> Next:
     """Run the readiness check on the head (once per attempt; `ready`, the instance.ready event, goes out
     when it is submitted), and go on to prepare once it passes."""
-    client = NodeClient(endpoint)
+    client = NodeClient(endpoint, NodeTimeouts.of(ctx.settings))
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
     command = entrypoint(run.spec.gpu_count, node_software(ctx, run))
     info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])

@@ -24,7 +24,10 @@ row (lists lag), and nothing is ever created again because of that.
 The nodes of a run's cluster (tf-<run>-<attempt>-<k>) share their run, job and lifetime, so these rules
 end them together.
 
-Finally, a run that is not finished and whose task chain died (no owner) gets its stage task sent again.
+Then each unfinished run: one whose nodes cost `max_dollars_per_run` or more fails OVER_BUDGET (its
+nodes terminated, its stage task fenced off), even while a long step runs; one whose task chain died (no
+owner) gets its stage task sent again, unless tasks sent so kept dying without ending a step
+(`stalled_after_kicks`): then it fails STALLED, saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +45,8 @@ from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_LOCK, REAP_TASK, Stage
+from broker.constants import REAP_LOCK, REAP_TASK, Stage, tick_key
+from broker.cost import run_cost
 from broker.events import new_event
 from broker.ledger import Draft
 from broker.locks import Lease
@@ -80,6 +85,8 @@ class Report:
     lost: list[str] = field(default_factory=list)  # not listed several looks in a row: LOST
     failed: list[str] = field(default_factory=list)  # runs failed because their node hit its deadline
     kicked: list[str] = field(default_factory=list)  # runs whose stage task was sent again
+    over_budget: list[str] = field(default_factory=list)  # runs failed at the per-run dollar cap
+    stalled: list[str] = field(default_factory=list)  # runs failed: their re-sent tasks kept dying
     released: list[str] = field(default_factory=list)  # sweep children given a free slot
 
     def any(self) -> bool:
@@ -107,11 +114,8 @@ def reap_once(ctx: context.Context) -> Report | None:
             except FleetError as exc:  # one cloud's outage must not stop the others' reaping
                 log.warning("reap: %s skipped this pass: %s", provider.name.value, exc)
         for run in ctx.ledger.list_runs(limit=500):
-            stage = run.state.stage
-            # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
-            if stage is not None and not run.held and ctx.dispatcher.send(stage, run.run_id, after=None):
-                report.kicked.append(run.run_id)
-                ctx.ledger.update_run(run.run_id, _kicked_event(stage))
+            if not run.state.is_terminal():
+                _unfinished(ctx, run, report)
         for sweep_id in ctx.ledger.active_sweeps():  # a slot freed while its advance failed, or a crash
             report.released += sweeps.advance(ctx.ledger, ctx.dispatcher, sweep_id)
     finally:
@@ -325,8 +329,42 @@ class Pass:
 _SETTLED = (InstanceState.TERMINATED, InstanceState.LOST)  # ...and yet listed: terminate it again
 
 
-def _kicked_event(stage: Stage) -> Callable[[Run], list[Draft]]:
-    return lambda _run: [RunKicked(stage=stage)]
+def _unfinished(ctx: context.Context, run: Run, report: Report) -> None:
+    """The dollar cap, then the kick of a run whose chain of tasks died (a worker died, a task was killed at
+    its hard time limit), within its bound."""
+    cap = ctx.settings.max_dollars_per_run
+    if cap is not None and run.instance is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
+        # A task may be inside a long step on it: take its claim over, so its next write is refused.
+        ctx.redis.set(tick_key(run.run_id), f"reaper-{uuid.uuid4().hex}", px=ctx.dispatcher.ttl_ms)
+        why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
+        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)
+        report.over_budget.append(run.run_id)
+        return
+    stage = run.state.stage
+    if stage is None or run.held or ctx.dispatcher.owner(run.run_id) is not None:
+        return
+    bound = ctx.settings.stalled_after_kicks
+    if run.kicked_starts >= bound:
+        why = (
+            f"its {stage.value} task was re-sent {run.kicks} times after its chain of tasks died, and "
+            f"{run.kicked_starts} of them started and died without ending a step (FLEET_STALLED_AFTER_KICKS="
+            f"{bound}): killed at its hard time limit, or its worker crashed; see the worker's log"
+        )
+        teardown(ctx, run, RunState.FAILED, FailureReason.STALLED, why, keep=False)
+        report.stalled.append(run.run_id)
+        return
+    # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
+    if ctx.dispatcher.send(stage, run.run_id, after=None):
+        report.kicked.append(run.run_id)
+        ctx.ledger.update_run(run.run_id, _kicked_event(stage, bound))
+
+
+def _kicked_event(stage: Stage, bound: int) -> Callable[[Run], list[Draft]]:
+    def kicked(run: Run) -> list[Draft]:
+        run.kicks += 1
+        return [RunKicked(stage=stage, kick=run.kicks, stalled_after=bound)]
+
+    return kicked
 
 
 @app.task(name=REAP_TASK)

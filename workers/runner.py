@@ -7,15 +7,19 @@ import logging
 from typing import TYPE_CHECKING
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from broker import sweeps
+from broker.app import time_limits
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.models import Run, RunState
-from core.errors import FailureReason, FleetError, NodeLost, StageFailed
+from core.errors import FailureReason, FleetError, LeaseLost, NodeLost, StageFailed, StepTimedOut
+from jobs.redact import redact_values
 from workers import context
 from workers.ending import node_lost, replace_node, teardown
-from workers.stage import MAX_RETRY_AFTER_S, Next
+from workers.node_job import known_secrets
+from workers.stage import Next, plan_retry, started, went_through
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,9 +32,15 @@ NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that wo
 
 
 def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
-    """The body of every stage task; when it ends a sweep's child, the sweep gives its slot to the next."""
+    """The body of every stage task; when it ends a sweep's child, the sweep gives its slot to the next.
+    The task's claim on the run is renewed while it works, and its writes are fenced by it: a task whose
+    claim was taken over (LeaseLost) stands down, leaving the run and its nodes to their new owner."""
+    task_id = str(task.request.id)
     try:
-        _run_stage(task, run_id, stage, step)
+        with context.get().dispatcher.hold(run_id, task_id):
+            _run_stage(task, run_id, stage, step)
+    except LeaseLost as exc:
+        log.warning("run %s: %s task %s stands down: %s", run_id, stage, task_id, exc)
     finally:
         _after_sweep_child(run_id)
 
@@ -69,33 +79,44 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
     if current is not None and current != stage:
         ctx.dispatcher.send(current, run_id, after=task_id)  # a stale message: hand to the right stage
         return
+    started(ctx, run)
     try:
         nxt = step(ctx, run)
+    except LeaseLost:
+        raise  # another task owns the run now: no teardown, no retry (run_stage logs it)
     except StageFailed as exc:
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc), keep=exc.keep)
         return
     except NodeLost as exc:
         replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id)
         return
-    except FleetError as exc:
-        if stage in NODE_STAGES and exc.retryable and (lost := node_lost(ctx, run)) is not None:
+    except (FleetError, SoftTimeLimitExceeded) as caught:
+        # Every error ends somewhere: one that may pass is retried (run.retrying says why) until its bound;
+        # any other fails the run at once, with the reason its class names (AUTH_FAILED) or the stage's.
+        error = caught if isinstance(caught, FleetError) else _timed_out(ctx, stage)
+        if stage in NODE_STAGES and error.retryable and (lost := node_lost(ctx, run)) is not None:
             replace_node(ctx, ctx.ledger.get_run(run_id), lost, task_id)
             return
-        retries, limit = task.request.retries or 0, task.max_retries
-        if exc.retryable and (limit is None or retries < limit):
-            wait = getattr(exc, "retry_after", None)
-            if wait is not None:  # the provider said when: wait that long, not the usual back-off
-                raise task.retry(exc=exc, countdown=min(float(wait), MAX_RETRY_AFTER_S)) from None
-            raise  # Celery's autoretry sends this task again (same id, so it still owns the run)
-        why = f"gave up after {retries} retries: {exc}" if exc.retryable else str(exc)
-        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, _reason_for(stage), why)
+        why = redact_values(str(error), known_secrets(ctx))  # a vendor's words may echo what it was sent
+        if error.retryable:
+            plan = plan_retry(ctx, run_id, stage, error, why, task.max_retries)
+            if plan.wait_s is not None:  # the same task again (same id, so it still owns the run)
+                raise task.retry(exc=error, countdown=plan.wait_s) from None
+            why = plan.gave_up(why)
+        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, error.failure or _reason_for(stage), why)
         return
     except Exception as exc:  # a bug must not leave a node billing: log it, clean up, fail the run
         log.exception("run %s: %s step crashed", run_id, stage)
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, FailureReason.INTERNAL_ERROR, repr(exc))
         return
+    went_through(ctx, run)
     if nxt.stage is not None:
         ctx.dispatcher.send(nxt.stage, run_id, after=task_id, countdown=nxt.countdown)
+
+
+def _timed_out(ctx: context.Context, stage: Stage) -> StepTimedOut:
+    limit, _hard = time_limits(ctx.settings)[stage.task_name]
+    return StepTimedOut(f"the {stage.value} step ran past its soft time limit ({limit:g} s)")
 
 
 def _reason_for(stage: Stage) -> FailureReason:

@@ -60,6 +60,7 @@ class EventType(StrEnum):
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
     RUN_KICKED = "run.kicked"
+    RUN_RETRYING = "run.retrying"  # a step failed with an error that may pass: why, when again
     RUN_PREEMPTED = "run.preempted"  # its node was lost (preempted): a new one is coming, training resumes
     RUN_RELEASED = "run.released"  # a sweep's waiting child got a slot: it goes to provision now
     SWEEP_STARTED = "sweep.started"

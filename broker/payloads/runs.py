@@ -96,6 +96,25 @@ class RunKicked(Payload):
 
     type = EventType.RUN_KICKED
     stage: Stage
+    kick: int | None = Field(None, description="Kicks since the run's last step that ended.")
+    stalled_after: int | None = Field(
+        None, description="Tasks started after kicks that may die before the run fails STALLED."
+    )
+
+
+class RunRetrying(Payload):
+    """A stage's step failed with an error that may pass (the provider down, no capacity, the node not
+    answering, a step past its time limit): it is tried again in `retry_in_s`, until `gives_up_at` or
+    `max_failures`, then the run fails with the error."""
+
+    type = EventType.RUN_RETRYING
+    stage: Stage
+    attempt: int = Field(description="Failures of the step in a row, this one included.")
+    max_failures: int
+    error: str = Field(description="The error's kind (ProviderUnavailable, NoCapacity, NodeError, ...).")
+    why: str = Field(description="The error's message, without credentials.")
+    retry_in_s: float
+    gives_up_at: float = Field(description="When the run fails if the step has not got through (epoch s).")
 
 
 class RunPreempted(Payload):

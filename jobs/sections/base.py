@@ -26,6 +26,7 @@ from pydantic import (
     ValidationInfo,
 )
 
+from core import envnames
 from core.settings import DEFAULT_NODE_IMAGE
 
 
@@ -42,8 +43,8 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY")
 # Values that are unmistakably credentials, whatever the variable is called (Hugging Face, RunPod tokens).
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{30,}|rpa_[A-Za-z0-9]{30,})\b")
-RESERVED_ENV_PREFIX = "FLEET_"  # the node's root, failsafe, token, the fakes' CPU stand-in marker...
-JOB_SETTABLE = frozenset({"FLEET_INJECT"})  # the trainer's fault injection (trainer.faults), for drills
+RESERVED_ENV_PREFIX = envnames.FLEET_PREFIX  # the node's root, failsafe, token, the fakes' CPU stand-in...
+JOB_SETTABLE = envnames.JOB_SETTABLE  # the trainer's fault injection (trainer.faults), for drills
 SECRETS_ADVICE = "secrets do not belong in the job file; set them in the fleet's secrets/settings"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -51,11 +52,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def _env_name(name: str) -> str:
     if not ENV_NAME.fullmatch(name):
         raise ValueError(f"environment variable name {name!r} must match {ENV_NAME.pattern}")
-    if name.startswith(RESERVED_ENV_PREFIX) and name not in JOB_SETTABLE:
-        raise ValueError(
-            f"{name}: names starting {RESERVED_ENV_PREFIX} are the fleet's own (the node's root, its "
-            "failsafe, its token...) and a job cannot set them"
-        )
+    why = envnames.refusal(name)  # loader/interpreter variables, the fleet's, Ray's, the vendor's
+    if why is not None:
+        raise ValueError(f"{name}: {why}")
     if any(word in name for word in _SECRET_WORDS) or name.endswith("_KEY"):
         raise ValueError(f"{name} looks like a secret: {SECRETS_ADVICE}")
     return name

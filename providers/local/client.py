@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env
+
 PORT_NAMES = (
     "port",
     "dashboard_port",
@@ -121,6 +123,7 @@ def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
 
 # What a node's processes must not inherit from the fleet's environment: Ray's and the fleet's settings,
 # and anything that would lead its Python to the fleet's packages instead of the node environment's own.
+# (The fakes' stand-in for an image's setup uses it; a local node gets only providers.local.environment's.)
 FLEET_ONLY_ENV = ("RAY_", "FLEET_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")
 NODE_VENV = ".venv-node"  # `make node-env` builds it beside the fleet's .venv
 AXOLOTL_VENV = ".venv-axolotl"  # `make axolotl-env`: axolotl's own pins, the fleet's Ray
@@ -284,17 +287,17 @@ class LocalHeads:
             *(f"--{k.replace('_', '-')}={v}" for k, v in meta.ports.items()),
             *([f"--resources={json.dumps(dict(resources))}"] if resources else []),
         ]
-        head_env = {k: v for k, v in os.environ.items() if not k.startswith(FLEET_ONLY_ENV)}
-        head_env.update(env)
-        head_env.update(
-            RAY_AUTH_MODE="token",
-            RAY_AUTH_TOKEN_PATH=str(token_path),
-            RAY_USAGE_STATS_ENABLED="0",
-            PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            PYTHONUNBUFFERED="1",
-        )
+        own = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_path),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PATH": os.pathsep.join((str(bin_dir), *SYSTEM_PATH)),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if head is None:  # see LOOPBACK_ONLY; a node that joins a cluster cannot have it (Ray refuses)
+            own.update(LOOPBACK_ONLY)
         self._write(meta)  # intent first: a crash after the spawn still leaves a findable head
-        meta.pid = spawn_detached(argv, head_env, node_dir / "head.log")
+        meta.pid = spawn_detached(argv, head_env(os.environ, env, own), node_dir / "head.log")
         self._write(meta)
         return meta
 

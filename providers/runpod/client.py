@@ -3,7 +3,9 @@
 Why not runpod-python for these calls: its f-string queries are not escaped (a `"` in an env value
 breaks the request), it has no interruptible pods, and it reads the API key from a module global. The
 client raises `RunPodAPIError` as the vendor answered; the adapter (provider.py) translates it. Answers are
-parsed here into providers.runpod.models; one that does not parse is a RunPodAPIError too.
+parsed here into providers.runpod.models; one that does not parse is a RunPodAPIError too. Every request
+has a connect and a read timeout (the settings' api_connect_timeout_s and provider_api_timeout_s): an API
+that takes the connection and never answers is a RunPodAPIError with no status (retryable), never a hang.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 import requests
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from providers.runpod.models import (
     DeployData,
     GpuTypesData,
@@ -64,10 +67,15 @@ class RunPodAPIError(Exception):
 class RunPodClient:
     """A small typed client for the calls the fleet makes."""
 
-    def __init__(self, api_key: SecretStr, base_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        api_key: SecretStr,
+        base_url: str,
+        timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S),
+    ) -> None:
         self._key = api_key
         self.url = base_url.rstrip("/") + "/graphql"
-        self.timeout_s = timeout_s
+        self.connect_timeout_s, self.timeout_s = timeouts  # (connect, read), seconds
         self._session = requests.Session()
 
     def call(self, query: str, variables: Mapping[str, object] | None, answer: type[M]) -> M:
@@ -80,10 +88,12 @@ class RunPodClient:
                 self.url,
                 json=request,
                 headers=headers,
-                timeout=self.timeout_s,
+                timeout=(self.connect_timeout_s, self.timeout_s),
             )
+        except requests.ConnectTimeout:
+            raise RunPodAPIError(0, f"no connection within {self.connect_timeout_s:g} s") from None
         except requests.Timeout:
-            raise RunPodAPIError(0, f"no answer within {self.timeout_s:.0f} s") from None
+            raise RunPodAPIError(0, f"no answer within {self.timeout_s:g} s") from None
         except requests.RequestException as exc:
             raise RunPodAPIError(0, f"connection failed: {type(exc).__name__}") from None
         try:

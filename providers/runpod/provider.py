@@ -1,7 +1,9 @@
 """The `runpod` provider: on-demand and interruptible (bid) pods, named tf-<run>-<attempt>.
 
-A pod runs a Ray head with token auth (providers.bootstrap) and publishes its Jobs API port over HTTP;
-the fleet reaches it exactly as it reaches a local head. RunPod's own `terminateAfter` is set at create,
+A pod runs a Ray head with token auth (providers.bootstrap) and publishes its Jobs API port as an HTTP
+port, which the fleet reaches through RunPod's HTTPS proxy only (`runpod_proxy_url`), never on the pod's
+public IP: the token and the job's data cross the internet encrypted, to a name RunPod's certificate vouches
+for. RunPod's own `terminateAfter` is set at create,
 so a pod dies at the section's `terminate_after` even if the fleet does not; and the pod's failsafe
 (providers.failsafe) terminates it with the pod's own key once the fleet's heartbeat has stopped for the
 fleet's `node_heartbeat_timeout_s`.
@@ -77,7 +79,7 @@ def pod_ports(env: dict[str, str]) -> str:
 def translate(exc: RunPodAPIError) -> ProviderError:
     """RunPod's answer as one of the fleet's errors (which say whether retrying can help)."""
     if exc.status in (401, 403):
-        return AuthFailed(f"RunPod refused the API key (HTTP {exc.status})")
+        return AuthFailed(f"RunPod refused the API key (HTTP {exc.status}): {exc.message}")
     if exc.status == 0 or exc.status == 429 or exc.status >= 500:
         return ProviderUnavailable(str(exc), retry_after=exc.retry_after)
     if NO_CAPACITY_MARK in exc.message.lower():
@@ -97,7 +99,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url)
+        self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
@@ -257,11 +259,11 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         return self._published(pod, JOBS_PORT)
 
     def _published(self, pod: RunPodPod, port: int) -> str | None:
+        """RunPod's HTTPS proxy for the port, once the pod runs and publishes it; never the port on the pod's
+        public IP, which is plain HTTP across the internet (the Jobs API's carries the node's token)."""
         for mapped in (pod.runtime.ports if pod.runtime else None) or []:
             if mapped.private_port == port:
-                if mapped.is_ip_public and mapped.ip and mapped.public_port:
-                    return f"http://{mapped.ip}:{mapped.public_port}"
-                return f"https://{pod.id}-{port}.proxy.runpod.net"  # RunPod's HTTP proxy
+                return self.context.runpod_proxy_url.format(pod_id=pod.id, port=port).rstrip("/")
         return None
 
     def _ssh(self, pod: RunPodPod) -> SshAccess | None:

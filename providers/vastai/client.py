@@ -3,8 +3,10 @@
 Queries go in as filter dicts (`{"field": {"op": value}}`), not query strings, so nothing is parsed or
 printed by the library and GB -> MB is done here, visibly. `retry=1`: the library would otherwise retry
 429/502/503/504 in-line (waiting out a Retry-After of up to a minute, and repeating a create); the
-fleet retries its own retryable errors. Vendor errors propagate as the library raises them
-(`requests.HTTPError`, `requests.ConnectionError`, `requests.Timeout`); the adapter translates them.
+fleet retries its own retryable errors. Every request has a connect and a read timeout (the settings'
+api_connect_timeout_s and provider_api_timeout_s; the library's own is 120 s). Vendor errors propagate
+as the library raises them (`requests.HTTPError`, `requests.ConnectionError`, `requests.Timeout`); the
+adapter translates them.
 Listings are parsed here into providers.vastai.models; an answer that does not parse is a ProviderError.
 """
 
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from core.errors import ProviderError
+from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from providers.vastai.models import VastInstance, VastOffer
 
 SEARCH_LIMIT = 64  # the cheapest offers that pass the filters; more would only be more expensive
@@ -86,14 +89,19 @@ def offer_query(
 class VastAIClient:
     """The calls the fleet makes, each one request (or one paged listing)."""
 
-    def __init__(self, api_key: SecretStr, server_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        api_key: SecretStr,
+        server_url: str,
+        timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S),
+    ) -> None:
         # Imported here: the library reads VAST_URL at import; we always pass server_url explicitly.
         from vastai import VastAI  # type: ignore[import-untyped]  # the wheel ships no py.typed
 
         self._vast: Any = VastAI(
             api_key=api_key.get_secret_value(), server_url=server_url.rstrip("/"), retry=1, raw=True
         )
-        self._vast.client.timeout = timeout_s
+        self._vast.client.timeout = timeouts  # (connect, read): requests takes either, per request
 
     def search_offers(self, query: Filters, bid: bool) -> list[VastOffer]:
         """Offers matching `query`, cheapest first. For bids `dph_total` is the machine's minimum bid."""

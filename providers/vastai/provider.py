@@ -1,7 +1,8 @@
 """The `vastai` provider: on-demand and interruptible (bid) instances on vast.ai, labelled tf-<run>-<attempt>.
 
 An instance runs a Ray head with token auth (providers.bootstrap's start script as its `onstart`) and
-publishes the Jobs API port; the fleet reaches it at the host's public address and mapped port.
+publishes the Jobs API port through its TLS front; the fleet reaches it at the host's public address and
+mapped port over HTTPS, trusting only the certificate it made for that instance (providers.tokens).
 
 Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machine. An offer's `min_bid`
 (and `dph_total` in a bid search) is for the whole machine, so the minimum bid per GPU is
@@ -30,6 +31,7 @@ from core.errors import (
 )
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
+from providers import tlsfront
 from providers.base import (
     JUPYTER_PORT,
     JUPYTER_TOKEN_ENV,
@@ -40,7 +42,15 @@ from providers.base import (
     ProviderContext,
     SshAccess,
 )
-from providers.bootstrap import JOBS_PORT, TOKEN_ENV, failsafe_env, node_setup_env, start_script
+from providers.bootstrap import (
+    JOBS_PORT,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_ENV,
+    failsafe_env,
+    node_setup_env,
+    start_script,
+)
 from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Priced, Rule, choose
 from providers.remote import RemoteProvider
@@ -83,7 +93,7 @@ def translate(exc: requests.RequestException) -> ProviderError:
     status = response.status_code
     code, message = _vendor_message(response)
     if status in (401, 403):
-        return AuthFailed(f"vast.ai refused the API key (HTTP {status})")
+        return AuthFailed(f"vast.ai refused the API key (HTTP {status}): {message or code}")
     if status == 429 and code == QUOTA_ERROR:  # the library does not retry these: say when to
         wait = _retry_after(response)
         return ProviderUnavailable(f"vast.ai search quota exceeded: {message}", retry_after=wait)
@@ -148,7 +158,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.client = VastAIClient(context.credential(CREDENTIAL), self.api_url)
+        self.client = VastAIClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: VastAISection) -> Choice:
@@ -207,10 +217,13 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     # lifecycle ------------------------------------------------------------------------------------
     def _create(self, request: LaunchRequest, section: VastAISection, best: Priced) -> NodeInstance:
         token = self.tokens.ensure(request.name)
+        cert, key = self.tokens.ensure_tls(request.name)  # its Jobs API's TLS front's, pinned by the fleet
         deadline = section.terminate_after if section.terminate_after != -1 else None
         env = {
             **request.node_env(section.env),
             TOKEN_ENV: token,
+            TLS_CERT_ENV: tlsfront.env_value(cert),
+            TLS_KEY_ENV: tlsfront.env_value(key),
             f"-p {JOBS_PORT}:{JOBS_PORT}": "1",
             VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
             **failsafe_env(deadline, request.heartbeat_timeout_s),
@@ -230,7 +243,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
                 image=self.context.image(section.image, request.software),
                 disk_gb=section.container_disk_in_gb,
                 env=env,
-                onstart=start_script(self.name),
+                onstart=start_script(self.name, tls=True),
                 price=price,
                 ssh=SSH_KEY_ENV in env,
             )
@@ -303,7 +316,9 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             log.warning("vast.ai %s: attaching the fleet's SSH key failed: %s", ident, translate(exc))
 
     def _jobs_url(self, row: VastInstance) -> str | None:
-        return self._published(row, JOBS_PORT)
+        """The Jobs API's TLS front at the host's address: HTTPS, the instance's own certificate pinned."""
+        url = self._published(row, JOBS_PORT)
+        return None if url is None else "https://" + url.removeprefix("http://")
 
     def _host_port(self, row: VastInstance, key: str) -> str | None:
         mapped = (row.ports or {}).get(key) or []

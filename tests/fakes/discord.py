@@ -12,7 +12,9 @@ applications/{app}/guilds/{g}/commands (the registered slash commands, kept per 
 channels/{c}/messages (a message with `enforce_nonce` and a nonce seen in that channel returns the earlier
 message, as Discord does); GET/PATCH
 channels/{c}/messages/{m}; GET/POST webhooks/{id}/{token} (`?wait=true` returns the message);
-GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback.
+GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback. Each
+interaction's followups record `ephemeral` as Discord decides it (the first one after a deferral is as
+private as the deferral, whatever its own flags); a callback's flags are in its recorded data.
 Outside the API: GET /attachments/{id}/{filename} (bytes from `add_attachment`, or files sent with a
 message). Bot routes need `Authorization: Bot <token>`, webhook routes the webhook's (or interaction's)
 token in the path; otherwise 401 in Discord's error shape.
@@ -643,8 +645,15 @@ class FakeDiscord(Served):
         msg = self._store(channel_id, data, files, hook)
         if hook is not None and hook.interaction_id is not None:
             with self.lock:
-                self.interactions[hook.interaction_id]["followups"].append(
-                    {"message_id": msg.id, "data": data}
+                record = self.interactions[hook.interaction_id]
+                flags = int(data.get("flags") or 0)
+                callbacks = record["callbacks"]
+                if not record["followups"] and callbacks and callbacks[0]["type"] == 5:
+                    # Discord: the first followup after a deferral is the deferred message, as private or
+                    # public as the deferral was, whatever its own flags say.
+                    flags = int(callbacks[0]["data"].get("flags") or 0)
+                record["followups"].append(
+                    {"message_id": msg.id, "data": data, "ephemeral": bool(flags & 64)}
                 )
         return Reply(200, msg.wire()) if r.query.get("wait") in ("true", "1", "True") else Reply(204)
 

@@ -396,13 +396,19 @@ def _accepts(port: int) -> bool:
 
 
 def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPUS_PER_NODE) -> NodeBackend:
-    """The backend for `--nodes ray|stub|none`."""
+    """The backend for `--nodes ray|stub|none`; a node created with a TLS certificate (vast.ai's) publishes
+    its Jobs API only through its TLS front, as its start script arranges on a real one (tests.fakes.tls)."""
+    from tests.fakes.tls import Fronted  # it reads this module's types
+
+    backend: NodeBackend
     if kind == "none":
-        return NoNodes(delay_s)
-    if kind == "stub":
-        return StubNodes(delay_s)
-    if kind == "ray":
+        backend = NoNodes(delay_s)
+    elif kind == "stub":
+        backend = StubNodes(delay_s)
+    elif kind == "ray":
         if home is None:
             raise ValueError("nodes='ray' needs a home directory")
-        return RayNodes(home, cpus, delay_s)
-    raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, none")
+        backend = RayNodes(home, cpus, delay_s)
+    else:
+        raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, none")
+    return Fronted(backend)

@@ -6,7 +6,9 @@ with exactly the fields the request selects; unknown fields are GraphQL errors, 
 Like RunPod, it gives each pod its own key (`container_env`: RUNPOD_POD_ID, RUNPOD_API_KEY), which here
 may terminate that pod and do nothing else. A running pod lists every port of its `ports` ("8265/http,22/tcp")
 in `runtime.ports`: a TCP port on its public IP under a port of RunPod's choosing, an HTTP port behind
-RunPod's proxy; only the dashboard's (8265) is served, by the fake's node.
+RunPod's proxy; only the dashboard's (8265) is served, by the fake's node, and only through the fake's
+HTTPS proxy (tests.fakes.runpod_proxy: `proxy.settings()` or `GET /_fake/proxy` say how to point the
+fleet at it).
 
 Several pods can make one Ray cluster, as over RunPod's global networking (a private network between the
 account's pods, each reachable at `<podId>.runpod.internal`): a pod whose env has FLEET_RAY_HEAD_ADDRESS
@@ -22,15 +24,18 @@ import json
 import re
 import secrets
 import string
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from providers.bootstrap import BOOTSTRAP_ENV
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
 from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
 from tests.fakes.nodes import Join
+from tests.fakes.runpod_proxy import RunPodProxy
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,32 @@ class FakeRunPod(FakeCloud):
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
         self.templates: dict[str, Template] = dict(TEMPLATES)
+        home = self.home if self.home is not None else Path(tempfile.mkdtemp(prefix="fake-runpod-"))
+        folder = home / "proxy"
+        self.proxy = RunPodProxy(self._proxied_port, folder)
+
+    # -- RunPod's HTTPS proxy ----------------------------------------------------------------------
+    def start(self) -> Self:
+        """Serve the API, and the pods' ports behind the HTTPS proxy."""
+        self.proxy.start()
+        super().start()
+        return self
+
+    def after_stop(self) -> None:
+        """Stop the proxy and every node."""
+        self.proxy.stop()
+        super().after_stop()
+
+    def _proxied_port(self, pod_id: str, port: int) -> int | None:
+        """The local port behind the proxy's `<pod_id>-<port>`: a running pod's dashboard, else None."""
+        with self.lock:
+            inst = self.instances.get(pod_id)
+            if inst is None or port != DASHBOARD_PORT:
+                return None
+            self.refresh(inst)
+            if inst.state != "running":
+                return None
+            return inst.public_port
 
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
@@ -167,7 +198,9 @@ class FakeRunPod(FakeCloud):
 
     def vendor_control(self, request: Request) -> Response | None:
         """`POST /_fake/network-volumes {"id": ..., "dataCenterId": ...}`: `add_network_volume`, for a fake
-        served on its own (`python -m tests.fakes serve runpod`)."""
+        served on its own (`python -m tests.fakes serve runpod`); `GET /_fake/proxy`: `proxy.settings()`."""
+        if request.path == "/_fake/proxy" and request.method == "GET":
+            return Response(200, self.proxy.settings())
         if request.path != "/_fake/network-volumes" or request.method != "POST":
             return None
         body = request.json() or {}
@@ -473,3 +506,9 @@ class FakeRunPod(FakeCloud):
 def graphql_body(query: str, variables: dict[str, Any] | None = None) -> bytes:
     """A GraphQL request body (for tests that talk to the fake without the SDK)."""
     return json.dumps({"query": query, "variables": variables or {}}).encode()
+
+
+def proxy_settings(url: str) -> dict[str, str]:
+    """The fleet's settings for the proxy of the fake RunPod at `url` (one served in its own process)."""
+    with urllib.request.urlopen(f"{url}/_fake/proxy", timeout=10) as reply:
+        return {str(k): str(v) for k, v in json.loads(reply.read()).items()}

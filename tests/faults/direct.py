@@ -29,9 +29,10 @@ from core.settings import Settings
 from jobs.spec import load_job
 from providers.base import Provider
 from service import runs
-from tests.fakes import FakeCloud
+from tests.fakes import FakeCloud, FakeRunPod
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
+from tests.integration.fleetproc import NOWHERE
 from workers import context, finalize, prepare, provision, train
 from workers.reap import reap_once
 from workers.runner import run_stage
@@ -44,7 +45,6 @@ STEPS: dict[Stage, Callable[[context.Context, Run], Next]] = {
     Stage.FINALIZE: finalize.step,
 }
 URL_SETTING = {"runpod": "runpod_api_base_url", "vastai": "vast_url"}
-NOWHERE = "http://127.0.0.1:9"  # a cloud the case runs no fake of: refused at once, never the real API
 
 
 class Retried(Exception):
@@ -97,6 +97,8 @@ class DirectFleet:
         monkeypatch.setenv("FLEET_SECRETS_FILE", str(home / "no-secrets.yml"))
         urls = {setting: NOWHERE for setting in URL_SETTING.values()}
         urls.update({URL_SETTING[fake.vendor]: fake.url for fake in clouds})
+        for fake in clouds:  # a RunPod pod's Jobs API is reached only through (the fake of) RunPod's proxy
+            urls.update(fake.proxy.values() if isinstance(fake, FakeRunPod) else {})
         # A create with no clear answer is only looked up for create_settle_s (the fakes show a late
         # create within seconds; the default, 2 min, is for real clouds).
         defaults: dict[str, Any] = {

@@ -24,7 +24,7 @@ import redis
 
 from broker.ledger import Ledger
 from broker.models import Run
-from service.embedded import _binary, _locked, ensure_redis  # the embedded Redis's own start and lock
+from service.embedded import _locked, ensure_redis, launch  # the embedded Redis's own start and lock
 from tests.fakes import FakeCloud, FakeDiscord, FakeHub
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
@@ -209,8 +209,8 @@ class LiveFleet:
     # -- Redis ---------------------------------------------------------------------------------------
     def restart_redis(self, down_s: float = 1.5) -> None:
         """SIGKILL the embedded redis-server (no shutdown save: the AOF has what was fsynced, every second)
-        and start it again `down_s` later on the same port and AOF directory. Done under the embedded
-        Redis's own lock, so no `fleet` command starts a second one on another port meanwhile."""
+        and start it again `down_s` later on the same socket and AOF directory. Done under the embedded
+        Redis's own lock, so no `fleet` command starts a second one meanwhile."""
         base = self.home / "redis"
         with _locked(base / "lock"):
             pid = int((base / "redis.pid").read_text().strip())
@@ -218,7 +218,7 @@ class LiveFleet:
             proc.kill()
             proc.wait(10)
             time.sleep(down_s)
-            subprocess.run([_binary(), str(base / "redis.conf")], check=True, capture_output=True, timeout=30)
+            launch(base / "redis.conf", timeout_s=30)  # as the fleet starts it: umask 077
             wait_until(self._answers, 15, "redis to answer again", every=0.05)
         self.case.inject("redis:sigkill_restart")
 

@@ -57,6 +57,7 @@ def make_orphans(fake: FakeCloud, home: Path, count: int, prefix: str = "orphan"
         home=home,
         credentials={"RUNPOD_API_KEY": SecretStr(CANARIES["RUNPOD_API_KEY"])},
         urls={"runpod": fake.url},
+        **fake.proxy.values(),
     )
     provider = RunPodProvider(context)
     names = [f"tf-{prefix}{i}-1" for i in range(count)]

@@ -1,5 +1,5 @@
 """F2: Redis (the broker, the ledger and the event stream at once) SIGKILLed and started again on the same
-port and AOF directory (fsynced every second, so the last second of writes may be gone).
+unix socket and AOF directory (fsynced every second, so the last second of writes may be gone).
 
 - Five restarts during one run (provision, prepare, train twice, finalize), with `fleet up` supervised as
   systemd's Restart=always would: the run ends SUCCEEDED with one node, its work done once.

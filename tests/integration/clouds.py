@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.factories import EXAMPLE_YAML
+from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.integration.fleetproc import REPO
 
 API_KEY = "fake-runpod-key-0123456789"
@@ -67,5 +67,5 @@ def job_for(tmp_path: Path, section: str, extra: str = "") -> Path:
     job = tmp_path / "job" / "tiny.yml"
     job.parent.mkdir()
     job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", extra + section))
-    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(job.parent)
     return job

@@ -25,6 +25,9 @@ from service.embedded import stop_redis
 REPO = Path(__file__).resolve().parents[2]
 
 
+NOWHERE = "http://127.0.0.1:9"  # a cloud a test runs no fake of: refused at once, never the real API
+
+
 def fleet_env(home: Path, **settings: str) -> dict[str, str]:
     """The environment of a test fleet: fast polling and reaping, everything under `home`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_")) and k != "REDIS_URL"}
@@ -41,6 +44,13 @@ def fleet_env(home: Path, **settings: str) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     (home / "no-settings.yml").write_text("{}\n")
     env.update(settings)
+    runpod = settings.get("RUNPOD_API_BASE_URL")
+    if runpod and runpod != NOWHERE:  # the fleet reaches pods through the fake's HTTPS proxy only
+        from tests.fakes.runpod import proxy_settings
+
+        env.update(
+            {k: v for k, v in proxy_settings(settings["RUNPOD_API_BASE_URL"]).items() if k not in settings}
+        )
     return env
 
 

@@ -77,6 +77,7 @@ def settings(
         discord_allowed_roles=(ALLOWED_ROLE,),
         discord_allowed_channels=(CHANNEL,),
         bot_configs_dir=CONFIGS,
+        data_roots=(CONFIGS / "data",),  # an attachment's local files must be under a data root
     )
 
 
@@ -255,10 +256,8 @@ def test_train_attachment_validates_and_enqueues(
         assert fleet.ledger.get_run(run.run_id).cancel_requested
         kind, data = _reply(await h.invoke("budget"))
         assert data["flags"] & EPHEMERAL and "**2** of 5" in data["embeds"][0]["description"]
-        kind, data = _reply(await h.invoke("terminate", {"instance": "tf-nope-1"}))
-        assert (
-            kind == 5 and data["flags"] & EPHEMERAL and "no live instance" in data["embeds"][0]["description"]
-        )
+        kind, data = _reply(await h.invoke("terminate", {"instance": "tf-nope-1"}))  # of no run: admins only
+        assert kind == 4 and data["flags"] & EPHEMERAL and data["embeds"][0]["title"] == "Not your run"
 
     run_bot(fleet, fake_discord, scenario)
     commands = _audit(redis_client, EventType.BOT_COMMAND)
@@ -317,7 +316,9 @@ def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
     home = fleet.settings.home
     with FakeRunPod(api_key="rp-key", home=home / "fake", nodes="none", ready_delay_s=0) as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
-        lab = Fleet.connect(fleet.settings.model_copy(update={"runpod_api_base_url": fake.url}))
+        lab = Fleet.connect(
+            fleet.settings.model_copy(update={"runpod_api_base_url": fake.url, **fake.proxy.values()})
+        )
         token: list[str] = []
 
         async def scenario(h: Harness) -> None:
@@ -343,7 +344,9 @@ def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
             # Deferred privately: Discord makes the first followup what the deferral was, whatever its flags.
             assert kind == 5 and record["callbacks"][0]["data"]["flags"] & EPHEMERAL
             assert data["flags"] & EPHEMERAL
-            assert f"proxy.runpod.net/lab?token={token[0]}" in data["embeds"][0]["description"]
+            # Through RunPod's HTTPS proxy (here the fake's, by the same URL template): https://.../<pod>-8888/lab
+            shown = data["embeds"][0]["description"]
+            assert fake.proxy.url_template.split("{")[0] in shown and f"-8888/lab?token={token[0]}" in shown
 
         run_bot(lab, fake_discord, scenario)
         lab.redis.close()
@@ -401,6 +404,7 @@ def test_train_from_discord_end_to_end(
         discord_allowed_channels=(CHANNEL,),
         discord_channel_id=NOTIFY_CHANNEL,
         bot_configs_dir=CONFIGS,
+        data_roots=(CONFIGS / "data",),  # an attachment's local files must be under a data root
     )
     fleet = Fleet.connect(settings)
     worker = Worker(env, home / "worker.log")

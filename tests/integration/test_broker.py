@@ -151,7 +151,8 @@ def test_configure_again_sends_to_the_new_redis(redis_url: str, redis_client: re
     from broker import app as broker_app
     from core.settings import Settings
 
-    other_url = redis_url.rsplit("/", 1)[0] + "/1"
+    assert redis_url.endswith("?db=0"), redis_url  # the embedded Redis's socket, database 0
+    other_url = redis_url.removesuffix("0") + "1"
     other = redis.Redis.from_url(other_url, decode_responses=True)
     other.flushdb()
     try:

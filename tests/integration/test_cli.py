@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from broker.constants import RUNS_INDEX, Stage
 from fleet.cli import cli
-from tests.factories import EXAMPLE_YAML
+from tests.factories import EXAMPLE_YAML, copy_example_data
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
 
@@ -71,7 +71,7 @@ def test_a_job_this_fleet_cannot_run_is_refused_at_submit(
 ) -> None:
     job = tmp_path / "job.yml"
     job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", section))
-    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(tmp_path)
     env = {
         **env,
         "FLEET_SECRETS_FILE": str(tmp_path / "no-secrets.yml"),

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from providers.local.client import node_python
-from tests.factories import EXAMPLE_YAML
+from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.integration.fleetproc import (
     Worker,
     events_of,
@@ -37,7 +37,7 @@ def light_job(home: Path) -> Path:
     job.parent.mkdir(exist_ok=True)
     job.write_text(EXAMPLE_YAML.read_text().replace("use_ray: true", "use_ray: false"))
     if not (job.parent / "data").exists():
-        (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+        copy_example_data(job.parent)
     return job
 
 
@@ -200,7 +200,7 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
             "local:\n  one_shot: true\n  env:\n    FLEET_INJECT: nan_at_step:30\n",
         )
     )
-    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(job.parent)
     env = fleet_env(home)
     worker = Worker(env, home / "worker.log")
     try:

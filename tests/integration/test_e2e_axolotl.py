@@ -13,7 +13,7 @@ import pytest
 
 from core.settings import DEFAULT_AXOLOTL_VERSION
 from providers.local.client import AXOLOTL_VENV
-from tests.factories import EXAMPLE_YAML, REPO_ROOT
+from tests.factories import REPO_ROOT, copy_example_data
 from tests.integration.fleetproc import events_of, fleet, fleet_env, fleet_json, live_heads
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ def axolotl_job(tmp_path: Path) -> Path:
     job = tmp_path / "jobs" / "tiny-axolotl.yml"
     job.parent.mkdir()
     job.write_text(JOB)
-    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(job.parent)
     return job
 
 

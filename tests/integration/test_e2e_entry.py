@@ -1,10 +1,11 @@
 """A job's `entry` script, run by the prepare stage on a rented node before the fetch: through `fleet run`
 against the fake RunPod, whose pod is a real local Ray head.
 
-The scripts print the node's HF_TOKEN (which the fleet gives every node it starts): what reaches the
-fleet's events and failure message must have it taken out. The first writes `$HF_TOKEN` in the job file
-itself: Ray expands `$NAME` in a Ray job's env values on the node, so the TrainJob (which carries the job
-file the model card shows) travels in base64; else the card would publish the node's token.
+The scripts print the node's HF_TOKEN (which a node gets when its job needs it: these jobs push to a fake
+Hub, `hub_model_id`, workers.node_secrets): what reaches the fleet's events and failure message must have
+it taken out. The first writes `$HF_TOKEN` in the job file itself: Ray expands `$NAME` in a Ray job's env
+values on the node, so the TrainJob (which carries the job file the model card shows) travels in base64;
+else the card would publish the node's token.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.hub import FakeHub
 from tests.integration.clouds import API_KEY, HF_TOKEN, fake_state, job_for
 from tests.integration.fleetproc import events_of, fleet, fleet_env, secret_hits
 
@@ -26,14 +28,22 @@ def entry_job(tmp_path: Path, script: str) -> Path:
     what is under test is the prepare stage, not Ray Train's start-up)."""
     body = "".join(f"    {line}\n" for line in script.splitlines())
     section = f"runpod:\n  max_bid_per_gpu: 0.5\n  env:\n    TEST_ENV: happy\n  entry: |\n{body}"
-    job = job_for(tmp_path, section)
+    job = job_for(tmp_path, section, extra="hub_model_id: tester/tiny-entry\n")
     job.write_text(job.read_text().replace("use_ray: true", "use_ray: false"))
     return job
 
 
 def run_it(home: Path, fake_runpod: str, job: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    env = fleet_env(home, RUNPOD_API_BASE_URL=fake_runpod, RUNPOD_API_KEY=API_KEY, HF_TOKEN=HF_TOKEN)
-    done = fleet(env, "run", str(job), "--json", timeout=420)
+    with FakeHub(home=home.parent / "hub", token=HF_TOKEN) as hub:
+        env = fleet_env(
+            home,
+            RUNPOD_API_BASE_URL=fake_runpod,
+            RUNPOD_API_KEY=API_KEY,
+            HF_TOKEN=HF_TOKEN,
+            HF_ENDPOINT=hub.url,
+            HF_HUB_DISABLE_XET="1",
+        )
+        done = fleet(env, "run", str(job), "--json", timeout=420)
     assert done.stdout, done.stderr[-3000:]
     view: dict[str, Any] = json.loads(done.stdout)
     assert HF_TOKEN not in done.stdout + done.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard, hf_hub_download
 
-from tests.factories import EXAMPLE_YAML
+from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.fakes.hub import FakeHub
 from tests.integration.fleetproc import events_of, fleet, fleet_env, live_heads, secret_hits
 from tests.wandb_log import read_finished_run
@@ -39,7 +39,7 @@ def hub_job(tmp_path: Path, repo_id: str) -> Path:
             "local:\n  one_shot: true\n  env:\n    DATABASE_URL: postgres://u:dbcanary77@db/x\n",
         )
     )
-    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(job.parent)
     return job
 
 

@@ -230,7 +230,10 @@ def test_a_pod_terminates_itself_with_its_own_key(tmp_path: Path, start_failsafe
     travels to it."""
     with FakeRunPod(api_key=KEY, home=tmp_path / "fake", nodes="none") as fake:
         context = ProviderContext(
-            home=tmp_path, credentials={"RUNPOD_API_KEY": SecretStr(KEY)}, urls={"runpod": fake.url}
+            home=tmp_path,
+            credentials={"RUNPOD_API_KEY": SecretStr(KEY)},
+            urls={"runpod": fake.url},
+            **fake.proxy.values(),
         )
         provider = RunPodProvider(context)
         section = RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5)

@@ -71,6 +71,7 @@ def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, fake: 
         {
             "home": fleet_home,
             "runpod_api_base_url": fake.url,
+            **fake.proxy.values(),
             "redis_url": redis_url,
             "ssh_public_key": str(pub),
         }
@@ -185,7 +186,10 @@ def test_no_node_yet_and_a_node_without_ssh_say_what_to_do(
 
     # A pod created while the fleet had no key: no port 22, and the way to get one.
     plain = ProviderContext(
-        home=ctx.settings.home, credentials={"RUNPOD_API_KEY": SecretStr(RP_KEY)}, urls={"runpod": fake.url}
+        home=ctx.settings.home,
+        credentials={"RUNPOD_API_KEY": SecretStr(RP_KEY)},
+        urls={"runpod": fake.url},
+        **fake.proxy.values(),
     )
     run = ledger_run("r3", RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5))
     run.instance = run.instance_name

@@ -43,7 +43,13 @@ def ctx(
 ) -> context.Context:
     from broker.app import configure
 
-    settings = Settings(home=fleet_home, runpod_api_base_url=fake.url, max_preemptions=2, preempt_backoff_s=5)
+    settings = Settings(
+        home=fleet_home,
+        **fake.proxy.values(),
+        runpod_api_base_url=fake.url,
+        max_preemptions=2,
+        preempt_backoff_s=5,
+    )
     configure(settings, redis_url)
     return context.init(settings, redis_url)
 

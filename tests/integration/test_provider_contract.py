@@ -48,6 +48,7 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
                 home=tmp_path,
                 credentials={"RUNPOD_API_KEY": SecretStr("contract-key")},
                 urls={"runpod": fake.url},
+                **fake.proxy.values(),
             )
         if name == ProviderName.VASTAI:
             vast = stack.enter_context(

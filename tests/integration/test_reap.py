@@ -124,7 +124,9 @@ def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(
 
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none", ready_delay_s=3600) as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
-        settings = Settings(home=fleet_home, orphan_grace_s=60, runpod_api_base_url=fake.url)
+        settings = Settings(
+            home=fleet_home, orphan_grace_s=60, runpod_api_base_url=fake.url, **fake.proxy.values()
+        )
         configure(settings, redis_url)
         ctx = context.init(settings, redis_url)
         section = RunPodSection(gpu="NVIDIA RTX A5000")
@@ -155,7 +157,9 @@ def test_a_pass_keeps_its_lock_while_a_provider_call_hangs(
 
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none") as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
-        settings = Settings(home=fleet_home, reap_interval_s=2, runpod_api_base_url=fake.url)
+        settings = Settings(
+            home=fleet_home, reap_interval_s=2, runpod_api_base_url=fake.url, **fake.proxy.values()
+        )
         configure(settings, redis_url)
         ctx = context.init(settings, redis_url)
         fake.add_faults([{"op": "list", "kind": "hang", "delay": 5}])

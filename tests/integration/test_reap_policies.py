@@ -40,7 +40,7 @@ def make_ctx(redis_url: str, fleet_home: Path, fake: FakeRunPod, **settings: Any
 
     values: dict[str, Any] = {"orphan_grace_s": 0, "stall_after_s": 30, "reap_interval_s": 30}
     values.update(settings)
-    config = Settings(home=fleet_home, runpod_api_base_url=fake.url, **values)
+    config = Settings(home=fleet_home, runpod_api_base_url=fake.url, **fake.proxy.values(), **values)
     configure(config, redis_url)
     return context.init(config, redis_url)
 

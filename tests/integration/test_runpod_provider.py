@@ -32,7 +32,10 @@ def fake(tmp_path: Path) -> Iterator[FakeRunPod]:
 
 def provider_for(fake: FakeRunPod, tmp_path: Path, key: str = KEY) -> RunPodProvider:
     context = ProviderContext(
-        home=tmp_path, credentials={"RUNPOD_API_KEY": SecretStr(key)}, urls={"runpod": fake.url}
+        home=tmp_path,
+        credentials={"RUNPOD_API_KEY": SecretStr(key)},
+        urls={"runpod": fake.url},
+        **fake.proxy.values(),
     )
     return RunPodProvider(context)
 
@@ -239,12 +242,12 @@ def test_fleet_offers_shows_fits_and_why_not(fake: FakeRunPod, tmp_path: Path) -
     from typer.testing import CliRunner
 
     from fleet.cli import cli
-    from tests.factories import EXAMPLE_YAML
+    from tests.factories import EXAMPLE_YAML, copy_example_data
 
     job = tmp_path / "job.yml"
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.12\n  cloud_type: ALL\n"
     job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
-    (tmp_path / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(tmp_path)
     env = {
         "RUNPOD_API_BASE_URL": fake.url,
         "RUNPOD_API_KEY": KEY,

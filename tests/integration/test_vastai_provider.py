@@ -79,7 +79,7 @@ def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
     # The node's token travels in its env (by name only here), with its own deadline (terminate_after).
     assert row["env_keys"] == [
         "FLEET_DEADLINE_S", "FLEET_NODE_ACCESS", "FLEET_NODE_PINS", "FLEET_NODE_PYTHON_VERSION",
-        "FLEET_NODE_SETUP", "FLEET_RAY_TOKEN", "FLEET_VAST_URL",
+        "FLEET_NODE_SETUP", "FLEET_NODE_TLS_CERT", "FLEET_NODE_TLS_KEY", "FLEET_RAY_TOKEN", "FLEET_VAST_URL",
     ]  # fmt: skip
     extra: dict[str, Any] = fake.instances[str(row["id"])].extra
     assert extra["ports"] == ["8265:8265"] and "ray start --head" in extra["onstart"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import EXAMPLE_YAML
+from tests.factories import copy_example_data
 from tests.integration.fleetproc import events_of, fleet, fleet_env
 from tests.wandb_log import read_finished_run
 
@@ -32,7 +32,7 @@ def test_a_run_that_fails_in_prepare_gets_its_wandb_run_from_the_fleet(home: Pat
     job = tmp_path / "jobs" / "broken.yml"
     job.parent.mkdir()
     job.write_text(JOB)
-    (job.parent / "data").symlink_to(EXAMPLE_YAML.parent / "data")
+    copy_example_data(job.parent)
     env = fleet_env(home)
     done = fleet(env, "run", str(job), "--json", timeout=300)
     view = json.loads(done.stdout)

@@ -8,6 +8,7 @@ import pytest
 
 from core.errors import ConfigError
 from jobs import shipping
+from jobs.paths import Confinement
 from tests.factories import TINY_DATA, train_config
 from trainer.data import load_records
 
@@ -25,7 +26,7 @@ def test_files_and_directories_travel_and_read_the_same(tmp_path: Path) -> None:
         ]
     )
     ship = tmp_path / "ship"
-    shipped = shipping.ship_datasets(config, "job.yml", ship)
+    shipped = shipping.ship_datasets(config, "job.yml", ship, Confinement(tmp_path, (TINY_DATA.parent,)))
 
     paths = [ds.path for ds in shipped.datasets]
     assert paths == [f"datasets/0/{TINY_DATA.name}", "datasets/1/folder", "tatsu-lab/alpaca"]
@@ -42,12 +43,13 @@ def test_a_local_model_or_too_much_data_is_refused_with_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = train_config(base_model=str(tmp_path))
+    allowed = Confinement(tmp_path, (TINY_DATA.parent,))
     with pytest.raises(ConfigError) as err:
-        shipping.ship_datasets(config, "job.yml", tmp_path / "ship")
+        shipping.ship_datasets(config, "job.yml", tmp_path / "ship", allowed)
     assert "base_model" in str(err.value) and "hub model id" in str(err.value)
 
     monkeypatch.setattr(shipping, "SHIP_LIMIT_BYTES", TINY_DATA.stat().st_size - 1)
     with pytest.raises(ConfigError) as err:
-        shipping.ship_datasets(train_config(), "job.yml", tmp_path / "ship")
+        shipping.ship_datasets(train_config(), "job.yml", tmp_path / "ship", allowed)
     assert "datasets" in str(err.value) and "HF Hub" in str(err.value)
     assert not (tmp_path / "ship").exists()  # nothing copied when refused

@@ -404,14 +404,14 @@ def test_dataset_paths(tmp_path: Path) -> None:
     (tmp_path / "data" / "a.jsonl").write_text("{}\n")
     assert dataset_path("data/a.jsonl", tmp_path) == str(tmp_path / "data" / "a.jsonl")
     assert dataset_path("./data", tmp_path) == str(tmp_path / "data")
-    assert dataset_path(str(tmp_path / "data" / "a.jsonl"), REPO) == str(tmp_path / "data" / "a.jsonl")
+    assert dataset_path(str(tmp_path / "data" / "a.jsonl"), tmp_path) == str(tmp_path / "data" / "a.jsonl")
     assert dataset_path("tatsu-lab/alpaca", tmp_path) == "tatsu-lab/alpaca"
     assert dataset_path("roneneldan/TinyStories-v1.5", tmp_path) == "roneneldan/TinyStories-v1.5"
 
 
 @pytest.mark.parametrize(
     "path",
-    ["data/missing.jsonl", "missing.jsonl", "org/name.jsonl", "alpaca", "/nonexistent/x.jsonl", "a/b/c"],
+    ["data/missing.jsonl", "missing.jsonl", "org/name.jsonl", "alpaca", "a/b/c"],
 )
 def test_a_dataset_that_is_neither_a_file_nor_a_hub_id(tmp_path: Path, path: str) -> None:
     (problem,) = problems_of(f"base_model: m\ndatasets:\n  - type: alpaca\n    path: {path}\n", tmp_path)
@@ -461,7 +461,7 @@ def test_a_spec_refuses_a_section_of_another_provider() -> None:
 def test_load_job_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the file"):
         load_job(tmp_path / "nope.yml")
-    with pytest.raises(ConfigError, match="cannot read the file"):
+    with pytest.raises(ConfigError, match="a directory, not a regular file"):
         load_job(tmp_path)
     big = tmp_path / "big.yml"
     big.write_bytes(b"a: 1\n" * (MAX_BYTES // 5 * 2))

@@ -140,7 +140,7 @@ def test_a_local_deepspeed_config_travels_with_the_job(tmp_path: Path) -> None:
     job = load_job(REAL / "deepspeed-zero2.yml", default_provider="runpod")
     deepspeed = (job.spec.train.model_extra or {})["deepspeed"]
     assert deepspeed == str(REAL / "deepspeed_configs" / "zero2.json")
-    shipped = ship_datasets(job.spec.train, job.source, tmp_path)
+    shipped = ship_datasets(job.spec.train, job.source, tmp_path, job.paths)
     assert (shipped.model_extra or {})["deepspeed"] == "deepspeed/zero2.json"
     assert (tmp_path / "deepspeed" / "zero2.json").read_bytes() == Path(deepspeed).read_bytes()
     (missing,) = problems_of(TINY + "deepspeed: no/such/zero9.json\n")

@@ -1,0 +1,108 @@
+"""The environment variable names a job's `env` may not set, each group with the reason, in one place.
+
+A job's `env` (jobs.sections) goes into its node's environment. It must not change what code the node's
+processes load (loader and interpreter variables), nor any name that the fleet, Ray, the vendor or what
+the fleet starts on a node reads: the node's failsafe (providers.failsafe), its start script
+(providers.bootstrap) and its setup (providers.nodesetup). A job that set FLEET_RAY_HEAD_ADDRESS,
+RUNPOD_POD_ID or CONTAINER_ID could switch the failsafe off, and one that set LD_PRELOAD or PYTHONPATH ran
+its own code in every Ray process. Validation refuses these names (`refusal`), and the providers drop them
+from a job's `env` whatever its origin (`job_may_set`), so a job in the ledger from before is held too.
+
+The failsafe runs on the node from the standard library alone and cannot import this module: the names it
+reads are repeated in NODE_READS, and a test holds the two in step (tests/security/test_environments.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLEET_PREFIX = "FLEET_"
+JOB_SETTABLE = frozenset({"FLEET_INJECT"})  # the trainer's fault injection (trainer.faults), for drills
+
+SSH_PUBLIC_KEY = "PUBLIC_KEY"  # the fleet's SSH key in a node's environment (the start script reads it)
+JUPYTER_TOKEN = "JUPYTER_TOKEN"  # JupyterLab's token, which the start script sets from the fleet's
+NODE_READS = (
+    "CONTAINER_ID",  # vast.ai's: the instance the failsafe destroys
+    "CONTAINER_API_KEY",  # ... with the instance's own key
+    "RUNPOD_POD_ID",  # RunPod's: the pod the failsafe terminates (and its private host name)
+    "RUNPOD_API_KEY",  # ... with the pod's own key
+    "RAY_TMPDIR",  # where the failsafe finds Ray's dashboard log (its heartbeats)
+    "TMPDIR",  # ... when neither FLEET_RAY_TEMP_DIR nor RAY_TMPDIR is set
+    SSH_PUBLIC_KEY,
+    JUPYTER_TOKEN,
+)
+"""The names other than FLEET_* that what the fleet starts on a node reads from its environment."""
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A group of names a job may not set: exact names and prefixes, and why."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+    reason: str
+
+    def covers(self, name: str) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
+LOADER = Reserved(
+    frozenset(
+        {
+            "PATH",
+            "HOME",  # Python's user site (~/.local) is found from it
+            "BASH_ENV",
+            "ENV",
+            "IFS",
+            "CDPATH",
+            "SHELLOPTS",
+            "BASHOPTS",
+            "PS4",
+            "GCONV_PATH",
+            "LOCPATH",
+            "NLSPATH",
+            "PERL5LIB",
+            "PERL5OPT",
+            "PERLLIB",
+            "RUBYLIB",
+            "RUBYOPT",
+            "NODE_OPTIONS",
+            "NODE_PATH",
+            "VIRTUAL_ENV",
+            "CONDA_PREFIX",
+        }
+    ),
+    ("LD_", "DYLD_", "PYTHON"),
+    "loader and interpreter variables (LD_*, DYLD_*, PYTHON*, PATH, HOME, BASH_ENV, ENV...) decide what "
+    "code the node's processes load, and a job cannot set them",
+)
+FLEET = Reserved(
+    frozenset(),
+    (FLEET_PREFIX,),
+    f"names starting {FLEET_PREFIX} are the fleet's own (the node's root, its failsafe, its token...) and "
+    "a job cannot set them",
+)
+RAY = Reserved(
+    frozenset(),
+    ("RAY_",),
+    "names starting RAY_ configure Ray itself (its address, token, temp dir) and a job cannot set them",
+)
+NODE = Reserved(
+    frozenset(NODE_READS),
+    ("RUNPOD_", "VAST_", "CONTAINER_"),
+    "the provider and the fleet set this name (the instance's id and own key, which the node's failsafe "
+    "uses to give it back; the fleet's SSH key) and a job cannot set it",
+)
+RESERVED = (LOADER, FLEET, RAY, NODE)
+
+
+def refusal(name: str) -> str | None:
+    """Why a job may not set the variable `name`; None when it may."""
+    if name in JOB_SETTABLE:
+        return None
+    return next((group.reason for group in RESERVED if group.covers(name)), None)
+
+
+def job_may_set(name: str) -> bool:
+    """Whether a job's `env` may set the variable `name`."""
+    return refusal(name) is None

@@ -1,0 +1,135 @@
+"""TLS for the fakes: the node's own TLS front in front of a fake node, and a certificate for a fake's HTTPS.
+
+A node created with FLEET_NODE_TLS_CERT / FLEET_NODE_TLS_KEY in its environment (a vast.ai instance) gets
+what its start script gives a real one: its Jobs API only behind providers.tlsfront (the same code, run
+here in a thread), with the certificate the fleet made for it; the key is not passed on into the node's
+own environment, as the script unsets it. Its published port then speaks TLS and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import ipaddress
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from providers.tlsfront import CERT_ENV, KEY_ENV, Front, from_env, server_context
+
+if TYPE_CHECKING:
+    from tests.fakes.nodes import Boot, NodeBackend
+
+
+@dataclasses.dataclass
+class _Opened:
+    front: Front
+    server: asyncio.Server
+    port: int
+
+
+class Fronted:
+    """A node backend whose nodes with a TLS certificate in their environment publish their Jobs API only
+    through a TLS front (the others, as `inner` runs them)."""
+
+    def __init__(self, inner: NodeBackend) -> None:
+        self.inner = inner
+        self._fronts: dict[str, _Opened] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, daemon=True, name="tls-fronts").start()
+            return self._loop
+
+    def start(self, name: str, boot: Boot) -> None:
+        """Start the node; with a certificate, its TLS front first (which refuses until the node is up)."""
+        self._close(name)
+        cert, key = boot.env.get(CERT_ENV), boot.env.get(KEY_ENV)
+        if cert and key:
+            context = server_context(from_env(cert), from_env(key))
+            front = Front(None)
+            loop = self._running_loop()
+            opening = asyncio.start_server(front.connection, "127.0.0.1", 0, ssl=context)
+            server = asyncio.run_coroutine_threadsafe(opening, loop).result(10)
+            with self._lock:
+                self._fronts[name] = _Opened(front, server, int(server.sockets[0].getsockname()[1]))
+            env = {k: v for k, v in boot.env.items() if k not in (CERT_ENV, KEY_ENV)}
+            boot = dataclasses.replace(boot, env=env)
+        self.inner.start(name, boot)
+
+    def ready_port(self, name: str, token: str | None) -> int | None:
+        """The TLS front's port once the node's own is up (which the front then forwards to)."""
+        port = self.inner.ready_port(name, token)
+        with self._lock:
+            opened = self._fronts.get(name)
+        if opened is None or port is None:
+            return port
+        opened.front.inner_port = port
+        return opened.port
+
+    def _close(self, name: str) -> None:
+        with self._lock:
+            opened = self._fronts.pop(name, None)
+        if opened is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(opened.server.close)
+
+    def stop(self, name: str) -> None:
+        """Stop the node and its front."""
+        self._close(name)
+        self.inner.stop(name)
+
+    def stop_all(self) -> None:
+        """Stop every node and front."""
+        with self._lock:
+            names = list(self._fronts)
+        for name in names:
+            self._close(name)
+        self.inner.stop_all()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.inner  # type: ignore[operator]
+
+    def __getattr__(self, attribute: str) -> object:
+        """What else a test reads of the backend (`heads`, `roots`...)."""
+        return getattr(self.inner, attribute)
+
+
+def localhost_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost and its key, written under `folder`: a fake's
+    own HTTPS, which a test trusts by naming the certificate as its authority."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainfleet test fake")])
+    now = datetime.datetime.now(datetime.UTC)
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = folder / "fake-tls.crt", folder / "fake-tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    key_file.chmod(0o600)
+    return cert_file, key_file
