@@ -73,6 +73,17 @@ class Dispatcher:
             renewer.start()
         return True
 
+    def wait(self, run_id: str, task_id: str, countdown: float) -> bool:
+        """Keep the task's claim through a retry of itself `countdown` s away (its renewal ends here): else
+        the claim would lapse while the retry waits and the reaper would send a second task. True if the
+        task still owned the run."""
+        with self._lock:
+            renewer = self._held.get((run_id, task_id))
+        if renewer is not None:
+            renewer.stop()
+        ttl = self.ttl_ms + int(countdown * 1000)
+        return bool(self._handover(keys=[tick_key(run_id)], args=[task_id, task_id, ttl]))
+
     def send(self, stage: Stage, run_id: str, *, after: str | None, countdown: float = 0.0) -> bool:
         """Send `stage`'s task for the run if `after` (the sending task's id, or None) still owns it."""
         task_id = uuid.uuid4().hex

@@ -157,8 +157,13 @@ class Ledger:
                 except redis.WatchError:
                     continue
 
+    def check_fence(self, run_id: str) -> None:
+        """LeaseLost now when this thread acts for a stage task on `run_id` that no longer owns it: for what
+        must be the owner's alone but is no ledger write (stopping the run's Ray jobs, in a teardown)."""
+        self._check_fence(self.client, run_id)
+
     @staticmethod
-    def _check_fence(pipe: redis.client.Pipeline[str], run_id: str) -> None:
+    def _check_fence(pipe: redis.client.Pipeline[str] | redis.Redis[str], run_id: str) -> None:
         """LeaseLost when this thread acts for a stage task on `run_id` whose tick is no longer the task's
         (read under WATCH: a change before EXEC retries the write, and so this check)."""
         fence = _FENCE.get()

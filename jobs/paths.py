@@ -123,3 +123,38 @@ class Confinement:
                     stack.append(real)
                 elif not stat.S_ISREG(mode):
                     raise PathRefused(f"{inner} is a FIFO, device or socket, not a regular file")
+
+
+NODE_PATH_KEYS = (
+    "base_model",
+    "base_model_config",
+    "tokenizer_config",
+    "lora_model_dir",
+    "resume_from_checkpoint",
+    "chat_template_jinja",
+    "dataset_prepared_path",
+)
+"""Keys a trainer reads (dataset_prepared_path: writes) as a path where the job runs, besides the datasets
+and `deepspeed` (checked with their files). On the local provider that is this machine."""
+
+
+def local_node_refusal(value: object, paths: Confinement) -> str | None:
+    """Why a local node may not take `value` (of one of NODE_PATH_KEYS) as a path, or None. A hub id or a
+    name inside the node's working directory passes; `~`, a climb out of it, and an absolute path outside
+    the job's places (after links) do not."""
+    if not isinstance(value, str) or not value:
+        return None
+    shown = value if len(value) <= 80 else f"{value[:77]}..."
+    if value.startswith("~"):
+        return f"{shown}: a path in the fleet's home directory is not the job's"
+    if not os.path.isabs(value):
+        return f"{shown}: climbs out of the job's working directory" if escapes(value) else None
+    path = lexical(Path(value), Path("/"))
+    try:
+        if not paths.allows(path):
+            raise paths.outside(path, shown)
+        if os.path.lexists(path):
+            paths.check(path, shown)
+    except PathRefused as exc:
+        return str(exc)
+    return None

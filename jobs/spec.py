@@ -29,7 +29,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from core.errors import ConfigError, Problem
-from jobs.paths import Confinement, PathRefused, escapes, is_system, lexical
+from jobs.paths import (
+    NODE_PATH_KEYS,
+    Confinement,
+    PathRefused,
+    escapes,
+    is_system,
+    lexical,
+    local_node_refusal,
+)
 from jobs.problems import line_of, shorten, validate_mapping
 from jobs.secretscan import said_once, scan
 from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
@@ -172,6 +180,9 @@ def parse_job(
     paths = paths or Confinement(base_dir)
     problems += _resolve_datasets(raw, lines, base_dir, paths)
     problems += _resolve_deepspeed(raw, lines, base_dir, paths, provider)
+    if provider is ProviderName.LOCAL:  # the node is this machine: what it reads as a path is confined too
+        refused = [(key, local_node_refusal(raw.get(key), paths)) for key in NODE_PATH_KEYS]
+        problems += [Problem(key, why, lines.get(key)) for key, why in refused if why]
     choice, choice_problems = choose(raw, lines)
     trainer = choice.trainer if choice is not None else "builtin"
     model = AxolotlConfig if trainer == "axolotl" else TrainConfig

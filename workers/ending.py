@@ -158,6 +158,7 @@ def teardown(
     debugging, when the job says one_shot: false and `keep`), record why."""
     if run.state.is_terminal():
         return
+    ctx.ledger.check_fence(run.run_id)  # a task that lost the run must not stop its new owner's Ray jobs
     drafts: list[Draft] = []
     if run.instance is not None and run.ray_jobs:
         try:

@@ -101,6 +101,7 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
         if error.retryable:
             plan = plan_retry(ctx, run_id, stage, error, why, task.max_retries)
             if plan.wait_s is not None:  # the same task again (same id, so it still owns the run)
+                ctx.dispatcher.wait(run_id, task_id, plan.wait_s)
                 raise task.retry(exc=error, countdown=plan.wait_s) from None
             why = plan.gave_up(why)
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, error.failure or _reason_for(stage), why)

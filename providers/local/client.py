@@ -205,13 +205,16 @@ class LocalHeads:
         token: str | None = None,
         resources: Mapping[str, float] | None = None,
         python: Path | None = None,
+        joinable: bool = False,
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh.
         `resources` are custom Ray resources the node offers (`ray start --resources`); `python` is the
-        environment it runs in, when not this one's (a fake cloud's image)."""
+        environment it runs in, when not this one's (a fake cloud's image). A head is loopback-only (see
+        LOOPBACK_ONLY) unless `joinable`: other nodes may join its cluster (a fake cloud's head, which
+        stands for a rented node listening on its own network)."""
         token = token or secrets.token_hex(32)
-        return self._launch(name, num_cpus, num_gpus, env, token, None, resources, python)
+        return self._launch(name, num_cpus, num_gpus, env, token, None, resources, python, joinable)
 
     def join(
         self,
@@ -245,6 +248,7 @@ class LocalHeads:
         head: HeadMeta | None,
         resources: Mapping[str, float] | None,
         python: Path | None = None,
+        joinable: bool = True,
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -294,7 +298,7 @@ class LocalHeads:
             "PATH": os.pathsep.join((str(bin_dir), *SYSTEM_PATH)),
             "PYTHONUNBUFFERED": "1",
         }
-        if head is None:  # see LOOPBACK_ONLY; a node that joins a cluster cannot have it (Ray refuses)
+        if not joinable:  # see LOOPBACK_ONLY: a head no node joins (Ray refuses a join in that mode)
             own.update(LOOPBACK_ONLY)
         self._write(meta)  # intent first: a crash after the spawn still leaves a findable head
         meta.pid = spawn_detached(argv, head_env(os.environ, env, own), node_dir / "head.log")

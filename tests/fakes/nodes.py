@@ -302,8 +302,15 @@ class RayNodes:
         join = boot.join
         if join is None:
             token = boot.token or secrets.token_hex(16)
-            self.heads.start(
-                name, self.cpus, 0, node_env, token=token, resources=boot.resources, python=runs.python
+            self.heads.start(  # joinable: a pod's node listens on its network, as on a rented machine
+                name,
+                self.cpus,
+                0,
+                node_env,
+                token=token,
+                resources=boot.resources,
+                python=runs.python,
+                joinable=True,
             )
         elif join.head is None:
             self._stranded.start(name, boot)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.exceptions import Retry
 
 from broker.constants import Stage
 from broker.events import read_run
@@ -55,7 +56,12 @@ def ctx(
 
 
 def task(task_id: str = "t1", retries: int = 0) -> Any:
-    return SimpleNamespace(request=SimpleNamespace(id=task_id, retries=retries), max_retries=12)
+    """The part of a bound Celery task that run_stage reads; `retry` gives Celery's Retry, to raise."""
+
+    def retry(exc: Exception, countdown: float) -> Retry:
+        return Retry(exc=exc, when=countdown)
+
+    return SimpleNamespace(request=SimpleNamespace(id=task_id, retries=retries), max_retries=12, retry=retry)
 
 
 def training_run(ctx: context.Context, **fields: Any) -> str:
@@ -108,8 +114,9 @@ def test_a_preempted_node_is_replaced_and_the_run_goes_on_on_a_new_one(
 
 def test_a_node_that_answers_again_is_not_replaced(ctx: context.Context, fake: FakeRunPod) -> None:
     training_run(ctx)
-    with pytest.raises(NodeError):  # retried as usual: the pod is up, its head was only slow
+    with pytest.raises(Retry) as retried:  # retried as usual: the pod is up, its head was only slow
         run_stage(task(), "r1", Stage.TRAIN, head_gone)
+    assert isinstance(retried.value.exc, NodeError)
     run = ctx.ledger.get_run("r1")
     assert run.attempt == 1 and run.state == RunState.TRAINING
 
@@ -121,7 +128,7 @@ def test_a_node_missing_from_the_list_is_replaced_only_after_several_looks(
     with fake.lock:
         fake.instances.pop(pod)
     for retries in range(2):  # lists lag: the first looks retry as usual
-        with pytest.raises(NodeError):
+        with pytest.raises(Retry):
             run_stage(task(retries=retries), "r1", Stage.TRAIN, head_gone)
     run_stage(task(retries=2), "r1", Stage.TRAIN, head_gone)
     assert ctx.ledger.get_run("r1").attempt == 2

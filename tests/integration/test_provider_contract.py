@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,8 @@ from jobs.sections import ProviderName
 from jobs.sections.local import LocalSection
 from jobs.sections.runpod import RunPodSection
 from jobs.sections.vastai import VastAISection
-from providers.base import LaunchRequest, NodeState, Provider, ProviderContext
+from providers.base import LaunchRequest, NodeEndpoint, NodeState, Provider, ProviderContext
+from providers.node import channel
 from providers.registry import PROVIDERS
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
@@ -76,12 +75,11 @@ def wait_running(provider: Provider, name: str, timeout: float = 60) -> None:
     raise AssertionError(f"{name} not RUNNING after {timeout} s")
 
 
-def status_of(url: str, headers: dict[str, str]) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+def status_of(endpoint: NodeEndpoint, path: str, headers: dict[str, str]) -> int:
+    """The status of GET `path` on the node's Jobs API, through the fleet's one channel to a node (TLS with
+    the node's pinned certificate, or RunPod's HTTPS proxy), with `headers` only."""
+    reply = channel(endpoint).get(f"{endpoint.jobs_url}{path}", headers=headers, timeout=5)
+    return int(reply.status_code)
 
 
 def test_launch_poll_endpoint_terminate(provider: Provider) -> None:
@@ -95,8 +93,8 @@ def test_launch_poll_endpoint_terminate(provider: Provider) -> None:
 
     endpoint = provider.endpoint("tf-c1-1")
     assert "Bearer" not in repr(endpoint)  # the token never shows in reprs (logs)
-    assert status_of(f"{endpoint.jobs_url}/api/version", endpoint.headers) == 200
-    assert status_of(f"{endpoint.jobs_url}/api/version", {}) == 401  # token auth guards the Jobs API
+    assert status_of(endpoint, "/api/version", endpoint.headers) == 200
+    assert status_of(endpoint, "/api/version", {}) == 401  # token auth guards the Jobs API
 
     provider.terminate("tf-c1-1")
     assert provider.get("tf-c1-1") is None
@@ -116,7 +114,7 @@ def test_terminate_touches_only_its_own_instance(provider: Provider) -> None:
     survivor = provider.get("tf-b-1")
     assert survivor is not None and survivor.state == NodeState.RUNNING
     endpoint = provider.endpoint("tf-b-1")
-    assert status_of(f"{endpoint.jobs_url}/api/version", endpoint.headers) == 200
+    assert status_of(endpoint, "/api/version", endpoint.headers) == 200
 
 
 def test_refuses_names_that_are_not_ours(provider: Provider) -> None:

@@ -15,7 +15,7 @@ from tests.wandb_log import read_finished_run
 pytestmark = pytest.mark.integration
 
 JOB = """\
-base_model: /no/such/model
+base_model: {model}
 adapter: lora
 datasets:
   - path: data/tiny-alpaca.jsonl
@@ -31,7 +31,7 @@ local:
 def test_a_run_that_fails_in_prepare_gets_its_wandb_run_from_the_fleet(home: Path, tmp_path: Path) -> None:
     job = tmp_path / "jobs" / "broken.yml"
     job.parent.mkdir()
-    job.write_text(JOB)
+    job.write_text(JOB.format(model=job.parent / "no-such-model"))  # inside the job's directory, missing
     copy_example_data(job.parent)
     env = fleet_env(home)
     done = fleet(env, "run", str(job), "--json", timeout=300)
@@ -45,6 +45,6 @@ def test_a_run_that_fails_in_prepare_gets_its_wandb_run_from_the_fleet(home: Pat
     run = read_finished_run(log)
     assert run.run_id == planned["run_id"] and run.project == "early" and run.exit_code == 1
     assert run.summary["failure_reason"] == "PREPARE_FAILED" and run.summary["ended_in_stage"] == "prepare"
-    assert "/no/such/model" in run.summary["failure_message"]
+    assert "no-such-model" in run.summary["failure_message"]
     assert run.config["fleet_run_id"] == view["run_id"]
     assert run.summary["lifecycle/instance.requested/price_per_hour"] == 0.0  # the story before the end

@@ -21,7 +21,7 @@ import redis
 
 from broker.constants import Stage, tick_key
 from broker.models import Instance, InstanceState, Run, RunState
-from core.errors import FailureReason, LeaseLost, StageFailed
+from core.errors import FailureReason, LeaseLost, ProviderUnavailable, StageFailed
 from core.settings import Settings
 from workers import context
 from workers.reap import Report, reap_once
@@ -139,9 +139,12 @@ def test_a_task_whose_claim_was_taken_over_has_its_write_refused_and_stands_down
     assert "stands down" in caplog.text
 
 
-def test_a_task_that_lost_its_claim_and_then_fails_does_not_tear_the_run_down(ctx: context.Context) -> None:
-    """The new owner's node stays up: the old task's teardown is refused before its terminate call."""
-    training_run(ctx, instance="tf-r1-1")
+def test_a_task_that_lost_its_claim_and_then_fails_does_not_tear_the_run_down(
+    ctx: context.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new owner's node stays up and its Ray job runs on: the old task's teardown is refused before it
+    stops the run's Ray jobs (here it would try, and log that the node cannot be reached) or terminates."""
+    training_run(ctx, instance="tf-r1-1", ray_jobs={"train": "raysubmit_new_owners"})
     ctx.ledger.put_instance(
         Instance(name="tf-r1-1", provider="local", run_id=RUN, state=InstanceState.RUNNING)
     )
@@ -152,6 +155,7 @@ def test_a_task_that_lost_its_claim_and_then_fails_does_not_tear_the_run_down(ct
 
     run_stage(task("t1"), RUN, Stage.TRAIN, fails_late)
 
+    assert "could not stop its Ray jobs" not in caplog.text  # it never tried
     run = ctx.ledger.get_run(RUN)
     assert run.state == RunState.TRAINING and run.failure_reason is None
     record = ctx.ledger.get_instance("tf-r1-1")
@@ -180,3 +184,33 @@ def test_writes_from_outside_a_stage_task_are_not_fenced(ctx: context.Context) -
     run_stage(task("t1"), RUN, Stage.TRAIN, step)
     run = ctx.ledger.get_run(RUN)
     assert run.cancel_requested and run.log_offset == 7
+
+
+class Retried(Exception):
+    """What the fake task's `retry` returns (Celery's raises Retry): the countdown it was asked for."""
+
+    def __init__(self, countdown: float) -> None:
+        super().__init__(countdown)
+        self.countdown = countdown
+
+
+def test_a_task_that_retries_later_than_stall_after_keeps_its_claim_through_the_wait(
+    ctx: context.Context,
+) -> None:
+    training_run(ctx)
+    wait_s = STALL_S * 5  # the provider said "try again in 3 s": longer than the claim's TTL
+
+    def busy(_c: context.Context, _run: Run) -> Next:
+        raise ProviderUnavailable("rate limited", retry_after=wait_s)
+
+    retrying = task("t1")
+    retrying.retry = lambda exc, countdown: Retried(countdown)
+    with pytest.raises(Retried) as raised:
+        run_stage(retrying, RUN, Stage.TRAIN, busy)
+    assert raised.value.countdown == pytest.approx(wait_s)
+
+    time.sleep(STALL_S * 2)  # the claim's TTL passes while the retry waits in the broker
+    report = reap_once(ctx)
+    assert report.kicked == [], "the reaper re-sent a run whose own task is waiting to try again"
+    assert ctx.dispatcher.owner(RUN) == "t1" and queued_tasks(ctx) == 0
+    assert int(ctx.redis.pttl(tick_key(RUN))) > 0  # and the claim does lapse once the retry is due

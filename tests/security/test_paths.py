@@ -284,3 +284,42 @@ def test_an_attachment_reads_only_under_the_data_roots_and_a_git_job_its_checkou
     assert parsed(up, configs, Confinement(job_dir)).spec.train.datasets[0].path.endswith("data/train.jsonl")
     with pytest.raises(ConfigError):
         parsed("datasets:\n  - path: ../../outside/secret.jsonl\n", configs, Confinement(job_dir))
+
+
+# --- the other keys a local node reads as paths (finding 1: "every local path a job names") ----------------
+
+
+def axolotl_job(job_dir: Path, base_model: str, extra: str, section: str = "") -> Path:
+    path = job_dir / "job.yml"
+    path.write_text(
+        f"trainer: axolotl\nbase_model: {base_model}\ndatasets:\n"
+        f"  - path: data/train.jsonl\n    type: alpaca\nadapter: lora\n{extra}{section}"
+    )
+    return path
+
+
+def test_a_local_node_is_given_no_path_outside_the_jobs_places(places: tuple[Path, Path]) -> None:
+    job_dir, outside = places
+    said = only(refused(axolotl_job(job_dir, str(outside), "")), "base_model", 2).message
+    assert str(job_dir) in said and "FLEET_DATA_ROOTS" in said
+    for key, value in {
+        "lora_model_dir": "../../outside",
+        "dataset_prepared_path": "~/prepared",
+        "chat_template_jinja": "/proc/self/environ",
+        "resume_from_checkpoint": str(outside),
+    }.items():
+        only(refused(axolotl_job(job_dir, "trainfleet/tiny-llama", f"{key}: {value}\n")), key, 7)
+    (job_dir / "model").mkdir()
+    (job_dir / "model" / "config.json").write_text("{}")
+    (job_dir / "model-link").symlink_to(outside, target_is_directory=True)
+    only(refused(axolotl_job(job_dir, str(job_dir / "model-link"), "")), "base_model", 2)
+
+
+def test_paths_inside_the_job_and_a_rented_nodes_own_paths_pass(places: tuple[Path, Path]) -> None:
+    job_dir, _outside = places
+    (job_dir / "model").mkdir()
+    (job_dir / "model" / "config.json").write_text("{}")
+    extra = "lora_model_dir: outputs/adapter\ndataset_prepared_path: last_run_prepared\n"
+    load_job(axolotl_job(job_dir, str(job_dir / "model"), extra))
+    # On a rented node an absolute path is the node's own (its image, its volume): the fleet never reads it.
+    load_job(axolotl_job(job_dir, "trainfleet/tiny-llama", "lora_model_dir: /workspace/adapter\n", RUNPOD))
