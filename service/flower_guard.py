@@ -31,22 +31,14 @@ from urllib.parse import urlsplit
 import tornado.web
 from tornado import httputil
 
+from providers.node import is_loopback
+
 if TYPE_CHECKING:
     from celery import Celery
 
 STATE_SAVE_INTERVAL_MS = 60_000
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS = frozenset({"/healthcheck"})
-
-
-def is_local(address: str) -> bool:
-    """Whether binding `address` serves this machine only (a loopback address or `localhost`)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False  # a host name, or "" (every interface)
 
 
 def _with_port(name: str, port: int) -> str:
@@ -67,7 +59,7 @@ def allowed_hosts(address: str, port: int, extra: Iterable[str] = ()) -> frozens
     when it is one, and `extra` (a name, `name:port`). Raises ValueError when there are none (bound to
     every interface, nothing named): Flower would not know which names are its own."""
     hosts = {_with_port(name, port) for name in extra if name.strip()}
-    if is_local(address):
+    if is_loopback(address):  # binding it serves this machine only
         hosts |= {_with_port(name, port) for name in ("127.0.0.1", "localhost", "::1", address)}
     elif address and not (_is_ip(address) and ipaddress.ip_address(address).is_unspecified):
         hosts.add(_with_port(address, port))

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.cli import cli
-from service.flower_guard import allowed_hosts, is_local
+from providers.node import is_loopback
+from service.flower_guard import allowed_hosts
 
 
 @pytest.mark.parametrize(
@@ -18,7 +19,7 @@ from service.flower_guard import allowed_hosts, is_local
      ("0.0.0.0", False), ("", False), ("10.0.0.5", False), ("::", False), ("flower.example", False)],
 )  # fmt: skip
 def test_only_loopback_addresses_are_local(address: str, local: bool) -> None:
-    assert is_local(address) is local
+    assert is_loopback(address) is local
 
 
 def test_the_hosts_flower_answers_to() -> None:
