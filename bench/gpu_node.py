@@ -1,14 +1,19 @@
 """The GPU node check: can this machine train a trainfleet job on its GPU, and how fast?
 
     python3 bench/gpu_node.py [--python PATH] [--build-env] [--gpus 1] [--allow-cpu] [--max-steps N]
+                              [--allow-missing ray,wandb]
 
 Works offline, with the repository alone. It picks the node's interpreter: `--python PATH` if given, else
 this interpreter if it has the node's packages (trainer/requirements-node.txt), else the repository's
 .venv-node, else, only with `--build-env` and a reachable package index, a venv it builds in
 out/gpu-node-venv. Then it runs the node's readiness check (`python -m trainer check --gpus N`, as the
 fleet does before a node counts as ready) and trains the tiny example job (configs/examples/tiny-lora.yml)
-with the builtin recipe in one process (`use_ray: false`) on CUDA, under bf16 autocast where torch says
-the GPU supports it (`--precision fp32` for the recipe exactly as the fleet runs it, which is float32).
+with the builtin recipe in one process (`use_ray: false`) on CUDA, in bf16 where torch says the GPU supports
+it: the job's `bf16: true` where the recipe has that key, else autocast around the recipe (`bf16_via` says
+which; `--precision fp32` for the recipe as the fleet runs a job without the key, which is float32).
+`--allow-missing ray,wandb` accepts an interpreter without those (one process trains without them, as on a
+bare GPU machine with the other packages carried in on PYTHONPATH, which the children keep); the readiness
+check then reports them, so such a run is never `ok`.
 
 It prints what it does, then as its LAST line one JSON object: the interpreter used and why, torch and
 CUDA versions, the GPU, bf16, training steps/s (measured between STEP progress lines, leaving out the
@@ -135,9 +140,8 @@ def child_env() -> dict[str, str]:
     """The environment for the node's processes: the repository importable, nothing of the fleet's
     (FLEET_*, RAY_*: no fault injection, no cluster to join), no network for the hub or W&B."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_"))}
-    env.update(
-        PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false"
-    )
+    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)  # keep carried wheels
+    env.update(PYTHONPATH=path, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     return env
 
 
@@ -208,8 +212,10 @@ def choose_env(args: argparse.Namespace, ray: str | None) -> dict[str, Any]:
         except SetupError as exc:
             seen.append(str(exc))
             continue
-        if not found["missing"]:
+        if not set(found["missing"]) - set(args.allow_missing.split(",")):
             why += f" ({'; '.join(seen)})" if seen else ""
+            if found["missing"]:
+                why += f"; lacks {', '.join(found['missing'])} (--allow-missing: the check will say so)"
             return {"interpreter": python, "source": source, "why": why, **found}
         seen.append(f"{python} lacks {', '.join(found['missing'])}")
     hint = "" if args.build_env else " (pass --python PATH, or --build-env where the package index answers)"
@@ -338,6 +344,12 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
     if max_steps:
         raw["max_steps"] = max_steps
     cuda = torch.cuda.is_available()
+    bf16 = cuda and precision != "fp32" and torch.cuda.is_bf16_supported()
+    if precision == "bf16" and not bf16:
+        raise SystemExit("gpu_node: --precision bf16, but torch says this device has no bf16")
+    by_key = bf16 and "bf16" in TrainConfig.model_fields  # the recipe's own bf16, else autocast around it
+    if by_key:
+        raw["bf16"] = True
     job = TrainJob(
         run_id="gpu-node-bench",
         config=TrainConfig.model_validate(raw),
@@ -346,13 +358,10 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
         cache_dir=str(work / "cache"),
         use_gpu=cuda,
     )
-    bf16 = cuda and precision != "fp32" and torch.cuda.is_bf16_supported()
-    if precision == "bf16" and not bf16:
-        raise SystemExit("gpu_node: --precision bf16, but torch says this device has no bf16")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.monotonic()
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and not by_key):
         metrics = dict(train_job(job, JOB_YAML.parent))
     if cuda:
         torch.cuda.synchronize()
@@ -362,6 +371,7 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
     out = {
         "device": "cuda" if cuda else "cpu",
         "bf16": bf16,
+        "bf16_via": ("the job's bf16 key" if by_key else "autocast around the recipe") if bf16 else None,
         "train_s": round(train_s, 3),
         "peak_gpu_mem_mib": None if peak is None else round(peak, 1),
         "peak_gpu_reserved_mib": None if reserved is None else round(reserved, 1),
@@ -380,6 +390,7 @@ def verdict(result: dict[str, Any], trained: dict[str, Any] | None) -> int:
     result.update(
         device=got.get("device"),
         bf16=bool(got.get("bf16")),
+        bf16_via=got.get("bf16_via"),
         steps=steps,
         steps_per_s=got.get("steps_per_s"),
         steps_per_s_overall=round(steps / train_s, 3) if steps and train_s else None,
@@ -460,6 +471,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--build-env", action="store_true", help="else build one from the package index")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs the readiness check asks for (default 1)")
     parser.add_argument("--allow-cpu", action="store_true", help="train on the CPU when there is no CUDA")
+    parser.add_argument(
+        "--allow-missing",
+        default="",
+        metavar="NAMES",
+        help="node packages the interpreter may lack (e.g. ray,wandb: one-process training needs neither)",
+    )
     parser.add_argument(
         "--precision",
         choices=("auto", "bf16", "fp32"),

@@ -48,6 +48,7 @@ SEPARATE = frozenset(
         EventType.INSTANCE_STUCK,
         EventType.INSTANCE_LOST,
         EventType.NODE_JOINED,
+        EventType.TRAIN_PENDING,  # the first of a wait only (see _pending)
         EventType.SWEEP_STARTED,
         EventType.SWEEP_FINISHED,
     }
@@ -188,6 +189,8 @@ def separate_message(event: Event) -> str | None:
         return f"🧹 The reaper terminated instance {data.get('instance')} ({data.get('why', '?')})"
     if event.type == EventType.RUN_RETRYING:
         return _retrying(data, run)
+    if event.type == EventType.TRAIN_PENDING:
+        return _pending(data, run)
     return _node_message(event.type, data, run)
 
 
@@ -200,6 +203,19 @@ def _retrying(data: dict[str, Any], run: str) -> str | None:
         f"🔁 Run {run}: its {data.get('stage')} step failed ({data.get('error')}: "
         f"{truncate(str(data.get('why', '?')), 300)}); trying again in {data.get('retry_in_s', 0):g} s, "
         f"until {_when(data.get('gives_up_at'))} at most"
+    )
+
+
+def _pending(data: dict[str, Any], run: str) -> str | None:
+    """Ray cannot place the run's training workers: said when the wait starts; the run's failure says the
+    rest if it never ends."""
+    if data.get("report") != 1 or data.get("gave_up"):
+        return None
+    limit = data.get("limit_s")
+    return (
+        f"⏳ Run {run}: Ray cannot place its training workers yet: {data.get('demand')} asked, "
+        f"{data.get('why') or '?'}; the cluster has {data.get('cluster') or '?'}. Waiting for nodes"
+        + (f" (at most {limit:g} s)" if isinstance(limit, int | float) else "")
     )
 
 

@@ -17,6 +17,7 @@ class FailureReason(StrEnum):
     ENTRY_FAILED = "ENTRY_FAILED"  # the job's `entry` script exited non-zero on the node (not retried)
     PREPARE_FAILED = "PREPARE_FAILED"
     TRAINING_FAILED = "TRAINING_FAILED"
+    RESOURCES_UNAVAILABLE = "RESOURCES_UNAVAILABLE"  # Ray could not place the training workers in time
     FINALIZE_FAILED = "FINALIZE_FAILED"
     CANCELLED_BY_USER = "CANCELLED_BY_USER"
     OVER_BUDGET = "OVER_BUDGET"

@@ -73,6 +73,13 @@ class Settings(BaseModel):
     train_restarts: int = Field(
         2, ge=0, le=20, description="Times a killed or crashed train job is run again (from its checkpoint)."
     )
+    train_pending_s: float = Field(
+        600,
+        gt=0,
+        le=86400,
+        description="How long a Ray train job waits for room for its workers before the run fails "
+        "RESOURCES_UNAVAILABLE (sent to the node as FLEET_TRAIN_PENDING_S; a job file cannot set it).",
+    )
     poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")

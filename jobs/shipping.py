@@ -22,6 +22,7 @@ from jobs.paths import Confinement, PathRefused, escapes, lexical
 from trainer.config import DatasetConfig, DatasetRef, FleetKeys
 from trainer.data import dataset_files, every_file
 from trainer.errors import DatasetError
+from trainer.rows import BUILDERS
 
 SHIP_DIR = "ship"
 # Ray refuses a runtime_env package of 512 MiB or more (its gRPC message limit); stay clear of it.
@@ -48,6 +49,12 @@ def ship_datasets(config: Config, source: str, dest: Path, paths: Confinement | 
     plan: list[tuple[int, Path, list[Path]]] = []
     for i, ds in enumerate(config.datasets):
         root = Path(ds.path)
+        if ds.path in BUILDERS and ds.data_files is not None:  # axolotl's `path: json` + data_files
+            files = [Path(f) for f in ([ds.data_files] if isinstance(ds.data_files, str) else ds.data_files)]
+            if all(f.is_absolute() for f in files):
+                problems += _check_builder_files(i, files, paths)
+                plan.append((i, root, files))
+            continue
         if not root.is_absolute():
             continue  # a hub dataset id
         try:
@@ -73,6 +80,15 @@ def ship_datasets(config: Config, source: str, dest: Path, paths: Confinement | 
         raise ConfigError(source, problems)
     datasets = list(config.datasets)
     for i, root, files in plan:
+        if not root.is_absolute():  # `path: json`: the files go to datasets/<i>/, data_files name them there
+            shipped = [Path("datasets", str(i), f.name) for f in files]
+            for f, inside in zip(files, shipped, strict=True):
+                _copy(f, dest, inside, source, f"datasets[{i}].data_files")
+            names: str | list[str] = [p.as_posix() for p in shipped]
+            if isinstance(datasets[i].data_files, str):
+                names = names[0]
+            datasets[i] = datasets[i].model_copy(update={"data_files": names})
+            continue
         for f in files:
             _copy(f, dest, _shipped_as(i, root, f), source, f"datasets[{i}].path")
         datasets[i] = datasets[i].model_copy(update={"path": _shipped_as(i, root, root).as_posix()})
@@ -88,6 +104,19 @@ def ship_datasets(config: Config, source: str, dest: Path, paths: Confinement | 
         _copy(Path(deepspeed), dest, inside, source, "deepspeed")
         update["deepspeed"] = inside.as_posix()
     return config.model_copy(update=update)
+
+
+def _check_builder_files(i: int, files: list[Path], paths: Confinement) -> list[Problem]:
+    """A `path: json` entry's data files, checked again as they are now; two may not share a name."""
+    problems = []
+    for f in files:
+        try:
+            paths.check(f, str(f), directory=False)
+        except PathRefused as exc:
+            problems.append(Problem(f"datasets[{i}].data_files", str(exc)))
+    if len({f.name for f in files}) < len(files):
+        problems.append(Problem(f"datasets[{i}].data_files", "two data_files share a file name"))
+    return problems
 
 
 def _shipped_as(i: int, root: Path, f: Path) -> Path:

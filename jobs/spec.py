@@ -18,41 +18,34 @@ those problems.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from core.errors import ConfigError, Problem
+from jobs.local_files import resolve_datasets, resolve_deepspeed
+from jobs.node_fit import node_problems
 from jobs.paths import (
     NODE_PATH_KEYS,
     Confinement,
-    PathRefused,
-    escapes,
-    is_system,
-    lexical,
     local_node_refusal,
 )
-from jobs.problems import line_of, shorten, validate_mapping
+from jobs.problems import line_of, validate_mapping
 from jobs.secretscan import said_once, scan
 from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
+from jobs.topology import with_default_workers
 from jobs.trainer_choice import TrainerChoice, choose
 from jobs.yamlsafe import join_path, load_yaml, read_job_file
-from trainer.config import HUB_ID_PATTERN, AnyTrainConfig, AxolotlConfig, TrainConfig
+from trainer.config import AnyTrainConfig, AxolotlConfig, TrainConfig
 
 _TRAIN_CONFIG: TypeAdapter[AnyTrainConfig] = TypeAdapter(AnyTrainConfig)
 
 _PROVIDER_KEYS = frozenset(p.value for p in ProviderName)
-
-# A dataset path with one of these suffixes is a file, never a hub id.
-DATA_SUFFIXES = frozenset(
-    {".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".bz2", ".xz", ".zst", ".zip"}
-)
 
 
 class JobSpec(BaseModel):
@@ -178,8 +171,8 @@ def parse_job(
     provider, section_data = _take_provider_section(raw, lines, fallback, problems)
     problems += _misspelled_sections(raw, lines)
     paths = paths or Confinement(base_dir)
-    problems += _resolve_datasets(raw, lines, base_dir, paths)
-    problems += _resolve_deepspeed(raw, lines, base_dir, paths, provider)
+    problems += resolve_datasets(raw, lines, base_dir, paths)
+    problems += resolve_deepspeed(raw, lines, base_dir, paths, provider)
     if provider is ProviderName.LOCAL:  # the node is this machine: what it reads as a path is confined too
         refused = [(key, local_node_refusal(raw.get(key), paths)) for key in NODE_PATH_KEYS]
         problems += [Problem(key, why, lines.get(key)) for key, why in refused if why]
@@ -203,8 +196,8 @@ def parse_job(
     if problems or train is None or section is None:
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
-    spec = JobSpec(train=train, provider=provider, section=section)
-    problems += _node_problems(spec, lines)
+    spec = JobSpec(train=with_default_workers(train, provider, section), provider=provider, section=section)
+    problems += node_problems(spec, lines)
     if problems or choice is None:  # (no choice: its problem is in the list)
         raise ConfigError(source, sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
     warnings = []
@@ -223,19 +216,6 @@ def parse_job(
         lines=MappingProxyType(lines),
         paths=paths,
     )
-
-
-def _node_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
-    """What the job's node could never run, found before anything is rented."""
-    train = spec.train
-    if isinstance(train, AxolotlConfig) and train.use_ray and spec.gpu_count == 0:
-        where = "use_ray"
-        message = (
-            "axolotl's Ray Train launcher takes one GPU per worker (use_gpu=True), and this job's node has "
-            f"none ({spec.provider.value}); Ray would wait for GPUs forever. Ask for GPUs, or drop use_ray"
-        )
-        return [Problem(where, message, line_of(lines, where))]
-    return []
 
 
 def format_problems(err: ConfigError) -> str:
@@ -280,111 +260,3 @@ def _misspelled_sections(raw: Mapping[str, Any], lines: Mapping[str, int]) -> li
             message = f"unknown provider section {key!r} (did you mean {close[0]!r}?)"
             problems.append(Problem(key, message, lines.get(key)))
     return problems
-
-
-def _resolve_datasets(
-    raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path, paths: Confinement
-) -> list[Problem]:
-    """Make local dataset paths absolute in `raw` once `paths` allows them and their `data_files`; keep hub
-    ids; report paths that are neither, or that the rule refuses."""
-    datasets = raw.get("datasets")
-    if not isinstance(datasets, list):
-        return []
-    problems = []
-    resolved: list[Any] = []
-    for i, entry in enumerate(datasets):
-        path = entry.get("path") if isinstance(entry, dict) else None
-        if isinstance(path, str) and path:
-            where = join_path(join_path("datasets", i), "path")
-            try:
-                new_path = _dataset_path(path, base_dir, paths)
-            except PathRefused as exc:
-                problems.append(Problem(where, str(exc), lines.get(where)))
-                new_path = path
-            if new_path is None:
-                message = f"file not found: {shorten(path)} (relative paths are looked up in {base_dir})"
-                problems.append(Problem(where, message, lines.get(where)))
-            else:
-                entry = {**entry, "path": new_path}
-                problems += _data_files(entry, join_path("datasets", i), lines, paths)
-        resolved.append(entry)
-    raw["datasets"] = resolved
-    return problems
-
-
-def _data_files(
-    entry: dict[str, Any], at: str, lines: Mapping[str, int], paths: Confinement
-) -> list[Problem]:
-    """A dataset's `data_files` name files inside its directory: relative, never climbing out; for a local
-    directory each must be a regular file `paths` allows."""
-    value = entry.get("data_files")
-    named = [(join_path(at, "data_files"), value)] if isinstance(value, str) else []
-    if isinstance(value, list):
-        named = [
-            (join_path(join_path(at, "data_files"), j), v) for j, v in enumerate(value) if isinstance(v, str)
-        ]
-    root = Path(entry["path"])
-    problems = []
-    for where, name in named:
-        try:
-            if escapes(name):
-                raise PathRefused(f"{shorten(name)}: data_files name files inside the dataset's directory")
-            if root.is_absolute() and root.is_dir():
-                candidate = lexical(Path(name), root)
-                if not os.path.lexists(candidate):
-                    raise PathRefused(f"file not found: {shorten(name)} in {shorten(entry['path'])}")
-                paths.check(candidate, shorten(name), directory=False)
-        except PathRefused as exc:
-            problems.append(Problem(where, str(exc), lines.get(where)))
-    return problems
-
-
-def _resolve_deepspeed(
-    raw: dict[str, Any], lines: Mapping[str, int], base_dir: Path, paths: Confinement, provider: ProviderName
-) -> list[Problem]:
-    """An axolotl `deepspeed:` JSON named by a relative path (or an absolute one `paths` allows) is a local
-    file, made absolute (it travels with the job); another absolute one is a rented node's (an image's own
-    configs), which a local node, being this machine, may not read."""
-    value = raw.get("deepspeed")
-    if not isinstance(value, str) or not value:
-        return []
-    candidate = lexical(Path(value), base_dir)
-    absolute = Path(value).is_absolute()
-    try:
-        if not paths.allows(candidate):
-            if absolute and provider is not ProviderName.LOCAL and not is_system(candidate):
-                return []  # the rented node's own file: never read here, never shipped (jobs.shipping)
-            raise paths.outside(candidate, shorten(value))
-        if os.path.lexists(candidate):
-            real = paths.check(candidate, shorten(value), directory=False)
-            raw["deepspeed"] = value if absolute else str(real)
-            return []
-    except PathRefused as exc:
-        return [Problem("deepspeed", str(exc), lines.get("deepspeed"))]
-    message = (
-        f"file not found: {shorten(value)} (relative paths are looked up in {base_dir}; "
-        "`axolotl fetch deepspeed_configs` puts axolotl's there)"
-    )
-    return [Problem("deepspeed", message, lines.get("deepspeed"))]
-
-
-def _dataset_path(path: str, base_dir: Path, paths: Confinement) -> str | None:
-    """The local path (checked by `paths`), the hub id as written, or None when neither is found. Raises
-    PathRefused for a local path the rule does not allow."""
-    written = Path(path)
-    candidate = lexical(written, base_dir)
-    if paths.allows(candidate) and _exists(candidate):
-        paths.check(candidate, shorten(path))
-        return path if written.is_absolute() else str(candidate.resolve())
-    if re.fullmatch(HUB_ID_PATTERN, path) and PurePosixPath(path).suffix.lower() not in DATA_SUFFIXES:
-        return path  # a hub dataset id, fetched where the job runs
-    if not paths.allows(candidate):
-        raise paths.outside(candidate, shorten(path))
-    return None
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return os.path.lexists(path)
-    except (OSError, ValueError):  # e.g. a name too long, a NUL: not a file we can use
-        return False

@@ -5,8 +5,8 @@ it implements every training key the job sets, and axolotl otherwise; the keys t
 kept for `fleet validate` to show. A key the chosen trainer would ignore is an error, never a silent
 pass-through:
 
-- `trainer: builtin` with a key the recipe does not implement (`optimizer: adamw_8bit`, `bf16: true`,
-  `datasets[0].type: chat_template`, no `adapter`, which in axolotl means the full model) names each one;
+- `trainer: builtin` with a key the recipe does not implement (`optimizer: adafactor`, `sample_packing: true`,
+  `datasets[0].type: pygmalion`, no `adapter`, which in axolotl means the full model) names each one;
 - `trainer: axolotl` with a key only the builtin recipe has (`loss_watchdog_max_rollbacks`) names it.
 
 A key set to null, false or an empty value asks for nothing, so it never forces axolotl, and bookkeeping
@@ -66,12 +66,12 @@ class TrainerChoice:
     explicit: bool
     """Whether the job named it (`trainer:`) rather than trainfleet choosing it."""
     forced_by: tuple[str, ...] = ()
-    """The settings the builtin recipe does not implement (``optimizer: adamw_8bit``): why axolotl."""
+    """The settings the builtin recipe does not implement (``optimizer: adafactor``): why axolotl."""
     bookkeeping: tuple[str, ...] = ()
     """Keys the builtin recipe keeps without using them (warned about once)."""
 
     def describe(self) -> str:
-        """One line for people: ``trainer: axolotl (chosen: it implements optimizer: adamw_8bit, ...)``."""
+        """One line for people: ``trainer: axolotl (chosen: it implements optimizer: adafactor, ...)``."""
         if self.explicit:
             return f"trainer: {self.trainer} (the job's `trainer:` key)"
         if self.trainer == "builtin":
@@ -127,7 +127,7 @@ def builtin_gaps(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
     if raw.get("adapter") in (None, ""):
         gaps.append(("adapter", "training the whole model (no `adapter:`)"))
     for key, allowed in (
-        ("adapter", ("lora",)),
+        ("adapter", ("lora", "qlora")),
         ("optimizer", _args(Optimizer)),
         ("lr_scheduler", _args(Scheduler)),
     ):

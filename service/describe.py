@@ -11,7 +11,15 @@ from pydantic import BaseModel, Field, JsonValue, TypeAdapter
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.models import Run, RunProgress, RunState
-from broker.payloads import Event, GitOrigin, Metrics, PrepareEntry, RunSucceeded, TrainFinished
+from broker.payloads import (
+    Event,
+    GitOrigin,
+    Metrics,
+    PrepareEntry,
+    RunSucceeded,
+    TrainFinished,
+    TrainPending,
+)
 from core.errors import FailureReason
 from jobs.sections import ProviderName
 from service.runs import Fleet
@@ -41,8 +49,21 @@ def describe(event: Event) -> str:
     if isinstance(event.data, PrepareEntry):  # one line: its output's last line (all of it in --json)
         lines = [line for line in event.data.output.splitlines() if line.strip()]
         data = {**data, "output": ("…" if len(lines) > 1 else "") + (lines[-1][-200:] if lines else "")}
+    if isinstance(event.data, TrainPending):  # one line: the demand against the nodes (all in --json)
+        data = pending_fields(event.data)
     parts = " ".join(f"{k}={format_value(v)}" for k, v in data.items() if v not in (None, [], {}, ""))
     return f"{stamp} {event.type.value:<22} {parts}".rstrip()
+
+
+def pending_fields(pending: TrainPending) -> dict[str, Any]:
+    """A train.pending event as its line shows it: the demand, the cluster, the wait so far and its bound."""
+    limit = f"/{pending.limit_s:g}" if pending.limit_s is not None else ""
+    return {
+        "demand": f'"{pending.demand or pending.per_worker}"',
+        "cluster": f'"{pending.cluster}"' if pending.cluster else None,
+        "waited_s": f"{pending.waited_s:g}{limit}",
+        "gave_up": pending.gave_up or None,
+    }
 
 
 class StageView(BaseModel):

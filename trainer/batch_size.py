@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -155,23 +156,35 @@ class ActivationMeter:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
-def trial_step(model: Any, batch: dict[str, torch.Tensor], cap_bytes: int | None) -> None:
-    """One forward+backward of `batch`; raises an out-of-memory error when it does not fit (SimulatedOOM
-    when the activations exceed `cap_bytes`). Leaves gradients behind: the caller drops them."""
+def trial_step(
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    cap_bytes: int | None,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> None:
+    """One forward+backward of `batch` (the forward in `autocast()`, as training runs it); raises an
+    out-of-memory error when it does not fit (SimulatedOOM when the activations exceed `cap_bytes`). Leaves
+    gradients behind: the caller drops them."""
     meter = ActivationMeter(model)
-    with meter.hooks():
+    with meter.hooks(), autocast():
         loss = model(**batch).loss
     if cap_bytes is not None and meter.bytes > cap_bytes:
         raise SimulatedOOM(f"the trial's activations take {meter.bytes} bytes, over the cap of {cap_bytes}")
     loss.backward()
 
 
-def fits(model: Any, batch: dict[str, torch.Tensor], cap_bytes: int | None, device: Any) -> bool:
+def fits(
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    cap_bytes: int | None,
+    device: Any,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> bool:
     """Whether a trial step of `batch` fits on this worker; errors other than out of memory propagate."""
     import torch
 
     try:
-        trial_step(model, batch, cap_bytes)
+        trial_step(model, batch, cap_bytes, autocast)
         ok = True
     except (MemoryError, RuntimeError) as exc:
         if not is_oom(exc):
@@ -195,9 +208,11 @@ def find(
     device: Any,
     cap_bytes: int | None,
     agree: Callable[[bool], bool],
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> Choice:
     """Search for the micro batch with trial steps of `model` (the unwrapped one: trials take no part in
-    DDP) on the longest `examples`; `agree(fits_here)` tells whether a trial fitted on every worker."""
+    DDP) on the longest `examples`, their forwards in `autocast()` (the run's mixed precision);
+    `agree(fits_here)` tells whether a trial fitted on every worker."""
     import torch
 
     limit = max(micro_batch_size, min(MAX_GROWTH * micro_batch_size, shard_size))
@@ -205,7 +220,7 @@ def find(
 
     def try_size(size: int) -> bool:
         batch = {k: v.to(device) for k, v in collate(longest[:size]).items()}
-        return agree(fits(model, batch, cap_bytes, device))
+        return agree(fits(model, batch, cap_bytes, device, autocast))
 
     was_training = model.training
     model.train()

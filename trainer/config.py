@@ -26,6 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.extras import ExtrasKeys
+from trainer.formats import ChatKeys, DatasetFormatKeys
+from trainer.precision import BnbOptimizer, PrecisionKeys
 from trainer.progress import NODE_ROOT_ENV
 
 ENV_PREFIX = "b64:"  # a TrainJob in an environment variable (TrainJob.to_env)
@@ -38,11 +41,11 @@ FLEET_KEYS = (
     "trainer",
     "axolotl_version",
 )  # the fleet's own keys in a job's training part: never sent to axolotl
-DatasetType = Literal["alpaca", "completion"]
+DatasetType = Literal["alpaca", "completion", "chat_template", "sharegpt", "input_output"]
 Scheduler = Literal[
     "cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"
 ]
-Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"]
+Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd", BnbOptimizer]
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
 # A repository to push to: `org/name`, or `name` alone in the token's own namespace (as transformers allows).
 HUB_REPO_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -58,11 +61,11 @@ class DatasetRef(BaseModel):
     split: str = Field("train", description="Split name (hub datasets).")
 
 
-class DatasetConfig(DatasetRef):
+class DatasetConfig(DatasetRef, DatasetFormatKeys):
     """One entry of `datasets:` for the builtin recipe (axolotl's shape). Unknown keys are kept."""
 
     type: DatasetType = Field(
-        "alpaca", description="alpaca: instruction/input/output; completion: plain text."
+        "alpaca", description="alpaca, completion, chat_template, sharegpt, input_output (trainer.formats)."
     )
     field: str = Field("text", min_length=1, description="The text field of a `completion` dataset.")
 
@@ -132,14 +135,16 @@ class FleetKeys(BaseModel):
         return keys
 
 
-class TrainConfig(FleetKeys):
+class TrainConfig(FleetKeys, PrecisionKeys, ExtrasKeys, ChatKeys):
     """A job for the builtin recipe: the axolotl keys it implements, typed. Other keys are kept, and the front
     door allows only bookkeeping ones (jobs.trainer_choice)."""
 
     trainer: Literal["builtin"] = "builtin"
     datasets: Annotated[list[DatasetConfig], Field(min_length=1, description="Training datasets.")]
 
-    adapter: Literal["lora"] = Field("lora", description="Only LoRA adapters are trained by this recipe.")
+    adapter: Literal["lora", "qlora"] = Field(
+        "lora", description="LoRA; qlora: LoRA on a 4-bit base (load_in_4bit, trainer.precision)."
+    )
     lora_r: int = Field(8, ge=1, le=1024, description="LoRA rank.")
     lora_alpha: float = Field(16, gt=0, le=4096, description="LoRA alpha.")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")

@@ -1,36 +1,38 @@
-"""Datasets: local JSONL in, tokenized train/eval examples and a padding collate out.
+"""Datasets: data files in (trainer.rows), tokenized train/eval examples and a padding collate out.
 
 Three stages, each usable on its own:
 
-1. `load_records` reads every `datasets:` entry (a .jsonl file, a directory of them, or `data_files` in a
-   directory) into `Record`s: a prompt (masked unless `train_on_inputs`) and a completion. It needs no
-   tokenizer, so `python -m trainer fetch` uses it to check a job's data before the GPU is busy.
-2. `tokenize` turns records into `Example`s: the tokenizer's own special tokens in front (BOS for Llama),
-   EOS appended, labels -100 over the prompt when `train_on_inputs` is false, cut to `sequence_len`.
+1. `load_records` reads every `datasets:` entry (a file, a directory of data files, `data_files` in a
+   directory, or axolotl's `path: json` + `data_files`) into records as its `type` reads rows
+   (trainer.formats): a `Record` (prompt, masked unless `train_on_inputs`, and completion), a
+   `Conversation` or `Segments`. It needs no tokenizer, so `python -m trainer fetch` uses it to check a
+   job's data before the GPU is busy.
+2. `tokenize` turns records into `Example`s: for a Record the tokenizer's own special tokens in front (BOS
+   for Llama), EOS appended, labels -100 over the prompt; chat data through its template (trainer.chat);
+   cut to `sequence_len`.
 3. `split` shuffles with the seed and takes the eval set off the front (`val_set_size`: fraction or count).
 
 Relative dataset paths are resolved against `base_dir` (the process's working directory by default: the
 Ray job's working_dir on the node).
 
 A path that is not on this disk but reads as a hub id ('org/name', as jobs/spec.py keeps them) is a hub
-dataset: `localize_datasets` downloads its JSONL files (trainer.download, into ``<cache_dir>/hub/``) and
+dataset: `localize_datasets` downloads its data files (trainer.download, into ``<cache_dir>/hub/``) and
 returns the entries with an extra `local_copy` key naming that directory (`path` keeps the id, for the
 model card); the stages above then read it like any local directory. Like the base model's directory,
 the copy is on the node that ran `localize_datasets` (the Ray driver's). The files are `data_files` when
-given, else the .jsonl files of the entry's `split`: those whose path names the split as a word
-(``train.jsonl``, ``data/train-00000.jsonl``), or all of them for "train" when none names a split, as in
-the `datasets` library. Only JSONL is read: a repo of parquet, CSV or JSON files is refused before
-anything is downloaded.
+given, else the files of the repo's first format among .jsonl, .parquet, .json, .csv, .arrow that belong
+to the entry's `split`: those whose path names the split as a word (``train.jsonl``,
+``data/train-00000.parquet``), or all of them for "train" when none names a split, as in the `datasets`
+library. A repo with none of these formats is refused before anything is downloaded.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.config import HUB_ID_PATTERN, DatasetConfig, DatasetRef, TrainConfig
 from trainer.errors import DatasetError, DownloadError
+from trainer.formats import CHAT_TYPES, Conversation, Segments, conversation_of, segments_of, text_of
+from trainer.rows import BUILDERS, FORMATS, builder_of, data_files_in, read_jsonl, read_rows
+
+__all__ = ["read_jsonl"]  # kept importable from here
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +53,13 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100  # label value the loss skips
 LOCAL_COPY = "local_copy"  # the extra key localize_datasets sets on a hub entry: its directory on this node
 _SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")  # split names hub files carry
-_OTHER_FORMATS = frozenset({".parquet", ".csv", ".tsv", ".json", ".arrow", ".txt", ".gz", ".zst", ".zip"})
+_HUB_ORDER = (
+    ".jsonl",
+    ".parquet",
+    ".json",
+    ".csv",
+    ".arrow",
+)  # a hub dataset's files: the first format it has
 
 PROMPT_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -67,6 +79,9 @@ class Record:
 
     prompt: str
     completion: str
+
+
+AnyRecord = Record | Conversation | Segments  # one row, as its dataset's `type` reads it
 
 
 @dataclass(frozen=True)
@@ -103,9 +118,31 @@ def local_root(ds: DatasetConfig, base_dir: Path | None = None) -> Path:
     return root if root.is_absolute() else (base_dir or Path.cwd()) / root
 
 
+def is_builder_entry(ds: DatasetRef, base_dir: Path | None = None) -> bool:
+    """Whether `ds` is axolotl's `path: json` (csv, parquet, arrow) form: files in `data_files` read by that
+    builder, their paths relative to the working directory."""
+    root = Path(ds.path)
+    return (
+        ds.path in BUILDERS and not (root if root.is_absolute() else (base_dir or Path.cwd()) / root).exists()
+    )
+
+
 def dataset_files(ds: DatasetConfig, base_dir: Path | None = None) -> list[Path]:
-    """The JSONL files one `datasets:` entry names, in a stable order. Raises DatasetError if none."""
+    """The data files one `datasets:` entry names, in a stable order: a file, the files of known formats
+    in a directory (rows.data_files_in), its `data_files`, or those of a `path: json` entry. Raises
+    DatasetError if none."""
     root = local_root(ds, base_dir)
+    if (
+        ds.data_files is not None
+        and is_builder_entry(ds, base_dir)
+        and not (ds.model_extra or {}).get(LOCAL_COPY)
+    ):
+        names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
+        files = [p if p.is_absolute() else (base_dir or Path.cwd()) / p for p in map(Path, names)]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise DatasetError(f"path: {ds.path}: data_files not found: {', '.join(missing)}")
+        return files
     if ds.data_files is not None:
         names = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
         if not root.is_dir():
@@ -118,12 +155,14 @@ def dataset_files(ds: DatasetConfig, base_dir: Path | None = None) -> list[Path]
     if root.is_file():
         return [root]
     if root.is_dir():
-        files = sorted(p for p in root.glob("*.jsonl") if p.is_file())
+        files = data_files_in(root)
         if not files:
-            raise DatasetError(f"{ds.path}: directory {root} holds no .jsonl files")
+            raise DatasetError(
+                f"{ds.path}: directory {root} holds no .jsonl, .json, .csv, .parquet or .arrow files"
+            )
         return files
     raise DatasetError(
-        f"dataset {ds.path!r} not found at {root}; local JSONL files and directories are read here "
+        f"dataset {ds.path!r} not found at {root}; local files and directories are read here "
         "(hub datasets are not: localize_datasets downloads them first)"
     )
 
@@ -193,25 +232,23 @@ def hub_jsonl_files(ds: DatasetConfig, listing: Listing) -> list[RemoteFile]:
         missing = [n for n in names if n not in by_path]
         if missing:
             raise DatasetError(f"{where}: data_files not in the repo: {', '.join(missing)}")
-        other = [n for n in names if not n.endswith(".jsonl")]
+        other = [n for n in names if Path(n).suffix.lower() not in FORMATS]
         if other:
-            raise DatasetError(f"{where}: only JSONL (.jsonl) is read; data_files names {', '.join(other)}")
+            raise DatasetError(f"{where}: data_files names {', '.join(other)}, of no format read here")
         return [by_path[n] for n in names]
-    jsonl = [f for f in listing.files if f.path.endswith(".jsonl")]
-    if not jsonl:
-        kinds = sorted({Path(f.path).suffix for f in listing.files if Path(f.path).suffix in _OTHER_FORMATS})
-        found = f" (it has {', '.join(kinds)} files)" if kinds else ""
-        raise DatasetError(
-            f"{where} has no .jsonl files{found}; only JSONL is read: convert the data to JSON Lines"
-        )
-    named = [f for f in jsonl if _names_split(f.path, ds.split)]
+    kinds = {Path(f.path).suffix.lower() for f in listing.files if not Path(f.path).name.startswith(".")}
+    suffix = next((k for k in _HUB_ORDER if k in kinds), None)
+    if suffix is None:
+        raise DatasetError(f"{where} has no .jsonl, .parquet, .json, .csv or .arrow files")
+    data = [f for f in listing.files if Path(f.path).suffix.lower() == suffix]
+    named = [f for f in data if _names_split(f.path, ds.split)]
     if named:
         return named
-    if ds.split == "train" and not any(_names_split(f.path, s) for f in jsonl for s in _SPLIT_WORDS):
-        return jsonl
-    paths = ", ".join(f.path for f in jsonl[:10])
+    if ds.split == "train" and not any(_names_split(f.path, s) for f in data for s in _SPLIT_WORDS):
+        return data
+    paths = ", ".join(f.path for f in data[:10])
     raise DatasetError(
-        f"{where}: no .jsonl file for split {ds.split!r} among {paths}; name them with data_files"
+        f"{where}: no {suffix} file for split {ds.split!r} among {paths}; name them with data_files"
     )
 
 
@@ -220,68 +257,71 @@ def _names_split(path: str, split: str) -> bool:
     return re.search(rf"(^|[/_.\- ]){re.escape(split)}([/_.\- 0-9]|$)", path) is not None
 
 
-def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
-    """Yield (line number, object) for every non-blank line; a line that is not a JSON object is an error."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: cannot read: {exc}") from exc
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{number}: not valid JSON: {exc.msg}") from exc
-        if not isinstance(obj, dict):
-            raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
-
-
-def to_record(ds: DatasetConfig, obj: dict[str, object], where: str) -> Record:
-    """One JSON object as a Record, per the dataset's `type`. Raises DatasetError on a missing field."""
-
-    def text(key: str, *, required: bool) -> str:
-        value = obj.get(key)
-        if value is None and not required:
-            return ""
-        if not isinstance(value, str):
-            raise DatasetError(f"{where}: `{key}` must be a string ({ds.type} dataset)")
-        return value
-
+def to_record(ds: DatasetConfig, obj: dict[str, object], where: str) -> AnyRecord:
+    """One row as a record, per the dataset's `type` (trainer.formats). Raises RowError (a DatasetError)
+    naming the row and what it lacks."""
+    if ds.type in CHAT_TYPES:
+        return conversation_of(ds, obj, where)
+    if ds.type == "input_output":
+        return segments_of(obj, where)
     if ds.type == "alpaca":
-        prompt = alpaca_prompt(text("instruction", required=True), text("input", required=False))
-        return Record(prompt=prompt, completion=text("output", required=True))
-    return Record(prompt="", completion=text(ds.field, required=True))
+        instruction = text_of(obj, "instruction", where, required=True)
+        output = text_of(obj, "output", where, required=True)
+        prompt = alpaca_prompt(instruction, text_of(obj, "input", where, required=False))
+        return Record(prompt=prompt, completion=output)
+    return Record(prompt="", completion=text_of(obj, ds.field, where, required=True))
 
 
-def load_records(datasets: Sequence[DatasetConfig], base_dir: Path | None = None) -> list[Record]:
+def load_records(datasets: Sequence[DatasetConfig], base_dir: Path | None = None) -> list[AnyRecord]:
     """Every record of every dataset, in file order. Raises DatasetError when nothing is readable."""
-    records: list[Record] = []
+    records: list[AnyRecord] = []
     for ds in datasets:
+        forced = ds.path if is_builder_entry(ds, base_dir) else None
         for path in dataset_files(ds, base_dir):
-            records += [to_record(ds, obj, f"{path}:{n}") for n, obj in read_jsonl(path)]
+            builder = builder_of(path, forced)
+            records += [to_record(ds, row, where) for where, row in read_rows(path, builder)]
     if not records:
         raise DatasetError("the datasets hold no records")
     return records
 
 
 def tokenize(
-    records: Sequence[Record], tokenizer: Any, sequence_len: int, train_on_inputs: bool
+    records: Sequence[AnyRecord],
+    tokenizer: Any,
+    sequence_len: int,
+    train_on_inputs: bool,
+    chat_template: str | None = None,
 ) -> list[Example]:
-    """Tokenize `records` with a Hugging Face tokenizer (which adds its own leading special tokens, e.g.
-    BOS); append EOS; label -100 over the prompt unless `train_on_inputs`; keep the first `sequence_len`
-    tokens. Examples left with no trained token are kept here and dropped by `split`."""
+    """Tokenize `records` with a Hugging Face tokenizer; keep the first `sequence_len` tokens. A Record
+    gets the tokenizer's leading special tokens (e.g. BOS) and EOS, labels -100 over the prompt unless
+    `train_on_inputs`; a Conversation is rendered with `chat_template` (trainer.chat; needed when there is
+    one) and trained on its chosen turns; Segments on their labelled parts. Examples left with no trained
+    token are kept here and dropped by `split`."""
+    from trainer.chat import tokenize_conversation, tokenize_segments
+
     eos = tokenizer.eos_token_id
     if eos is None:
         raise DatasetError("the tokenizer has no EOS token")
-    prompts = tokenizer([r.prompt for r in records], add_special_tokens=True)["input_ids"]
-    completions = tokenizer([r.completion for r in records], add_special_tokens=False)["input_ids"]
+    plain = [r for r in records if isinstance(r, Record)]
+    prompts = tokenizer([r.prompt for r in plain], add_special_tokens=True)["input_ids"] if plain else []
+    completions = (
+        tokenizer([r.completion for r in plain], add_special_tokens=False)["input_ids"] if plain else []
+    )
+    pairs = iter(zip(prompts, completions, strict=True))
     examples = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        target = [*completion, eos]
-        ids = [*prompt, *target]
-        labels = ids.copy() if train_on_inputs else [IGNORE_INDEX] * len(prompt) + target
+    for record in records:
+        if isinstance(record, Record):
+            prompt, completion = next(pairs)
+            ids = [*prompt, *completion, eos]
+            labels = ids.copy() if train_on_inputs else [IGNORE_INDEX] * len(prompt) + [*completion, eos]
+        elif isinstance(record, Segments):
+            ids, labels = tokenize_segments(record, tokenizer, train_on_inputs)
+        else:
+            if chat_template is None:
+                raise DatasetError(f"{record.where}: chat data needs a chat template")
+            ids, labels = tokenize_conversation(
+                record, tokenizer, chat_template, train_on_inputs, record.where
+            )
         examples.append(Example(input_ids=ids[:sequence_len], labels=labels[:sequence_len]))
     return examples
 
@@ -311,8 +351,12 @@ def split(examples: Sequence[Example], val_set_size: float, seed: int) -> Split:
 
 def prepare(config: TrainConfig, tokenizer: Any, base_dir: Path | None = None) -> Split:
     """load_records -> tokenize -> split, with the job's settings."""
+    from trainer.chat import resolve_template
+
     records = load_records(config.datasets, base_dir)
-    examples = tokenize(records, tokenizer, config.sequence_len, config.train_on_inputs)
+    chat = any(isinstance(r, Conversation) for r in records)
+    template = resolve_template(config, tokenizer, base_dir) if chat else None
+    examples = tokenize(records, tokenizer, config.sequence_len, config.train_on_inputs, template)
     return split(examples, config.val_set_size, config.seed)
 
 

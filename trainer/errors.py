@@ -31,5 +31,9 @@ class TrainingFailed(TrainerError):
     """Training itself failed (a worker raised, or the loss became NaN)."""
 
 
+class ResourcesUnavailable(TrainerError):
+    """Ray cannot place the training workers on the cluster's nodes, and did not within the fleet's bound."""
+
+
 class PackError(TrainerError):
     """A run's results cannot be brought back: too large for the job log, or damaged on the way."""

@@ -67,7 +67,8 @@ def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:
     for adapter_config in peft_model.peft_config.values():
         adapter_config.base_model_name_or_path = base_model
     out.mkdir(parents=True, exist_ok=True)
-    # Embeddings are never trained here; "auto" would look the base model up on the hub to decide.
+    # Trained embeddings are saved as `lora_modules_to_save` copies; "auto" would also look the base model
+    # up on the hub to decide whether to save the embedding layers.
     peft_model.save_pretrained(str(out), save_embedding_layers=False)
 
 
@@ -127,6 +128,38 @@ def latest_checkpoint(root: Path) -> Path | None:
         if (match := CHECKPOINT_NAME.fullmatch(entry.name)) and entry.is_dir() and is_complete(entry)
     ]
     return max(found)[1] if found else None
+
+
+def prune_checkpoints(current: Path, limit: int) -> list[Path]:
+    """Delete the `step-N` directories beside `current` (the checkpoint just written) beyond the newest
+    `limit` complete ones (`save_total_limit`), and return them. `current` itself stays, whatever `limit`:
+    it is the rollback anchor's copy and what a resume starts from; so does any with a higher N (a run that
+    resumed from an older checkpoint never deletes a newer one). Each goes out of its name first, so a crash
+    mid-delete leaves no `step-N` that is only part of one."""
+    match = CHECKPOINT_NAME.fullmatch(current.name)
+    if match is None:
+        raise ValueError(f"{current}: not a step-N checkpoint directory")
+    step = int(match.group(1))
+    numbered = [(CHECKPOINT_NAME.fullmatch(entry.name), entry) for entry in current.parent.iterdir()]
+    older = sorted(
+        (
+            (int(m.group(1)), entry)
+            for m, entry in numbered
+            if m and entry.is_dir() and int(m.group(1)) < step
+        ),
+        reverse=True,
+    )
+    kept, deleted = 1, []
+    for _, entry in older:
+        if kept < limit and is_complete(entry):
+            kept += 1
+            continue
+        doomed = entry.parent / f".{entry.name}.old-{os.getpid()}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        entry.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        deleted.append(entry)
+    return deleted
 
 
 def load_checkpoint(path: Path) -> Snapshot:

@@ -16,6 +16,7 @@ from typing import Any
 MARKER = "@@fleet "
 ENV_VAR = "FLEET_TRAIN_JOB"  # the TrainJob JSON travels in this environment variable
 NODE_ROOT_ENV = "FLEET_NODE_ROOT"  # the node's directory for runs, caches, outputs (its start script sets it)
+PENDING_ENV = "FLEET_TRAIN_PENDING_S"  # how long a Ray job waits for room for its workers (trainer.placement)
 
 
 class Kind(StrEnum):
@@ -39,6 +40,10 @@ class Kind(StrEnum):
     # gpu_names, bf16, cpu_standin, setup, problems}
     CHECKED = "checked"
     PUSHED = "pushed"  # {repo_id, commit, url}: the results are on the HF Hub (trainer.push)
+    # Ray cannot place the training workers yet (trainer.placement): {workers, per_worker, demand, nodes:
+    # [{node_id, total, available, fit}], cluster, why, waited_s, limit_s, report (1, 2, ...), gave_up (the
+    # last one, then it fails)}
+    PENDING = "pending"
 
 
 def emit(kind: Kind, **data: Any) -> None:

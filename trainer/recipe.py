@@ -29,13 +29,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypedDict
 
-from trainer import dist, faults, hub_checkpoints, outputs, samples
+from trainer import dist, extras, faults, hub_checkpoints, outputs, precision, samples
 from trainer.config import TrainJob
 from trainer.data import IGNORE_INDEX
 from trainer.faults import InjectedCrash
 from trainer.outputs import Metrics, TrainerState
 from trainer.progress import Kind
-from trainer.recipe_setup import RunSetup
+from trainer.recipe_setup import RunSetup, plan_steps
 from trainer.watchdog import LR_FACTOR, Reason, Trip, scale_learning_rate
 
 MAX_GRAD_NORM = 1.0
@@ -155,25 +155,29 @@ class _Run(RunSetup):
             sync = self.model.no_sync() if wrapped and not last else nullcontext()
             inject = self.faults.nan_at(pos.step + 1, rank) and pos.step + 1 not in self.nan_done
             with sync:
-                loss = self.model(**self.to_device(batch)).loss
+                with self.precision.autocast():
+                    loss = self.model(**self.to_device(batch)).loss
                 if inject:
                     loss = loss * math.nan
                 value = float(loss.detach())
                 scaled = loss / window
                 if not math.isfinite(value):  # NaN gradients here make the average NaN on every rank
                     scaled = scaled * math.nan
-                scaled.backward()
+                precision.backward(scaled, self.scaler)
             accumulated += value / window
             if not last:
                 continue
             if inject and not self.faults.nan_every_step():
                 self.nan_done.add(pos.step + 1)
-            grad_norm = self.optimizer_step()
-            if not math.isfinite(grad_norm):
-                self.roll_back(self.watchdog.non_finite(pos.step + 1, accumulated, grad_norm))
+            step = self.optimizer_step(math.isfinite(accumulated))
+            if step.diverged:
+                self.roll_back(self.watchdog.non_finite(pos.step + 1, accumulated, step.grad_norm))
                 return
             pos.batches_done = i + 1
             pos.epoch = epoch + (i + 1) / n_batches
+            if step.skipped:  # fp16 overflow: the scaler lowered its scale; the data moves on, the step not
+                accumulated = 0.0
+                continue
             self.window.append(accumulated)
             pos.train_loss_sum += accumulated
             accumulated = 0.0
@@ -185,31 +189,41 @@ class _Run(RunSetup):
                 return
         pos.epoch_index, pos.batches_done = epoch + 1, 0
 
-    def optimizer_step(self) -> float:
-        """Clip and apply the gradients and return their total norm; a non-finite norm applies nothing."""
-        import torch
-
+    def optimizer_step(self, loss_finite: bool) -> precision.StepResult:
+        """Unscale (fp16), clip and apply the gradients (trainer.precision.clip_and_step): applied, skipped
+        (an fp16 overflow the scaler handles) or diverged (the caller rolls back). Whether the loss was finite
+        on every worker is asked (a collective) only when an fp16 step overflowed, which every worker sees,
+        as the gradients are all-reduced."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
+        step = precision.clip_and_step(
+            self.optimizer,
+            params,
+            MAX_GRAD_NORM,
+            self.scaler,
+            lambda: dist.all_true(loss_finite, self.worker),
+        )
+        if step.applied:
             self.scheduler.step()
             self.pos.step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        return step
 
     def after_step(self) -> bool:
-        """Log, evaluate and checkpoint as scheduled; True when the watchdog rolled back instead."""
+        """Log, evaluate and checkpoint as scheduled (every eval_steps / save_steps, or evals_per_epoch /
+        saves_per_epoch times an epoch: trainer.extras.interval); True when the watchdog rolled back."""
         cfg, step = self.config, self.pos.step
+        per_epoch, _ = plan_steps(self.batches_per_epoch, cfg)
+        eval_every = extras.interval(cfg.eval_steps, cfg.evals_per_epoch, per_epoch)
+        save_every = extras.interval(cfg.save_steps, cfg.saves_per_epoch, per_epoch)
         if step % cfg.logging_steps == 0 or step == self.total:
             trip = self.log_step()
             if trip is not None:
                 self.roll_back(trip)
                 return True
-        if cfg.eval_steps and step % cfg.eval_steps == 0 and step < self.total:
+        if eval_every and step % eval_every == 0 and step < self.total:
             self.evaluate()
             self.model.train()
-        if cfg.save_steps and step % cfg.save_steps == 0:
+        if save_every and step % save_every == 0:
             self.checkpoint()
         return False
 
@@ -265,7 +279,8 @@ class _Run(RunSetup):
             for batch in self.eval_loader:
                 batch = self.to_device(batch)
                 labels = batch.pop("labels")[:, 1:]
-                logits = module(**batch).logits[:, :-1].float()
+                with self.precision.autocast():
+                    logits = module(**batch).logits[:, :-1].float()
                 loss_sum += float(
                     torch.nn.functional.cross_entropy(
                         logits.reshape(-1, logits.shape[-1]),
@@ -280,16 +295,17 @@ class _Run(RunSetup):
         self.say(Kind.EVAL, step=self.pos.step, eval_loss=round(eval_loss, 6))
         if self.worker.is_main and self.config.eval_table_size:
             picked = self.data.eval[: self.config.eval_table_size]
-            rows = samples.generate(
-                module, self.tokenizer, picked, self.config.eval_max_new_tokens, self.worker.device
-            )
+            with self.precision.autocast():
+                rows = samples.generate(
+                    module, self.tokenizer, picked, self.config.eval_max_new_tokens, self.worker.device
+                )
             samples.append(Path(self.job.output_dir), self.pos.step, rows)
             self.tracker.samples(self.pos.step, rows)
         return eval_loss
 
     def checkpoint(self) -> None:
         """Make the current state the anchor of rollbacks (every rank); rank 0 saves it as step-N under
-        work_dir/checkpoints; report it to Ray (every rank)."""
+        work_dir/checkpoints, keeping the newest save_total_limit there; report it to Ray (every rank)."""
         cfg, w = self.config, self.worker
         path = Path(self.job.work_dir) / outputs.CHECKPOINTS_DIR / f"step-{self.pos.step}"
         self.anchor = self.capture()
@@ -305,6 +321,8 @@ class _Run(RunSetup):
         hub = None
         if w.is_main:
             outputs.save_checkpoint(path, self.peft_model, self.anchor, state, cfg.base_model)
+            if cfg.save_total_limit:  # never this one: the rollback anchor's copy, what a resume starts from
+                outputs.prune_checkpoints(path, cfg.save_total_limit)
             hub = hub_checkpoints.push(path, self.job)
         reported: dist.CheckpointMetrics = {"step": self.pos.step, "eval_loss": self.pos.eval_loss}
         dist.report(w, reported, checkpoint_dir=path)

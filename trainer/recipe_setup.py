@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import batch_size, dist, faults, resume, snapshot
+from trainer import batch_size, dist, extras, faults, precision, resume, snapshot
 from trainer.config import TrainConfig, TrainJob
 from trainer.data import Collator, prepare
 from trainer.lora import build_optimizer, load_lora_model
@@ -60,6 +60,7 @@ class RunSetup:
         cfg = self.config
         hf_logging.disable_progress_bar()
         self.worker = dist.current_worker(job.use_gpu, under_ray)
+        precision.check_node(cfg, self.worker.device)  # what this node lacks, before anything is loaded
         self.tracker = Tracker(job, self.worker.is_main)
         self.faults = faults.from_env(os.environ)
         self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
@@ -67,10 +68,18 @@ class RunSetup:
         torch.manual_seed(cfg.seed)  # same LoRA init on every rank
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        added = extras.add_tokens(self.tokenizer, cfg)  # special_tokens, tokens: before the data is read
+        extras.require_trainable(added, cfg)
         pad_id = self.tokenizer.pad_token_id
         self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
         self.data = prepare(cfg, self.tokenizer, base_dir)
-        peft_model, self.targets = load_lora_model(model_path, cfg)
+        precision.apply_tf32(cfg)
+        self.precision = precision.decide(cfg, self.worker.device)
+        self.scaler = self.precision.grad_scaler()  # fp16 only
+        peft_model, self.targets = load_lora_model(
+            model_path, cfg, self.precision, self.worker.device, vocab_size=len(self.tokenizer)
+        )
+        extras.check_modules_to_save(peft_model, added, cfg)
         self.trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
         self.total_params = sum(p.numel() for p in peft_model.parameters())
         self.model = dist.prepare_model(peft_model, self.worker)
@@ -131,6 +140,7 @@ class RunSetup:
                 device=self.worker.device,
                 cap_bytes=self.faults.memory_cap_bytes(self.worker.rank),
                 agree=lambda fits: dist.all_true(fits, self.worker),
+                autocast=self.precision.autocast,
             )
         self.say(Kind.BATCH_SIZE, **choice.to_json())
         return cfg.model_copy(update=choice.config_update())

@@ -59,6 +59,13 @@ class TinySpec:
 
 
 TINY_SPEC = TinySpec()
+# The same recipe at GPT-2 small's shape (~116M parameters with the tiny vocabulary), for bench/trainer.py on
+# a GPU: large enough that the matrix units, not Python, set the pace. Pass it to `build_tiny` (its own hash
+# and directory); the init scales keep the projections near unit gain and the logits as large as the tiny's.
+SMALL_SPEC = TinySpec(
+    hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, init_std=0.036, head_std=0.04
+)
+SIZES = {"tiny": TINY_SPEC, "small": SMALL_SPEC}
 
 
 def default_cache_dir() -> Path:

@@ -5,7 +5,8 @@ it with a Ray job). `train` resolves the base model once, here on the driver, th
 
 - `use_ray: true`: joins the Ray cluster at RAY_ADDRESS (set by the Ray Jobs API for a job's entrypoint)
   or, without it, starts a private local one; runs Ray Train's TorchTrainer with `ray_num_workers`
-  workers; Ray's storage (checkpoint copies, run state) goes to ``<work_dir>/ray``.
+  workers, once the cluster can place them (trainer.placement: PENDING lines meanwhile, bounded); Ray's
+  storage (checkpoint copies, run state) goes to ``<work_dir>/ray``.
 - `use_ray: false`: the same recipe in this process.
 
 A job for axolotl (`trainer: axolotl`) trains with axolotl's own command instead (trainer.axolotl_run);
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import ValidationError
 
-from trainer import hub_checkpoints, pack, push
+from trainer import extras, hub_checkpoints, pack, placement, push
 from trainer.config import AxolotlConfig, TrainConfig, TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
@@ -150,6 +151,7 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
     try:
         job = without_missing_gpus(job, float(ray.cluster_resources().get("GPU", 0)))
         resources = cfg.resources_per_worker or ({"GPU": 1.0} if job.use_gpu else {"CPU": 1.0})
+        placement.wait_in_ray(cfg.ray_num_workers, resources, job.use_gpu)  # Ray Train would wait silently
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config=loop_config(job, model_path, base_dir),
@@ -161,6 +163,7 @@ def train_with_ray(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str,
                 storage_path=str(Path(job.work_dir) / "ray"),
                 # A failed worker group starts again from the last reported checkpoint (trainer.resume).
                 failure_config=FailureConfig(max_failures=cfg.ray_max_failures),
+                checkpoint_config=extras.ray_checkpoint_config(cfg),  # save_total_limit in Ray's copy too
             ),
         )
         try:

@@ -16,6 +16,7 @@ from broker.payloads import (
     EventType,
     TrainEval,
     TrainFinished,
+    TrainPending,
     TrainRestarted,
     TrainStarted,
     TrainStep,
@@ -42,6 +43,7 @@ _EVENT_OF = {
     progress.Kind.RESUMED: EventType.TRAIN_RESUMED,
     progress.Kind.ROLLBACK: EventType.TRAIN_ROLLBACK,
     progress.Kind.BATCH_SIZE: EventType.TRAIN_BATCH_SIZE,
+    progress.Kind.PENDING: EventType.TRAIN_PENDING,
 }
 
 
@@ -50,7 +52,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     restarts = run.progress.train_restarts
     sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        client.submit(sid, ENTRYPOINT, node_env(ctx, run), files_for_node(ctx, run))
+        client.submit(sid, ENTRYPOINT, train_env(ctx, run), files_for_node(ctx, run))
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
@@ -67,6 +69,8 @@ def step(ctx: context.Context, run: Run) -> Next:
         ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
         return Next.onward(Stage.TRAIN)
     log = client.logs(sid)
+    if info.status == JobStatus.FAILED and (pending := gave_up(log)) is not None:
+        raise StageFailed(FailureReason.RESOURCES_UNAVAILABLE, unplaced(pending))
     crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
     if crashed and run.num_nodes > 1 and (lost := node_lost(ctx, run)) is not None:
         # A cluster that lost a node cannot place its workers again: the run goes on a new cluster.
@@ -88,6 +92,31 @@ def step(ctx: context.Context, run: Run) -> Next:
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     why = "the trainer reported no result" if info.status == JobStatus.SUCCEEDED else info.message
     raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{log[-1500:]}")
+
+
+def train_env(ctx: context.Context, run: Run) -> dict[str, str]:
+    """The train job's environment: every Ray job's (node_env) and how long it may wait for room for its
+    workers (the fleet's setting; FLEET_* names are not a job file's to set)."""
+    return {**node_env(ctx, run), progress.PENDING_ENV: f"{ctx.settings.train_pending_s:g}"}
+
+
+def gave_up(log: str) -> TrainPending | None:
+    """The PENDING line the trainer printed when it gave up waiting for room for its workers, if any."""
+    for record in reversed(list(progress.parse(log))):
+        if record["kind"] == progress.Kind.PENDING and record.get("gave_up") is True:
+            payload = node_record(EventType.TRAIN_PENDING, record)
+            return payload if isinstance(payload, TrainPending) else None
+    return None
+
+
+def unplaced(pending: TrainPending) -> str:
+    """The failure message: what the job asked of Ray, why it did not fit, what the cluster had."""
+    demand = pending.demand or f"{pending.workers} x {pending.per_worker}"
+    return (
+        f"Ray could not place the training workers in {pending.waited_s:g} s: {demand} asked"
+        + (f", {pending.why}" if pending.why else "")
+        + (f"; the cluster has {pending.cluster}" if pending.cluster else "")
+    )
 
 
 def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:

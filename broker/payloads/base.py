@@ -52,6 +52,7 @@ class EventType(StrEnum):
     TRAIN_RESUMED = "train.resumed"
     TRAIN_ROLLBACK = "train.rollback"
     TRAIN_BATCH_SIZE = "train.batch_size"
+    TRAIN_PENDING = "train.pending"  # Ray cannot place the training workers yet: the demand, the nodes
     TRAIN_RESTARTED = "train.restarted"
     FINALIZE_PUSHED = "finalize.pushed"
     FINALIZE_PULLED = "finalize.pulled"

@@ -146,6 +146,35 @@ class TrainBatchSize(NodeRecord):
     tried: list[dict[str, JsonValue]] = Field(default_factory=list)
 
 
+class PendingNode(BaseModel):
+    """One node of the cluster as a PENDING line shows it: its resources in all and free, how many of the
+    workers' bundles it holds."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    node_id: str | None = None
+    total: dict[str, float] = Field(default_factory=dict)
+    available: dict[str, float] = Field(default_factory=dict)
+    fit: int | None = None
+
+
+class TrainPending(NodeRecord):
+    """Ray cannot place the training workers (trainer.placement): `workers` bundles of `per_worker`, each
+    on one node, against what the nodes have; repeated while it waits; `gave_up` on the last (it fails)."""
+
+    type = EventType.TRAIN_PENDING
+    workers: int
+    per_worker: dict[str, float]
+    demand: str | None = Field(None, description="The demand as one line: `2 x {CPU: 1}`.")
+    nodes: list[PendingNode] = Field(default_factory=list)
+    cluster: str | None = Field(None, description="The nodes' free/total resources as one line.")
+    why: str | None = None
+    waited_s: float = 0.0
+    limit_s: float | None = None
+    report: int | None = Field(None, description="The line's number in its wait: 1 when the wait begins.")
+    gave_up: bool = False
+
+
 class TrainRestarted(Payload):
     type = EventType.TRAIN_RESTARTED
     restart: int

@@ -63,9 +63,11 @@ class MostLive:
 
 def job_for(tmp_path: Path, section: str, extra: str = "") -> Path:
     """The example job with its `local:` section swapped for `section` (and `extra` keys added), its data
-    in a folder of its own."""
+    in a folder of its own. Its `ray_num_workers: 2` is dropped: one Ray worker per GPU of the section's
+    pods (jobs.topology), as two fit only where there are two GPUs (a cluster of two pods)."""
     job = tmp_path / "job" / "tiny.yml"
     job.parent.mkdir()
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", extra + section))
+    text = EXAMPLE_YAML.read_text().replace("ray_num_workers: 2\n", "")
+    job.write_text(text.replace("local:\n  one_shot: true\n", extra + section))
     copy_example_data(job.parent)
     return job

@@ -70,7 +70,8 @@ def test_a_job_this_fleet_cannot_run_is_refused_at_submit(
     env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path, section: str, expected: str
 ) -> None:
     job = tmp_path / "job.yml"
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true", section))
+    one_per_gpu = EXAMPLE_YAML.read_text().replace("ray_num_workers: 2\n", "")  # (two need two GPUs)
+    job.write_text(one_per_gpu.replace("local:\n  one_shot: true", section))
     copy_example_data(tmp_path)
     env = {
         **env,

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import requests
 
@@ -182,7 +184,7 @@ def test_dropped_parts_and_throttling_are_retried(hub: FakeHub, weights: Path, t
     assert hub.state()["requests"]["download"] == stats.requests == 6 + 2  # 5 parts, .gitattributes, retries
 
 
-def test_hub_dataset_jsonl_files_load_as_records(hub: FakeHub, tmp_path: Path) -> None:
+def test_hub_dataset_files_load_as_records(hub: FakeHub, tmp_path: Path) -> None:
     rows = [{"text": f"train row {i}"} for i in range(3)]
     hub.put_files(
         "me/corpus",
@@ -194,7 +196,14 @@ def test_hub_dataset_jsonl_files_load_as_records(hub: FakeHub, tmp_path: Path) -
         },
         repo_type="dataset",
     )
-    hub.put_files("me/tables", {"data/train.parquet": b"PAR1", "README.md": b"#"}, repo_type="dataset")
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist([{"text": "a parquet row"}]), sink)
+    hub.put_files(
+        "me/tables",
+        {"data/train.parquet": sink.getvalue().to_pybytes(), "README.md": b"#"},
+        repo_type="dataset",
+    )
+    hub.put_files("me/notes", {"notes.txt": b"plain", "README.md": b"#"}, repo_type="dataset")
     entry = DatasetConfig(path="me/corpus", type="completion")
     cache = tmp_path / "cache"
 
@@ -208,13 +217,21 @@ def test_hub_dataset_jsonl_files_load_as_records(hub: FakeHub, tmp_path: Path) -
     assert [
         r.completion for r in load_records(localize_datasets([picked], tmp_path, cache, access(hub))[0])
     ] == ["extra"]
+    tables = localize_datasets(
+        [DatasetConfig(path="me/tables", type="completion")], tmp_path, cache, access(hub)
+    )
+    assert [r.completion for r in load_records(tables[0])] == ["a parquet row"]  # parquet, when no JSONL
     with pytest.raises(
-        DatasetError, match=r"'me/tables' has no .jsonl files \(it has .parquet files\).*JSONL"
+        DatasetError, match=r"'me/notes' has no .jsonl, .parquet, .json, .csv or .arrow files"
     ):
-        localize_datasets([DatasetConfig(path="me/tables")], tmp_path, cache, access(hub))
+        localize_datasets([DatasetConfig(path="me/notes")], tmp_path, cache, access(hub))
     with pytest.raises(DatasetError, match=r"'me/nothing' is not a local path; from the hub: .*not found"):
         localize_datasets([DatasetConfig(path="me/nothing")], tmp_path, cache, access(hub))
-    assert [d["path"] for d in downloads(hub)] == ["data/train-00000-of-00001.jsonl", "extra.jsonl"]
+    assert [d["path"] for d in downloads(hub)] == [
+        "data/train-00000-of-00001.jsonl",
+        "extra.jsonl",
+        "data/train.parquet",
+    ]
 
 
 def test_hub_base_model_resolves_loads_and_reports_its_download(

@@ -184,6 +184,32 @@ def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
     assert live_heads(home) == []
 
 
+def test_workers_ray_cannot_place_say_so_and_fail_resources_unavailable(home: Path, tmp_path: Path) -> None:
+    """Each worker asks for a resource no node has (no check before renting can know a node's custom
+    resources): the trainer reports train.pending with the demand, gives up after the fleet's bound
+    (FLEET_TRAIN_PENDING_S), and the run fails RESOURCES_UNAVAILABLE, its node given back."""
+    job = tmp_path / "job" / "tiny.yml"
+    job.parent.mkdir()
+    job.write_text(EXAMPLE_YAML.read_text().replace("  CPU: 1\n", "  CPU: 1\n  absent_thing: 1\n"))
+    copy_example_data(job.parent)
+    done = fleet(fleet_env(home, FLEET_TRAIN_PENDING_S="3"), "run", str(job), "--json", timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "FAILED" and view["failure_reason"] == "RESOURCES_UNAVAILABLE", view
+    assert (
+        view["failure_message"].startswith("Ray could not place the training workers in 3")
+        and "2 x {CPU: 1, absent_thing: 1} asked, no node of the cluster is big enough"
+        in view["failure_message"]
+    )
+    evs = events_of(home, view["run_id"])
+    pending = [e["data"] for e in evs if e["type"] == "train.pending"]
+    assert pending and pending[0]["demand"] == "2 x {CPU: 1, absent_thing: 1}" and pending[-1]["gave_up"]
+    kinds = [e["type"] for e in evs]
+    assert "train.started" not in kinds and "train.restarted" not in kinds
+    assert "instance.terminated" in kinds and kinds[-1] == "run.failed"
+    assert live_heads(home) == []
+
+
 def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
     home: Path, tmp_path: Path
 ) -> None:

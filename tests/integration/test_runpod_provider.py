@@ -246,7 +246,8 @@ def test_fleet_offers_shows_fits_and_why_not(fake: FakeRunPod, tmp_path: Path) -
 
     job = tmp_path / "job.yml"
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.12\n  cloud_type: ALL\n"
-    job.write_text(EXAMPLE_YAML.read_text().replace("local:\n  one_shot: true\n", section))
+    one_per_gpu = EXAMPLE_YAML.read_text().replace("ray_num_workers: 2\n", "")  # (two need two GPUs)
+    job.write_text(one_per_gpu.replace("local:\n  one_shot: true\n", section))
     copy_example_data(tmp_path)
     env = {
         "RUNPOD_API_BASE_URL": fake.url,

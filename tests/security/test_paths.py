@@ -244,7 +244,7 @@ def test_allowed_paths_still_work(places: tuple[Path, Path], tmp_path: Path) -> 
     settings = tmp_path / "settings.yml"
     settings.write_text("{}\n")
     env = {"FLEET_HOME": str(tmp_path / "h"), "FLEET_SETTINGS_FILE": str(settings)}
-    path = job_file(job_dir, f"  - path: {outside / 'secret.jsonl'}\n    type: alpaca\n")
+    path = job_file(job_dir, f"  - path: {outside / 'secret.jsonl'}\n    type: completion\n")
     rooted = CliRunner().invoke(
         cli,
         ["validate", "--no-axolotl-check", str(path)],
@@ -254,7 +254,7 @@ def test_allowed_paths_still_work(places: tuple[Path, Path], tmp_path: Path) -> 
     assert CliRunner().invoke(cli, ["validate", "--no-axolotl-check", str(path)], env=env).exit_code == 1
     # shipped from a root, read back the same
     job = load_job(
-        job_file(job_dir, f"  - path: {outside}\n    type: alpaca\n", RUNPOD), data_roots=(outside,)
+        job_file(job_dir, f"  - path: {outside}\n    type: completion\n", RUNPOD), data_roots=(outside,)
     )
     shipped = ship_datasets(job.spec.train, job.source, tmp_path / "ship", job.paths)
     assert shipped.datasets[0].path == "datasets/0/outside"

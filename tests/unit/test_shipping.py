@@ -53,3 +53,34 @@ def test_a_local_model_or_too_much_data_is_refused_with_the_key(
         shipping.ship_datasets(train_config(), "job.yml", tmp_path / "ship", allowed)
     assert "datasets" in str(err.value) and "HF Hub" in str(err.value)
     assert not (tmp_path / "ship").exists()  # nothing copied when refused
+
+
+def test_axolotls_path_json_form_validates_ships_and_reads_the_same(tmp_path: Path) -> None:
+    from jobs.spec import load_job
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_bytes(TINY_DATA.read_bytes())
+    job = tmp_path / "job.yml"
+    job.write_text(
+        "base_model: trainfleet/tiny-llama\nadapter: lora\n"
+        "datasets:\n  - path: json\n    data_files: data/train.jsonl\n    type: alpaca\n"
+    )
+    loaded = load_job(job)
+    (entry,) = loaded.spec.train.datasets
+    assert entry.path == "json" and entry.data_files == str(tmp_path / "data" / "train.jsonl")
+
+    ship = tmp_path / "ship"
+    shipped = shipping.ship_datasets(loaded.spec.train, "job.yml", ship, loaded.paths)
+    assert shipped.datasets[0].data_files == "datasets/0/train.jsonl"
+    assert (ship / "datasets" / "0" / "train.jsonl").read_bytes() == TINY_DATA.read_bytes()
+    assert load_records(shipped.datasets, base_dir=ship) == load_records(loaded.spec.train.datasets)
+
+    # A data file outside the job's directory, or a missing one, is refused with the key and its line.
+    job.write_text(job.read_text().replace("data/train.jsonl", "../elsewhere.jsonl"))
+    with pytest.raises(ConfigError) as err:
+        load_job(job)
+    assert "datasets[0].data_files" in str(err.value) and "line 5" in str(err.value)
+    job.write_text(job.read_text().replace("../elsewhere.jsonl", "data/missing.jsonl"))
+    with pytest.raises(ConfigError) as err:
+        load_job(job)
+    assert "datasets[0].data_files" in str(err.value) and "file not found" in str(err.value)
