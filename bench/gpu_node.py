@@ -1,7 +1,7 @@
 """The GPU node check: can this machine train a trainfleet job on its GPU, and how fast?
 
     python3 bench/gpu_node.py [--python PATH] [--build-env] [--gpus 1] [--allow-cpu] [--max-steps N]
-                              [--allow-missing ray,wandb]
+                              [--allow-missing ray,wandb] [--variants all|none|a,b,...] [--variant-steps 8]
 
 Works offline, with the repository alone. It picks the node's interpreter: `--python PATH` if given, else
 this interpreter if it has the node's packages (trainer/requirements-node.txt), else the repository's
@@ -15,12 +15,20 @@ which; `--precision fp32` for the recipe as the fleet runs a job without the key
 bare GPU machine with the other packages carried in on PYTHONPATH, which the children keep); the readiness
 check then reports them, so such a run is never `ok`.
 
+After the main run (passed or not), the GPU-only paths of the recipe, each trained briefly in its own child
+(bench/gpu_variants.py): (a) qlora, (b) 8-bit, (c) fp16 + sdp_attention + tf32, (d) flash_attention,
+(e) a qlora save and resume. `--variants` picks them (default: all on CUDA, none on a CPU); on a CPU each
+must be refused with the recipe's clear error (`expected_failure_ok`). The JSON line's `variants` holds each
+outcome, `variants_by_status` the letters by status, `variant_libraries` bitsandbytes' and flash-attn's
+versions (a variant whose library is missing is `skipped`, which does not count against `ok`).
+
 It prints what it does, then as its LAST line one JSON object: the interpreter used and why, torch and
 CUDA versions, the GPU, bf16, training steps/s (measured between STEP progress lines, leaving out the
 intervals with an evaluation or checkpoint), peak GPU memory, eval loss first -> last, the readiness
-check's result, seconds. Without CUDA it says `"cuda": false` and refuses to train unless `--allow-cpu`
-is passed; `"ok"` is true only for a CUDA run whose check found no problem and whose eval loss fell.
-Exit status: 0 ok (or a finished `--allow-cpu` run), 1 training failed or did not learn, 2 setup.
+check's result, the variants, seconds. Without CUDA it says `"cuda": false` and refuses to train unless
+`--allow-cpu` is passed; `"ok"` is true only for a CUDA run whose check found no problem, whose eval loss
+fell, and whose variants all passed (or were skipped). Exit status: 0 ok (or a finished `--allow-cpu`
+run whose variants were refused as expected), 1 training or a variant failed or did not learn, 2 setup.
 
 The script itself needs only the standard library (3.9+); the training runs in a child process (this file
 with `--child`) under the chosen interpreter.
@@ -29,11 +37,10 @@ with `--child`) under the chosen interpreter.
 from __future__ import annotations
 
 import argparse
-import glob
+import importlib.util
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,28 +48,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIREMENTS = REPO / "trainer" / "requirements-node.txt"
-JOB_YAML = REPO / "configs" / "examples" / "tiny-lora.yml"
-BUILT_ENV = REPO / "out" / "gpu-node-venv"
-NODE_VENV = REPO / ".venv-node" / "bin" / "python"
-MARKER = "@@fleet "  # trainer.progress.MARKER
-RESULT = "@@gpu-node "  # the child's result line
-PROVIDER_SECTIONS = ("local", "runpod", "vastai")
-MIB = 2**20
-
-PROBE = """import json, platform, sys
-import importlib.metadata as m
-found, missing = {}, []
-for name in json.loads(sys.argv[1]):
-    try:
-        found[name] = m.version(name)
-    except m.PackageNotFoundError:
-        missing.append(name)
-print(json.dumps({"python": platform.python_version(), "executable": sys.executable,
-                  "versions": found, "missing": missing}))"""
 
 CUDA_PROBE = """import json, torch
 cuda = torch.cuda.is_available()
@@ -74,193 +63,28 @@ print(json.dumps({"torch": torch.__version__, "torch_cuda": torch.version.cuda, 
     "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported())}))"""
 
 
-class SetupError(Exception):
-    """The run cannot start (no interpreter with the node's packages, no CUDA, ...): exit 2."""
+def _load(name: str) -> ModuleType:
+    """bench/<name>.py by its path, once: bench/ is no package, and on sys.path bench/trainer.py would
+    hide the repository's trainer package."""
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
-def say(text: str) -> None:
-    print(f"gpu_node: {text}", flush=True)
-
-
-def requirements() -> dict[str, str]:
-    """The node's requirements: distribution name -> its specifier ("==2.60.*"), from the one file."""
-    found = {}
-    for line in REQUIREMENTS.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if match := re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(.*)", line):
-            found[match.group(1)] = match.group(3).strip()
-    return found
-
-
-def fleet_python() -> str:
-    """The fleet's Python (X.Y): the lower bound of pyproject's requires-python."""
-    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    match = re.search(r'requires-python\s*=\s*">=\s*(\d+\.\d+)', text)
-    return match.group(1) if match else "3.11"
-
-
-def fleet_ray() -> str | None:
-    """The fleet's exact Ray version, where this checkout says: out/node-constraints.txt (`make node-env`)
-    or the fleet's .venv. None on a machine with the repository alone."""
-    constraints = REPO / "out" / "node-constraints.txt"
-    if constraints.exists():
-        for line in constraints.read_text(encoding="utf-8").splitlines():
-            if match := re.match(r"ray(\[[^\]]*\])?==([\w.+-]+)\s*$", line.strip()):
-                return match.group(2)
-    for path in sorted(glob.glob(str(REPO / ".venv/lib/python*/site-packages/ray-*.dist-info"))):
-        return Path(path).name[len("ray-") : -len(".dist-info")]
-    return None
-
-
-def run_json(argv: list[str], timeout: float, label: str) -> dict[str, Any]:
-    """Run `argv` and parse its last stdout line as JSON; SetupError with its stderr's tail otherwise."""
-    try:
-        done = subprocess.run(
-            argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SetupError(f"{label}: {exc}") from exc
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise SetupError(f"{label} failed (exit {done.returncode}): {tail(done.stderr, 3)}")
-    data = json.loads(lines[-1])
-    assert isinstance(data, dict)
-    return data
+# bench/gpu_env.py: the node's interpreter and its readiness check; bench/gpu_child.py: the main run's child;
+# bench/gpu_variants.py: the variants (bench/gpu_variants_child.py, their child, loads only in a child).
+gpu_env = _load("gpu_env")
+gpu_child = _load("gpu_child")
+gpu_variants = _load("gpu_variants")
+SetupError, say, tail = gpu_env.SetupError, gpu_env.say, gpu_env.tail
 
 
 def rounded(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
-
-
-def tail(text: str, n: int) -> str:
-    return " | ".join(text.strip().splitlines()[-n:])
-
-
-def child_env() -> dict[str, str]:
-    """The environment for the node's processes: the repository importable, nothing of the fleet's
-    (FLEET_*, RAY_*: no fault injection, no cluster to join), no network for the hub or W&B."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "RAY_"))}
-    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)  # keep carried wheels
-    env.update(PYTHONPATH=path, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def probe(python: str) -> dict[str, Any]:
-    """What `python` is and which of the node's packages it lacks."""
-    names = json.dumps(list(requirements()))
-    return run_json([python, "-c", PROBE, names], 60, f"probing {python}")
-
-
-def index_reachable(python: str) -> bool:
-    """Whether pip (as configured here) answers for a package of the node's set, within 30 s."""
-    try:
-        done = subprocess.run(
-            [python, "-m", "pip", "index", "versions", "ray"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-def build_env(ray: str | None) -> str:
-    """A venv in out/gpu-node-venv with the node's packages from the index (pip's default Linux torch is
-    a CUDA build); the fleet's exact Ray when known, and the fleet's other versions (out/node-constraints
-    .txt, its torch left out: that one is the fleet's CPU build)."""
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if here != fleet_python():
-        say(f"warning: building with Python {here}; the fleet's is {fleet_python()} (the check will say so)")
-    if not index_reachable(sys.executable):
-        raise SetupError("--build-env: the package index does not answer (offline?); pass --python instead")
-    say(f"building {BUILT_ENV.relative_to(REPO)} from {REQUIREMENTS.relative_to(REPO)} (minutes)")
-    subprocess.run([sys.executable, "-m", "venv", str(BUILT_ENV)], check=True)
-    pins = [f"ray=={ray}"] if ray else []
-    frozen = REPO / "out" / "node-constraints.txt"
-    if frozen.exists():
-        skip = ("torch==", "triton==", "nvidia-", "ray==", "ray[")
-        pins += [ln for ln in frozen.read_text().splitlines() if ln and not ln.startswith(skip)]
-    constraints = BUILT_ENV / "constraints.txt"
-    constraints.write_text("\n".join(pins) + "\n")
-    python = str(BUILT_ENV / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS), "-c", str(constraints)]
-    if subprocess.run(pip, cwd=REPO).returncode != 0:
-        raise SetupError(f"--build-env: pip could not install {REQUIREMENTS.name} (see above)")
-    return python
-
-
-def choose_env(args: argparse.Namespace, ray: str | None) -> dict[str, Any]:
-    """The interpreter that will train (`interpreter`), why it was chosen (`source`, `why`), and what it
-    has (`python`: its version, `versions` of the node's packages). `--python` wins when given."""
-    candidates = (
-        [(args.python, "given", "given with --python")]
-        if args.python
-        else [
-            (sys.executable, "current", "this interpreter has the node's packages"),
-            (str(NODE_VENV), "venv-node", "the repository's .venv-node has the node's packages"),
-            (str(BUILT_ENV / "bin" / "python"), "built-before", "built earlier with --build-env"),
-        ]
-    )
-    if args.build_env:
-        candidates.append(("", "built", "built now with --build-env"))
-    seen = []
-    for python, source, why in candidates:
-        if source == "built":
-            python = build_env(ray)
-        elif source != "given" and not Path(python).exists():
-            continue
-        try:
-            found = probe(python)
-        except SetupError as exc:
-            seen.append(str(exc))
-            continue
-        if not set(found["missing"]) - set(args.allow_missing.split(",")):
-            why += f" ({'; '.join(seen)})" if seen else ""
-            if found["missing"]:
-                why += f"; lacks {', '.join(found['missing'])} (--allow-missing: the check will say so)"
-            return {"interpreter": python, "source": source, "why": why, **found}
-        seen.append(f"{python} lacks {', '.join(found['missing'])}")
-    hint = "" if args.build_env else " (pass --python PATH, or --build-env where the package index answers)"
-    raise SetupError("no interpreter with the node's packages: " + "; ".join(seen) + hint)
-
-
-def progress_records(text: str) -> list[dict[str, Any]]:
-    records = []
-    for line in text.splitlines():
-        at = line.find(MARKER)
-        if at >= 0:
-            try:
-                records.append(json.loads(line[at + len(MARKER) :]))
-            except json.JSONDecodeError:
-                continue
-    return [r for r in records if isinstance(r, dict)]
-
-
-def readiness(python: str, gpus: int, ray: str | None) -> dict[str, Any]:
-    """`python -m trainer check`: status ok (no problems), problems, absent (no such command yet) or
-    failed, with what it found."""
-    argv = [python, "-m", "trainer", "check", f"--gpus={gpus}", f"--python={fleet_python()}"]
-    argv += [f"--ray={ray}"] if ray else []
-    try:
-        done = subprocess.run(argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "message": "timed out after 180 s", "argv": argv[1:]}
-    checked = [r for r in progress_records(done.stdout) if r.get("kind") == "checked"]
-    if checked:
-        record = checked[-1]
-        problems = list(record.get("problems", []))
-        keep = ("python", "versions", "missing", "cuda", "cuda_version", "gpus", "gpu_names", "bf16")
-        return {
-            "status": "problems" if problems or done.returncode else "ok",
-            "problems": problems,
-            "returncode": done.returncode,
-            **{k: record[k] for k in keep if k in record},
-        }
-    err = done.stderr
-    absent = "invalid choice: 'check'" in err or ("No module named" in err and "trainer.nodecheck" in err)
-    return {
-        "status": "absent" if absent else "failed",
-        "returncode": done.returncode,
-        "message": tail(done.stderr or done.stdout, 3) or "no CHECKED line",
-    }
 
 
 def throughput(timed: list[tuple[float, dict[str, Any]]]) -> float | None:
@@ -299,7 +123,7 @@ def train(python: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     result: dict[str, Any] | None = None
     with open(log, "w") as err:
         child = subprocess.Popen(
-            argv, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=err, text=True
+            argv, cwd=REPO, env=gpu_env.child_env(), stdout=subprocess.PIPE, stderr=err, text=True
         )
         fired = threading.Event()
 
@@ -313,9 +137,9 @@ def train(python: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             assert child.stdout is not None
             for line in child.stdout:
                 now = time.monotonic()
-                if line.startswith(RESULT):
-                    result = json.loads(line[len(RESULT) :])
-                for record in progress_records(line):
+                if line.startswith(gpu_child.RESULT):
+                    result = json.loads(line[len(gpu_child.RESULT) :])
+                for record in gpu_env.progress_records(line):
                     timed.append((now, record))
                     show(record)
             code = child.wait()
@@ -326,58 +150,6 @@ def train(python: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         raise RuntimeError(f"training failed ({why}): {tail(log.read_text(errors='replace'), 5)}")
     result["steps_per_s"] = throughput(timed)
     return result
-
-
-def child(work: Path, precision: str, max_steps: int | None) -> None:
-    """In the node's interpreter: train the tiny job in this process and print the RESULT line."""
-    sys.path.insert(0, str(REPO))
-    import torch
-    import yaml
-
-    from trainer.config import TrainConfig, TrainJob
-    from trainer.train import train as train_job
-
-    raw = yaml.safe_load(JOB_YAML.read_text(encoding="utf-8"))
-    for key in PROVIDER_SECTIONS:
-        raw.pop(key, None)
-    raw["use_ray"] = False
-    if max_steps:
-        raw["max_steps"] = max_steps
-    cuda = torch.cuda.is_available()
-    bf16 = cuda and precision != "fp32" and torch.cuda.is_bf16_supported()
-    if precision == "bf16" and not bf16:
-        raise SystemExit("gpu_node: --precision bf16, but torch says this device has no bf16")
-    by_key = bf16 and "bf16" in TrainConfig.model_fields  # the recipe's own bf16, else autocast around it
-    if by_key:
-        raw["bf16"] = True
-    job = TrainJob(
-        run_id="gpu-node-bench",
-        config=TrainConfig.model_validate(raw),
-        work_dir=str(work / "run"),
-        output_dir=str(work / "run" / "outputs"),
-        cache_dir=str(work / "cache"),
-        use_gpu=cuda,
-    )
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    started = time.monotonic()
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and not by_key):
-        metrics = dict(train_job(job, JOB_YAML.parent))
-    if cuda:
-        torch.cuda.synchronize()
-    train_s = time.monotonic() - started
-    peak = torch.cuda.max_memory_allocated() / MIB if cuda else None
-    reserved = torch.cuda.max_memory_reserved() / MIB if cuda else None
-    out = {
-        "device": "cuda" if cuda else "cpu",
-        "bf16": bf16,
-        "bf16_via": ("the job's bf16 key" if by_key else "autocast around the recipe") if bf16 else None,
-        "train_s": round(train_s, 3),
-        "peak_gpu_mem_mib": None if peak is None else round(peak, 1),
-        "peak_gpu_reserved_mib": None if reserved is None else round(reserved, 1),
-        "metrics": metrics,
-    }
-    print(RESULT + json.dumps(out), flush=True)
 
 
 def verdict(result: dict[str, Any], trained: dict[str, Any] | None) -> int:
@@ -409,12 +181,15 @@ def verdict(result: dict[str, Any], trained: dict[str, Any] | None) -> int:
         why_not.append("the eval loss did not fall")
     if result["error"]:
         why_not.append(result["error"])
+    variant_problems = result.get("variant_problems") or []
+    why_not += variant_problems
     result["ok"], result["why_not"] = not why_not and bool(trained), why_not
     if result["ok"]:
         return 0
     if result["error"]:
         return 1 if result["trained"] is False else 2
-    return 0 if trained and learned and not result["cuda"] else 1  # a CPU run asked for with --allow-cpu
+    cpu_run_done = trained and learned and not result["cuda"] and not variant_problems  # --allow-cpu
+    return 0 if cpu_run_done else 1
 
 
 def driver() -> str | None:
@@ -430,14 +205,15 @@ def driver() -> str | None:
 
 def measure(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any] | None:
     """Environment, CUDA, readiness check, training: fills `result` as it goes; the training's result."""
-    ray = fleet_ray()
-    env = choose_env(args, ray)
+    ray = gpu_env.fleet_ray()
+    env = gpu_env.choose_env(args, ray)
     result["env"] = {k: env[k] for k in ("interpreter", "source", "why", "python")}
     result["python"] = env["python"]
     say(f"interpreter: {env['interpreter']} (Python {env['python']}): {env['why']}")
-    result["ray"] = {"node": env["versions"].get("ray"), "fleet": ray, "required": requirements().get("ray")}
+    required = gpu_env.requirements().get("ray")
+    result["ray"] = {"node": env["versions"].get("ray"), "fleet": ray, "required": required}
     python = env["interpreter"]
-    cuda = run_json([python, "-c", CUDA_PROBE], 120, "torch's CUDA probe")
+    cuda = gpu_env.run_json([python, "-c", CUDA_PROBE], 120, "torch's CUDA probe")
     result.update(cuda)
     result["gpu_name"] = cuda["gpu_names"][0] if cuda["gpu_names"] else None
     result["nvidia_smi"] = driver()
@@ -445,7 +221,7 @@ def measure(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any] 
         f"torch {cuda['torch']} (CUDA {cuda['torch_cuda']}), cuda available: {cuda['cuda']}, "
         f"GPUs: {cuda['device_count']} {cuda['gpu_names']}, bf16: {cuda['bf16_supported']}"
     )
-    result["check"] = check = readiness(python, args.gpus, ray)
+    result["check"] = check = gpu_env.readiness(python, args.gpus, ray)
     say(f"readiness check: {check['status']} {check.get('problems') or check.get('message') or ''}".rstrip())
     if not cuda["cuda"] and not args.allow_cpu:
         raise SetupError(
@@ -457,12 +233,51 @@ def measure(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any] 
     work = Path(tempfile.mkdtemp(prefix="tf-gpu-node-"))
     result["trained"] = False  # until it has
     try:
-        return train(python, args, work)
+        failed, trained = None, None
+        try:
+            trained = train(python, args, work)
+        except RuntimeError as exc:  # the variants run all the same: a GPU session is short
+            failed = exc
+        variants(args, result, python, work, cuda["cuda"])
+        if failed is not None:
+            raise failed
+        return trained
     finally:
         if args.keep:
             say(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def variants(args: argparse.Namespace, result: dict[str, Any], python: str, work: Path, cuda: bool) -> None:
+    """Run the variants `--variants` asks for (gpu_variants) into `result`."""
+    chosen = gpu_variants.plan(args.variants, cuda)
+    timeout = min(args.timeout, gpu_variants.TIMEOUT_S)
+    script = Path(__file__).resolve()
+    steps, env = args.variant_steps, gpu_env.child_env()
+    libraries, outcomes = gpu_variants.run_plan(
+        chosen,
+        cuda=cuda,
+        python=python,
+        script=script,
+        work=work,
+        env=env,
+        steps=steps,
+        timeout=timeout,
+        say=say,
+    )
+    result["variant_libraries"] = libraries
+    result["variants"] = [o.to_json() for o in outcomes]
+    result["variants_by_status"] = gpu_variants.tally(outcomes)
+    result["variant_problems"] = gpu_variants.problems(outcomes)
+
+
+def variant_choice(text: str) -> list[str]:
+    try:
+        chosen: list[str] = gpu_variants.parse_choice(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return chosen
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -486,7 +301,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N steps (default: the job's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds the training may take")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (outputs, logs)")
+    parser.add_argument(
+        "--variants",
+        type=variant_choice,
+        default=None,
+        metavar="all|none|a,b,...",
+        help="the GPU-only paths to train after the main run: a qlora, b 8bit, c fp16, d flash, e resume "
+        "(default: all on CUDA, none on a CPU)",
+    )
+    parser.add_argument(
+        "--variant-steps",
+        type=int,
+        default=gpu_variants.DEFAULT_STEPS,
+        help=f"steps of each variant (default {gpu_variants.DEFAULT_STEPS})",
+    )
     parser.add_argument("--child", metavar="WORK", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # with --child: train that variant
     return parser.parse_args(argv)
 
 
@@ -494,8 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.python and os.sep in args.python:
         args.python = os.path.abspath(args.python)  # the node's processes run in the repository
+    if args.child and args.variant:
+        import yaml
+
+        raw, steps = gpu_child.tiny_job(yaml), args.max_steps or gpu_variants.DEFAULT_STEPS
+        variant_child = _load("gpu_variants_child")
+        code: int = variant_child.child(Path(args.child), args.variant, steps, raw, gpu_child.JOB_YAML.parent)
+        return code
     if args.child:
-        child(Path(args.child), args.precision, args.max_steps)
+        gpu_child.child(Path(args.child), args.precision, args.max_steps)
         return 0
     started = time.monotonic()
     result: dict[str, Any] = {"bench": "gpu_node", "ok": False, "cuda": None, "gpu_name": None}

@@ -104,7 +104,7 @@ def render(
     header = yaml.safe_dump(metadata(config), sort_keys=False, allow_unicode=True)
     workers = int(metrics.get("num_workers", config.ray_num_workers if config.use_ray else 1))
     if isinstance(config, TrainConfig):
-        hyper, how = builtin_rows(config, target_modules, workers), ""
+        hyper, how = builtin_rows(config, target_modules, workers, metrics.get("precision")), ""
     else:
         version = trainer_version or config.axolotl_version or ""
         hyper = axolotl_rows(config, target_modules, workers, version)
@@ -133,12 +133,14 @@ def render(
         f"{about}, trained with trainfleet{how} on {', '.join(f'`{d}`' for d in dataset_names(config))}."
         f"{tracked}\n\n"
         f"## Training hyperparameters\n\n{_table(hyper)}\n## Results\n\n{_table(results)}\n"
-        f"## Usage\n\n{_usage(load_base, adapter is not None)}"
+        f"## Usage\n\n{_usage(load_base, adapter is not None, _grew(config))}"
         f"{job}"
     )
 
 
-def builtin_rows(config: TrainConfig, target_modules: Sequence[str], workers: int) -> list[tuple[str, Any]]:
+def builtin_rows(
+    config: TrainConfig, target_modules: Sequence[str], workers: int, computed: str | None = None
+) -> list[tuple[str, Any]]:
     """The builtin recipe's hyperparameters, every one typed and known."""
     warmup = config.warmup_steps if config.warmup_steps is not None else f"ratio {config.warmup_ratio or 0}"
     return [
@@ -156,9 +158,33 @@ def builtin_rows(config: TrainConfig, target_modules: Sequence[str], workers: in
         ("warmup", warmup),
         ("optimizer", config.optimizer),
         ("weight decay", f"{config.weight_decay:g}"),
+        ("precision", _precision(config, computed)),
+        ("gradient checkpointing", config.gradient_checkpointing),
         ("train on inputs", config.train_on_inputs),
         ("seed", config.seed),
     ]
+
+
+def _precision(config: TrainConfig, computed: str | None) -> str:
+    """What the run computed in (`computed`, from its metrics; else what the job asked), with the base
+    weights' quantization when there is one."""
+    asked = (
+        "float16"
+        if config.fp16
+        else "bfloat16"
+        if config.bf16 is True
+        else "bf16: auto"
+        if config.bf16
+        else "float32"
+    )
+    bits = (
+        ", base weights 4-bit NF4"
+        if config.load_in_4bit
+        else ", base weights 8-bit"
+        if config.load_in_8bit
+        else ""
+    )
+    return (computed or asked) + bits
 
 
 def axolotl_rows(
@@ -202,15 +228,30 @@ def axolotl_rows(
     ]
 
 
-def _usage(load_base: str, adapter: bool) -> str:
+def _grew(config: TrainConfig | AxolotlConfig) -> bool:
+    """Whether the job may have added tokens (the base's embeddings must grow before the adapter loads)."""
+    extra = config.model_extra or {}
+    return bool(getattr(config, "tokens", None) or getattr(config, "special_tokens", None)) or bool(
+        extra.get("tokens") or extra.get("special_tokens")
+    )
+
+
+def _usage(load_base: str, adapter: bool, grew: bool = False) -> str:
     if not adapter:
         return (
             "```python\nfrom transformers import AutoModelForCausalLM\n\n"
             'model = AutoModelForCausalLM.from_pretrained("<this directory or repository>")\n```\n'
         )
+    resize = (
+        'tokenizer = AutoTokenizer.from_pretrained("<this directory or repository>")\n'
+        "base.resize_token_embeddings(len(tokenizer))  # the job added tokens\n"
+        if grew
+        else ""
+    )
+    imports = "AutoModelForCausalLM, AutoTokenizer" if grew else "AutoModelForCausalLM"
     return (
-        "```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n\n"
-        f'base = AutoModelForCausalLM.from_pretrained("{load_base}")\n'
+        f"```python\nfrom peft import PeftModel\nfrom transformers import {imports}\n\n"
+        f'base = AutoModelForCausalLM.from_pretrained("{load_base}")\n{resize}'
         'model = PeftModel.from_pretrained(base, "<this directory or repository>")\n```\n'
     )
 

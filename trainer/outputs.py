@@ -60,6 +60,7 @@ class Metrics(TypedDict):
     num_workers: int
     trainable_params: int
     total_params: int
+    precision: str  # what the forward passes computed in: bfloat16, float16 or float32
 
 
 def save_adapter(peft_model: Any, out: Path, base_model: str) -> None:

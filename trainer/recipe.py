@@ -98,6 +98,7 @@ class _Run(RunSetup):
             train_examples=len(self.data.train),
             eval_examples=len(self.data.eval),
             python=sys.executable,  # the node environment's interpreter, which trains (rank 0's)
+            precision=self.precision.dtype or "float32",
         )
         if (where := self.resumed) is not None:
             self.say(Kind.RESUMED, step=where.step, total_steps=self.total, **where.to_json())
@@ -122,6 +123,7 @@ class _Run(RunSetup):
             "num_workers": w.world_size,
             "trainable_params": self.trainable,
             "total_params": self.total_params,
+            "precision": self.precision.dtype or "float32",
         }
         output_dir = Path(self.job.output_dir)
         if w.is_main:

@@ -92,6 +92,9 @@ class TrainStarted(NodeRecord):
     train_examples: int | None = None
     eval_examples: int | None = None
     python: str | None = Field(None, description="The interpreter rank 0 trains with (the node's own).")
+    precision: str | None = Field(
+        None, description="What the forward passes compute in: bfloat16, float16, float32."
+    )
 
 
 class TrainStep(NodeRecord):

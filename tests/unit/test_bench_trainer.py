@@ -1,5 +1,6 @@
-"""bench/trainer.py's pure parts, without training: the FLOPs formula (against PEFT's own count of a small
-Llama), the GPU peak table, the timed window, the rotation of the rounds and the JSON report's shape."""
+"""bench/trainer.py's pure parts (bench/trainer_figures.py), without training: the FLOPs formula (against
+PEFT's own count of a small Llama), the GPU peak table, the timed window, the rotation of the rounds and the
+JSON report's shape."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def bench() -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    spec.loader.exec_module(module)  # it loads bench/trainer_figures.py and bench/trainer_children.py
+    figures: ModuleType = module.figures
+    return figures
 
 
 def test_the_shape_counts_what_peft_and_the_model_hold(bench: ModuleType) -> None:

@@ -77,3 +77,21 @@ def test_shipped_datasets_the_job_and_the_wandb_run() -> None:
     assert f"```yaml\n{job}```" in card.text and f"[{url}]({url})" in card.text
     bare = render(config, METRICS, run_id="r1", target_modules=TARGETS)
     assert "## Job" not in bare and "W&B" not in bare
+
+
+def test_the_card_says_what_the_run_computed_in_and_how_to_load_grown_embeddings() -> None:
+    plain = ModelCard(render(train_config(), METRICS, run_id="r1", target_modules=TARGETS)).text
+    assert "| precision | bf16: auto |" in plain  # the job's ask, when the metrics do not say
+    assert "resize_token_embeddings" not in plain
+
+    config = train_config(
+        adapter="qlora",
+        load_in_4bit=True,
+        tokens=["<tool>"],
+        lora_modules_to_save=["embed_tokens", "lm_head"],
+    )
+    card = ModelCard(
+        render(config, {**METRICS, "precision": "bfloat16"}, run_id="r1", target_modules=TARGETS)
+    ).text
+    assert "| precision | bfloat16, base weights 4-bit NF4 |" in card
+    assert "base.resize_token_embeddings(len(tokenizer))" in card  # the adapter's embeddings are larger

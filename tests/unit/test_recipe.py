@@ -52,6 +52,7 @@ def test_short_run_writes_results(
         "train_examples": 792,
         "eval_examples": 8,
         "python": sys.executable,  # the interpreter that trains (on a node: the node environment's)
+        "precision": "float32",  # what the forward passes computed in (`bf16: auto` on a CPU)
     }
     assert finished["metrics"] == metrics and finished["output_dir"] == job.output_dir
     assert all(math.isfinite(r["loss"]) and r["learning_rate"] >= 0 for r in lines if r["kind"] == "step")

@@ -125,4 +125,3 @@ def test_the_worker_bundle_is_ray_trains() -> None:
     gpus = node_shape(gpu_node.provider, gpu_node.section).gpus
     assert worker_bundle(gpu_node.train, gpus) == {"CPU": 2.0, "GPU": 1.0}
     assert worker_bundle(spec(RAY + "local:\n  num_cpus: 1\n").train, 0) == {"CPU": 1.0}
-
