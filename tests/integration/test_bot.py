@@ -311,7 +311,9 @@ def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
     from tests.fakes.runpod import FakeRunPod
 
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: false\n  jupyter: true\n"
-    job = {"file": ("lab.yml", TINY.replace(b"local:\n  one_shot: true\n", section.encode()))}
+    # One Ray worker per GPU of the pod (jobs.topology): the example's two fit only on two GPUs.
+    text = TINY.replace(b"ray_num_workers: 2\n", b"").replace(b"local:\n  one_shot: true\n", section.encode())
+    job = {"file": ("lab.yml", text)}
     other: dict[str, Any] = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
     home = fleet.settings.home
     with FakeRunPod(api_key="rp-key", home=home / "fake", nodes="none", ready_delay_s=0) as fake:

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jobs.dataset_check import MAX_ROWS
 from providers.local.client import node_python
 from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.integration.fleetproc import (
@@ -167,10 +168,12 @@ def test_worker_killed_mid_stage_recovers_without_duplicates(home: Path) -> None
 def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
     home: Path, tmp_path: Path
 ) -> None:
-    """The dataset passes submit-time checks (the file exists) but is not JSON: the node's fetch job fails."""
+    """The dataset passes submit-time checks (validate reads its first rows only: jobs.dataset_check) but a
+    later row is not JSON: the node's fetch job fails."""
     data = tmp_path / "job" / "data"
     data.mkdir(parents=True)
-    (data / "broken.jsonl").write_text('{"instruction": "hi", "output": "ok"}\nnot json at all\n')
+    good = '{"instruction": "hi", "output": "ok"}\n' * (MAX_ROWS + 1)  # validate stops after MAX_ROWS
+    (data / "broken.jsonl").write_text(good + "not json at all\n")
     job = tmp_path / "job" / "broken.yml"
     job.write_text(EXAMPLE_YAML.read_text().replace("data/tiny-alpaca.jsonl", "data/broken.jsonl"))
     env = fleet_env(home)
@@ -178,7 +181,7 @@ def test_a_failing_job_ends_failed_with_its_reason_and_gives_the_node_back(
     assert done.returncode == 1
     view = json.loads(done.stdout)
     assert view["state"] == "FAILED" and view["failure_reason"] == "PREPARE_FAILED"
-    assert "broken.jsonl:2: not valid JSON" in view["failure_message"]
+    assert f"broken.jsonl:{MAX_ROWS + 2}: not valid JSON" in view["failure_message"]
     kinds = [e["type"] for e in events_of(home, view["run_id"])]
     assert "instance.terminated" in kinds and kinds[-1] == "run.failed" and "train.submitted" not in kinds
     assert live_heads(home) == []
