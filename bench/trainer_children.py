@@ -224,28 +224,22 @@ def run_builtin(plan: Plan, model: Path, work: Path, clock: Clock) -> dict[str, 
 
 def eval_loss(model: Any, examples: list[Any], plan: Plan, pad_id: int) -> float:
     """Token-weighted mean loss over `examples`, as trainer.recipe evaluates (the same batches, the same
-    sum over trained tokens / their number)."""
+    per-batch sums: trainer.recipe.summed_loss)."""
     import torch
 
-    from trainer.data import IGNORE_INDEX, Collator
+    from trainer.data import Collator
+    from trainer.recipe import summed_loss
 
     device = torch.device("cuda" if plan.cuda else "cpu")
     collate, total, count = Collator(pad_id), 0.0, 0.0
     model.eval()
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=plan.bf16):
+    with torch.no_grad():
         for at in range(0, len(examples), plan.micro):
             batch = {k: v.to(device) for k, v in collate(examples[at : at + plan.micro]).items()}
-            labels = batch.pop("labels")[:, 1:]
-            logits = model(**batch).logits[:, :-1].float()
-            total += float(
-                torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]),
-                    labels.reshape(-1),
-                    ignore_index=IGNORE_INDEX,
-                    reduction="sum",
-                )
+            batch_sum, batch_tokens = summed_loss(
+                model, batch, lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=plan.bf16)
             )
-            count += float((labels != IGNORE_INDEX).sum())
+            total, count = total + batch_sum, count + batch_tokens
     model.train()
     return total / max(count, 1.0)
 

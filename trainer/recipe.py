@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -81,6 +82,23 @@ def run(job: TrainJob, model_path: Path, *, base_dir: Path | None = None, under_
         raise
     state.tracker.finish()
     return metrics
+
+
+def summed_loss(
+    module: Any, batch: dict[str, Any], autocast: Callable[[], AbstractContextManager[Any]]
+) -> tuple[float, float]:
+    """(the summed next-token loss, the number of trained tokens) of one collated batch on `module`'s
+    device, its forward under `autocast`: the parts of the token-weighted eval loss (labels at IGNORE_INDEX
+    count for nothing). bench/trainer.py scores the other trainers' models with it too."""
+    import torch
+
+    labels = batch["labels"][:, 1:]
+    with autocast():
+        logits = module(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].float()
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return float(loss), float((labels != IGNORE_INDEX).sum())
 
 
 class _Run(RunSetup):
@@ -279,19 +297,8 @@ class _Run(RunSetup):
         loss_sum, tokens = 0.0, 0.0
         with torch.no_grad():
             for batch in self.eval_loader:
-                batch = self.to_device(batch)
-                labels = batch.pop("labels")[:, 1:]
-                with self.precision.autocast():
-                    logits = module(**batch).logits[:, :-1].float()
-                loss_sum += float(
-                    torch.nn.functional.cross_entropy(
-                        logits.reshape(-1, logits.shape[-1]),
-                        labels.reshape(-1),
-                        ignore_index=IGNORE_INDEX,
-                        reduction="sum",
-                    )
-                )
-                tokens += float((labels != IGNORE_INDEX).sum())
+                batch_sum, batch_tokens = summed_loss(module, self.to_device(batch), self.precision.autocast)
+                loss_sum, tokens = loss_sum + batch_sum, tokens + batch_tokens
         loss_sum, tokens = dist.all_reduce_sum([loss_sum, tokens], self.worker)
         eval_loss = self.pos.eval_loss = loss_sum / max(tokens, 1.0)
         self.say(Kind.EVAL, step=self.pos.step, eval_loss=round(eval_loss, 6))
