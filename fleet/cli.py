@@ -133,7 +133,7 @@ def _print_plan(plan: JobPlan) -> None:
     rows = [
         ("command", plan.command),
         ("software", plan.software + (f" (axolotl {plan.axolotl_version})" if plan.axolotl_version else "")),
-        ("machines", f"{plan.nodes} x {plan.gpus_per_node} GPU" + (f" ({plan.gpu})" if plan.gpu else "")),
+        ("machines", plan.machines),
         ("workers", plan.workers),
         ("price", f"{price}: {plan.price_note}"),
     ]

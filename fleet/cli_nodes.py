@@ -78,16 +78,20 @@ def terminate(
 
 def offers(
     file: Annotated[Path, typer.Argument(help="A job YAML file.")],
+    head: Annotated[
+        bool, typer.Option("--head", help="The offers for the head's own shape (`head:` in a cluster).")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """The offers that fit the job's provider section, cheapest first, and why the others do not."""
     settings = settings_or_exit()
     try:
         job = load_job(file, default_provider=settings.default_provider, data_roots=settings.data_roots)
+        section = job.spec.section.node_section(0) if head else job.spec.section
         provider = get_provider(job.spec.provider.value, provider_context(settings))
         chooser = getattr(provider, "choose", None)
-        choice: Choice | None = chooser(job.spec.section) if chooser is not None else None
-        plain = provider.list_offers(job.spec.section) if choice is None else []
+        choice: Choice | None = chooser(section) if chooser is not None else None
+        plain = provider.list_offers(section) if choice is None else []
     except ConfigError as exc:
         err.print(format_problems(exc), markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -112,6 +116,8 @@ def offers(
                 | {"bid_per_gpu": p.bid_per_gpu}
             )
         rejected = [{"offer": r.candidate.offer_id, "why": list(r.reasons)} for r in choice.rejected]
+    if not head and job.spec.section.node_section(0) is not job.spec.section:
+        err.print(f"the head has its own shape: fleet offers {file} --head", markup=False, highlight=False)
     if as_json:
         out.print_json(json.dumps({"provider": provider.name.value, "fits": fits, "rejected": rejected}))
         return

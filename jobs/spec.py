@@ -79,9 +79,16 @@ class JobSpec(BaseModel):
 
     @property
     def gpu_count(self) -> int:
-        """GPUs the job's node has (``num_gpus`` for local, ``gpu_count`` for rented machines)."""
+        """GPUs of each node the job trains on (``num_gpus`` for local, ``gpu_count`` for rented machines;
+        in a cluster whose head has its own shape, the other nodes')."""
         section = self.section
         return section.num_gpus if isinstance(section, LocalSection) else section.gpu_count
+
+    @property
+    def head_gpu_count(self) -> int:
+        """GPUs of the run's head node: `gpu_count`, or the head's own (`head:`) in a cluster that has one."""
+        head = self.section.node_section(0)
+        return head.num_gpus if isinstance(head, LocalSection) else head.gpu_count
 
     @property
     def one_shot(self) -> bool:
@@ -188,8 +195,8 @@ def parse_job(
         where = join_path(provider.value, "num_nodes")
         message = f"{provider.value} cannot run on {section.num_nodes} machines: {section.MULTI_NODE.reason}"
         problems.append(Problem(where, message, line_of(lines, where)))
-    elif section is not None and section.num_nodes > 1:
-        for key, message in section.multi_node_problems():
+    elif section is not None:
+        for key, message in section.cluster_problems():
             where = join_path(provider.value, key)
             problems.append(Problem(where, message, line_of(lines, where)))
     problems = said_once(secrets, problems)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from core.errors import FleetError
 from core.settings import Settings
-from jobs.sections import LocalSection, ProviderName
+from jobs.sections import LocalSection, ProviderName, RunPodSection
 from jobs.spec import LoadedJob
 from providers.base import NodeSoftware, ProviderContext
 from providers.local.client import axolotl_python, node_python
@@ -36,10 +36,20 @@ class JobPlan(BaseModel):
     """The node's image (rented) or interpreter (local)."""
     gpu: str | None
     gpus_per_node: int
+    head: str | None = None
+    """The head's own shape (`1 GPU (NVIDIA RTX A4000)`) when it has one; then `gpu` and `gpus_per_node`
+    are the other nodes'."""
     nodes: int
     workers: str
     price_per_hour: float | None
     price_note: str
+
+    @property
+    def machines(self) -> str:
+        """`2 x 4 GPU (NVIDIA L40S)`; with the head's own shape `1 x 1 GPU (...) as the head + 2 x ...`."""
+        nodes = self.nodes if self.head is None else self.nodes - 1
+        text = f"{nodes} x {self.gpus_per_node} GPU" + (f" ({self.gpu})" if self.gpu else "")
+        return text if self.head is None else f"1 x {self.head} as the head + {text}"
 
 
 def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
@@ -64,11 +74,19 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
         software=where,
         gpu=None if local else str(getattr(section, "gpu", "")) or None,
         gpus_per_node=spec.gpu_count,
+        head=_head(section),
         nodes=section.num_nodes,
         workers=_workers(train, spec.gpu_count),
         price_per_hour=price,
         price_note=note,
     )
+
+
+def _head(section: object) -> str | None:
+    """The head's own shape, when the section gives it one."""
+    if not isinstance(section, RunPodSection) or (head := section.node_section(0)) is section:
+        return None
+    return f"{head.gpu_count} GPU ({head.gpu})" if head.gpu_count else "no GPU"
 
 
 def _command(train: FleetKeys) -> str:
@@ -88,20 +106,27 @@ def _workers(train: FleetKeys, gpus: int) -> str:
 
 
 def _price(context: ProviderContext, job: LoadedJob) -> tuple[float | None, str]:
-    """The cheapest fitting offer's price for the whole cluster, and a note on where it came from."""
+    """The cheapest fitting offers' price for the whole cluster (the head's own shape priced apart), and a
+    note on where it came from."""
     spec = job.spec
     if isinstance(spec.section, LocalSection):
         return 0.0, "this machine"
-    try:
-        provider = get_provider(spec.provider.value, context)
-        chooser = getattr(provider, "choose", None)
-        choice: Choice | None = chooser(spec.section) if chooser is not None else None
-    except FleetError as exc:
-        return None, f"offers unknown: {exc}"
-    if choice is None or choice.best is None:
-        return None, "no offer fits now (`fleet offers FILE` says why)"
     nodes = spec.section.num_nodes
-    total = choice.best.price_per_hour * nodes
-    return total, f"cheapest of {len(choice.fits)} fitting offer(s): {choice.best.candidate.gpu}" + (
-        f", x{nodes} nodes" if nodes > 1 else ""
-    )
+    head = spec.section.node_section(0)
+    shapes = [(spec.section, nodes)] if head is spec.section else [(head, 1), (spec.section, nodes - 1)]
+    total, notes = 0.0, []
+    for section, count in shapes:
+        try:
+            provider = get_provider(spec.provider.value, context)
+            chooser = getattr(provider, "choose", None)
+            choice: Choice | None = chooser(section) if chooser is not None else None
+        except FleetError as exc:
+            return None, f"offers unknown: {exc}"
+        if choice is None or choice.best is None:
+            return None, "no offer fits now (`fleet offers FILE` says why)"
+        total += choice.best.price_per_hour * count
+        shown = f"{choice.best.candidate.gpu}" + (f", x{count} nodes" if count > 1 else "")
+        if len(shapes) > 1:
+            shown = ("the head: " if section is head else "the others: ") + shown
+        notes.append(f"cheapest of {len(choice.fits)} fitting offer(s): {shown}")
+    return total, "; ".join(notes)

@@ -111,7 +111,7 @@ def _bring_up(
         request = LaunchRequest(
             name,
             run.run_id,
-            run.spec.section,
+            run.spec.section.node_section(k),  # the head may have its own shape
             node_secrets(ctx, run),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,

@@ -42,7 +42,7 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     when it is submitted), and go on to prepare once it passes."""
     client = NodeClient(endpoint, NodeTimeouts.of(ctx.settings))
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
-    command = entrypoint(run.spec.gpu_count, node_software(ctx, run))
+    command = entrypoint(run.spec.head_gpu_count, node_software(ctx, run))  # checked on the head
     info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])
     if info is None or not info.status.is_terminal():
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)

@@ -14,7 +14,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -227,10 +227,15 @@ class SectionBase(BaseModel):
         description="Machines in the run's Ray cluster (node 0 the head, the others join it as workers).",
     )
 
-    def multi_node_problems(self) -> list[tuple[str, str]]:
-        """What else a run on `num_nodes` > 1 machines of this provider needs and the section lacks, as
-        (key, message); none by default."""
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        """What else the section's cluster needs and lacks, or asks and this provider cannot rent (a run on
+        `num_nodes` > 1 machines, the head's own shape), as (key, message); none by default."""
         return []
+
+    def node_section(self, node: int) -> Self:
+        """The section that rents node `node` of the run's cluster (0: the head): this one, unless the
+        provider gives the head its own shape (jobs.sections.head)."""
+        return self
 
     one_shot: bool = Field(
         True, description="Terminate the machine when the run ends, whether it succeeded or failed."

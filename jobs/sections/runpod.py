@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints
 
 from jobs.sections.base import AbsolutePath, Capability, RemoteSection, Text, Token, matching
+from jobs.sections.head import HeadShape
+
+# Ray's pattern for an NVIDIA GPU's model token in its name (ray/_private/accelerators/nvidia_gpu.py)
+_RAY_GPU_NAME = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
 
 GitUrl = Annotated[
     str,
@@ -21,18 +26,56 @@ class RunPodSection(RemoteSection):
     # The pods of a cluster are created with RunPod's global networking (a private network between the
     # account's pods, each reachable at <pod id>.runpod.internal) and all mount the run's network volume.
     MULTI_NODE: ClassVar[Capability] = Capability(True)
+    CPU_HEAD: ClassVar[Capability] = Capability(
+        False,
+        "RunPod's global networking, which joins a cluster's pods on one private network, is for NVIDIA GPU "
+        "pods only, so a CPU pod could not reach the other nodes",
+    )
+    """Whether the head may be a CPU-only machine (`head: {gpu_count: 0}`)."""
 
-    def multi_node_problems(self) -> list[tuple[str, str]]:
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        problems = []
         if self.num_nodes > 1 and self.network_volume_id is None:
-            return [
+            problems.append(
                 (
                     "num_nodes",
                     f"a run on {self.num_nodes} RunPod pods needs network_volume_id: a network volume that "
                     "every pod mounts, where the run's checkpoints and results live (one pod cannot reach "
                     "another's disk)",
                 )
-            ]
-        return []
+            )
+        if self.head is not None and self.num_nodes < 2:
+            message = (
+                "gives the head of a cluster its own shape, and num_nodes: 1 is no cluster: set num_nodes "
+                "to the head and the nodes of the section's shape (e.g. 3 for the head and two more), or "
+                "write these keys in the section itself"
+            )
+            problems.append(("head", message))
+        if self.head is not None and self.head.gpu_count == 0 and not self.CPU_HEAD.supported:
+            message = (
+                f"a CPU-only head cannot be part of a RunPod cluster: {self.CPU_HEAD.reason}. Give the head "
+                "a GPU (a small one will do, e.g. gpu: NVIDIA RTX A4000 and gpu_count: 1) and keep the "
+                "workers off it with accelerator_type:<the others' GPU> in resources_per_worker"
+            )
+            problems.append(("head.gpu_count", message))
+        return problems
+
+    def node_section(self, node: int) -> RunPodSection:
+        if node == 0 and self.head is not None:
+            return self.model_copy(update={**self.head.updates(), "head": None})
+        return self
+
+    @staticmethod
+    def accelerator_type(gpu: str) -> str:
+        """What Ray calls a node with this GPU, `accelerator_type:<this>`: RunPod's GPU ids are the names
+        NVIDIA's driver reports, which Ray turns into the type by its own rule (Ray 2.60's
+        NvidiaGPUAcceleratorManager: the model token, "NVIDIA RTX A5000" -> RTX-A5000, "NVIDIA A100 80GB
+        PCIe" -> A100; a consumer card's whole name, "NVIDIA GeForce RTX 4090" -> GeForce-RTX-4090)."""
+        found = _RAY_GPU_NAME.match(gpu)
+        model = found.group(1).replace(" ", "-") if found else ""
+        if len(model) > 1:
+            return model
+        return re.sub(r"^NVIDIA\s+", "", gpu).strip().replace(" ", "-")
 
     @property
     def starts_from_template(self) -> bool:
@@ -55,3 +98,8 @@ class RunPodSection(RemoteSection):
     axolotl_git_branch: Token | None = Field(None, description="Branch of `axolotl_git` to install.")
     axolotl_root: AbsolutePath | None = Field(None, description="Where axolotl is checked out in the pod.")
     prepare_ds_only: bool = Field(False, description="Only tokenize and cache the datasets, then stop.")
+    head: HeadShape | None = Field(
+        None,
+        description="The head's own shape in a cluster (num_nodes >= 2): gpu, gpu_count, min_vcpu_count, "
+        "min_memory_in_gb, container_disk_in_gb for node 0; the other nodes are rented with the section's.",
+    )

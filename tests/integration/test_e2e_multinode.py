@@ -174,3 +174,54 @@ def test_a_pod_that_never_comes_up_fails_the_run_and_every_pod_is_terminated(
     assert {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"} == set(names)
     types = [e["type"] for e in evs]
     assert "node.joined" not in types and "prepare.submitted" not in types
+
+
+# A cluster of two GPU types: the head on an A5000 (its own shape), the other pod an A6000, and the workers
+# pinned to the A6000 by the resource Ray gives such a node. Fewer steps: where it trains is the point.
+HETERO = SECTION.replace("gpu: NVIDIA RTX A5000", "gpu: NVIDIA RTX A6000") + (
+    "  head:\n    gpu: NVIDIA RTX A5000\n    gpu_count: 1\n"
+)
+
+
+@pytest.mark.timeout(600)
+def test_a_head_of_its_own_shape_rents_its_gpu_and_the_pinned_workers_train_on_the_other_node(
+    home: Path, cluster_cloud: FakeRunPod, tmp_path: Path
+) -> None:
+    job = job_for(tmp_path, HETERO, "max_steps: 12\n")
+    text = job.read_text().replace("eval_steps: 20\n", "eval_steps: 6\n").replace("save_steps: 40\n", "")
+    job.write_text(text.replace("  CPU: 1\n", "  CPU: 1\n  accelerator_type:RTX-A6000: 0.001\n", 1))
+    env = fleet_env(
+        home, RUNPOD_API_BASE_URL=cluster_cloud.url, RUNPOD_API_KEY=API_KEY, FLEET_NODE_READY_TIMEOUT_S="240"
+    )
+    plan = fleet(env, "validate", str(job), "--plan", "--json", timeout=120)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    (planned,) = json.loads(plan.stdout)
+    assert planned["head"] == "1 GPU (NVIDIA RTX A5000)" and planned["gpu"] == "NVIDIA RTX A6000"
+    assert planned["workers"].startswith("1 Ray Train workers")  # the A6000's one GPU; none on the head
+    for of_head, gpu in ((True, "NVIDIA RTX A5000"), (False, "NVIDIA RTX A6000")):  # `fleet offers`, each
+        offers = fleet(env, "offers", str(job), *(["--head"] if of_head else []), "--json", timeout=120)
+        assert offers.returncode == 0, offers.stderr[-2000:]
+        assert {f["gpu"] for f in json.loads(offers.stdout)["fits"]} == {gpu}
+        assert ("--head" in offers.stderr) is not of_head  # without it: a word that the head has its own
+    done = fleet(env, "run", str(job), "--json", timeout=480)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    run_id = view["run_id"]
+    assert view["state"] == "SUCCEEDED"
+    evs = events_of(home, run_id)
+    # Each pod was rented as its shape says: the head an A5000, the other an A6000 (dearer).
+    requested = {
+        e["data"]["instance"]: e["data"]["price_per_hour"] for e in evs if e["type"] == "instance.requested"
+    }
+    head, other = f"tf-{run_id}-1-0", f"tf-{run_id}-1-1"
+    assert set(requested) == {head, other} and requested[head] < requested[other], requested
+    assert sum(requested.values()) == pytest.approx(planned["price_per_hour"])  # as the plan priced them
+    # Ray saw the two GPU types, and placed the one worker on the A6000's node, not on the head.
+    joined = {e["data"]["accelerator"]: e["data"] for e in evs if e["type"] == "node.joined"}
+    assert sorted(joined) == ["RTX-A5000", "RTX-A6000"] and joined["RTX-A5000"]["head"]
+    (started,) = [e["data"] for e in evs if e["type"] == "train.started"]
+    assert started["num_workers"] == 1 and started["nodes"] == [joined["RTX-A6000"]["node_id"]], started
+    assert view["metrics"]["global_step"] == 12
+    state = fake_state(cluster_cloud.url)
+    assert state["instances"] == [] and state["requests"]["create"] == 2
+    assert {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"} == {head, other}

@@ -166,6 +166,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "axolotl_git_branch": None,
         "axolotl_root": None,
         "prepare_ds_only": False,
+        "head": None,  # trainfleet's: the head's own shape in a cluster
     }
 
 
@@ -174,7 +175,7 @@ def test_a_runpod_cluster_with_a_network_volume_is_valid() -> None:
     section = parse(text).spec.section  # (with Ray: without it only the first node would train)
     assert isinstance(section, RunPodSection)
     assert section.num_nodes == 2 and section.network_volume_id == "vol-abc123"
-    assert section.MULTI_NODE.supported and section.multi_node_problems() == []
+    assert section.MULTI_NODE.supported and section.cluster_problems() == []
 
 
 def test_every_poc_runpod_key_is_accepted() -> None:

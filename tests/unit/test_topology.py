@@ -9,7 +9,7 @@ import pytest
 
 from core.errors import ConfigError, Problem
 from jobs.spec import JobSpec, parse_job
-from jobs.topology import node_shape, worker_bundle
+from jobs.topology import cluster_shape, worker_bundle
 from trainer.config import AxolotlConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,6 +122,7 @@ def test_fractional_gpus_share_a_gpu() -> None:
 def test_the_worker_bundle_is_ray_trains() -> None:
     # A zero amount is dropped and a GPU worker always gets its GPU (Ray Train's ScalingConfig).
     gpu_node = spec(RAY + "resources_per_worker:\n  CPU: 2\n  GPU: 0\nrunpod:\n  gpu_count: 1\n")
-    gpus = node_shape(gpu_node.provider, gpu_node.section).gpus
+    (shape,) = cluster_shape(gpu_node.provider, gpu_node.section)
+    gpus = shape.gpus
     assert worker_bundle(gpu_node.train, gpus) == {"CPU": 2.0, "GPU": 1.0}
     assert worker_bundle(spec(RAY + "local:\n  num_cpus: 1\n").train, 0) == {"CPU": 1.0}
