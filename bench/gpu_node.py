@@ -37,7 +37,6 @@ with `--child`) under the chosen interpreter.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -48,10 +47,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# Run as a script, this file's folder comes first on sys.path, where bench/trainer.py would hide the
+# repository's trainer package: the repository comes first instead, and the siblings are `bench.<name>`.
+sys.path[:] = [
+    str(REPO),
+    *(p for p in sys.path if Path(p or ".").resolve() not in (REPO, Path(__file__).resolve().parent)),
+]
 
 CUDA_PROBE = """import json, torch
 cuda = torch.cuda.is_available()
@@ -63,23 +67,10 @@ print(json.dumps({"torch": torch.__version__, "torch_cuda": torch.version.cuda, 
     "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported())}))"""
 
 
-def _load(name: str) -> ModuleType:
-    """bench/<name>.py by its path, once: bench/ is no package, and on sys.path bench/trainer.py would
-    hide the repository's trainer package."""
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 # bench/gpu_env.py: the node's interpreter and its readiness check; bench/gpu_child.py: the main run's child;
 # bench/gpu_variants.py: the variants (bench/gpu_variants_child.py, their child, loads only in a child).
-gpu_env = _load("gpu_env")
-gpu_child = _load("gpu_child")
-gpu_variants = _load("gpu_variants")
+from bench import gpu_child, gpu_env, gpu_variants  # noqa: E402
+
 SetupError, say, tail = gpu_env.SetupError, gpu_env.say, gpu_env.tail
 
 
@@ -328,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         import yaml
 
         raw, steps = gpu_child.tiny_job(yaml), args.max_steps or gpu_variants.DEFAULT_STEPS
-        variant_child = _load("gpu_variants_child")
+        from bench import gpu_variants_child as variant_child
+
         code: int = variant_child.child(Path(args.child), args.variant, steps, raw, gpu_child.JOB_YAML.parent)
         return code
     if args.child:

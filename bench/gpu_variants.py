@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_env import progress_records
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT = "@@gpu-variant "  # a variant child's result line
-MARKER = "@@fleet "  # trainer.progress.MARKER
 DEFAULT_STEPS = 8
 TIMEOUT_S = 300.0  # one variant on a GPU takes seconds; a hang must not eat the session
 PAGED_MIN = 100_000  # bitsandbytes pages optimizer buffers of this many elements or more
@@ -174,19 +175,6 @@ class Outcome:
         return asdict(self)
 
 
-def records(text: str) -> list[dict[str, Any]]:
-    """The progress records in `text` (lines with trainer.progress's marker)."""
-    found = []
-    for line in text.splitlines():
-        at = line.find(MARKER)
-        if at >= 0:
-            try:
-                found.append(json.loads(line[at + len(MARKER) :]))
-            except json.JSONDecodeError:
-                continue
-    return [r for r in found if isinstance(r, dict)]
-
-
 def child_result(stdout: str) -> dict[str, Any] | None:
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT):
@@ -203,7 +191,9 @@ def last_line(text: str) -> str:
 def judge(variant: Variant, expect: Expect, steps: int, code: int, stdout: str, stderr: str) -> Outcome:
     """A variant's Outcome from its child's exit status and output (seconds are the caller's)."""
     result = child_result(stdout) or {}
-    losses = {str(r["step"]): r["loss"] for r in records(stdout) if r.get("kind") == "step" and "loss" in r}
+    losses = {
+        str(r["step"]): r["loss"] for r in progress_records(stdout) if r.get("kind") == "step" and "loss" in r
+    }
     values = list(losses.values())
     metrics = result.get("metrics") or {}
     error = result.get("error") or (None if code == 0 and result else last_line(stderr) or f"exit {code}")
@@ -232,7 +222,7 @@ def judge(variant: Variant, expect: Expect, steps: int, code: int, stdout: str, 
     if not problems and not (values and all(isinstance(v, float) and math.isfinite(v) for v in values)):
         problems.append(f"no finite loss on every step: {values}")
     if not problems and variant.resume:
-        problems += resume_problems(out.resume or {}, records(stdout), steps)
+        problems += resume_problems(out.resume or {}, progress_records(stdout), steps)
     if problems:
         out.status, out.error = "failed", "; ".join(problems)
     return out

@@ -1,35 +1,20 @@
 """bench/gpu_variants.py's child side, in the node's interpreter (`gpu_node.py --child WORK --variant X`):
 train one variant of the tiny job and print its RESULT line; for (e), the crash after the halfway
 checkpoint, the restore, and the restored optimizer state compared with the saved one. Standard library only
-at import: torch and the trainer load in the child; bench/gpu_node.py loads this file by its path."""
+at import: torch and the trainer load in the child; bench/gpu_node.py imports it as a module."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from bench import gpu_variants
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
-
-
-def _load(name: str) -> ModuleType:
-    """bench/<name>.py by its path, once: bench/ is no package, and on sys.path bench/trainer.py would
-    hide the repository's trainer package."""
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-gpu_variants = _load("gpu_variants")
 
 
 def child(work: Path, letter: str, steps: int, raw: dict[str, Any], base_dir: Path) -> int:

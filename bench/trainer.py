@@ -50,7 +50,6 @@ The last line printed is one JSON object with all of it. Exit status: 0 when eve
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -58,35 +57,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # Run as a script, this file's folder comes first on sys.path, and `import trainer` would find this file:
-# the repository's trainer package is meant.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# the repository's trainer package is meant. The siblings are `bench.<name>`.
+sys.path[:] = [
+    str(REPO),
+    *(p for p in sys.path if Path(p or ".").resolve() not in (REPO, Path(__file__).resolve().parent)),
+]
 
 CACHE = REPO / "out" / "bench-models"
 TRAINERS = ("builtin", "hf_trainer", "trl_sft")
 
 
-def _load(name: str) -> ModuleType:
-    """bench/<name>.py by its path, once: bench/ is no package, and on sys.path bench/trainer.py would
-    hide the repository's trainer package."""
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 # bench/trainer_figures.py: the plan and the figures (no torch); bench/trainer_children.py: the children.
-figures = _load("trainer_figures")
-children = _load("trainer_children")
+from bench import trainer_children as children  # noqa: E402
+from bench import trainer_figures as figures  # noqa: E402
 
 
 def child_env() -> dict[str, str]:

@@ -1,7 +1,7 @@
 """bench/trainer.py's children: what runs in each child process (`bench/trainer.py --child KIND`), prepare
 (the plan for this device, the model, every step's tokens) or train with one trainer, then print the RESULT
 line. torch, transformers, PEFT, TRL and the trainer load inside the functions; bench/trainer.py has put the
-repository's trainer package first on sys.path and loads this file by its path."""
+repository first on sys.path and imports this file as bench.trainer_children."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from bench import trainer_figures as figures
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = "@@bench-trainer "  # a child's result line
@@ -21,19 +22,6 @@ MIB = 2**20
 BF16_KEYS = ("bf16", "tf32", "sdp_attention")  # the recipe's precision keys (issue 20, P1)
 
 
-def _load(name: str) -> ModuleType:
-    """bench/<name>.py by its path, once: bench/ is no package, and on sys.path bench/trainer.py would
-    hide the repository's trainer package."""
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-figures = _load("trainer_figures")
 Plan, DATA, shape_of = figures.Plan, figures.DATA, figures.shape_of
 
 
@@ -111,7 +99,6 @@ def step_stats(lengths: list[int], steps: list[list[list[int]]]) -> list[list[in
 def prepare_child(payload: dict[str, Any]) -> dict[str, Any]:
     """Decide the plan for this device, build the model, count every step's tokens; what is missing."""
     import importlib.metadata as metadata
-    import importlib.util
 
     import torch
     from transformers import AutoTokenizer

@@ -1,7 +1,7 @@
 """bench/trainer.py's plan and figures, without training (no torch): the Plan every trainer trains with,
 the FLOPs formula (Shape), the GPU peak table, the timed window, the rotation of the rounds, and the report
-made of the children's results (per trainer, the ratios, the goals). Loaded by bench/trainer.py and
-bench/trainer_children.py by its path."""
+made of the children's results (per trainer, the ratios, the goals). Imported as bench.trainer_figures by
+bench/trainer.py and bench/trainer_children.py."""
 
 from __future__ import annotations
 
