@@ -1,8 +1,8 @@
 """`python -m tests.fakes serve runpod|vastai|hub|discord --port N [--home DIR] [options]`.
 
-Clouds take `--nodes ray|stub|none`, `--api-key`, `--ready-delay`, `--node-cpus`; the Hub takes `--token` and
-`--throttle BYTES_PER_S`; Discord takes `--token` (the bot token). Prints the base URL as its first line,
-serves until SIGTERM or SIGINT, then stops any nodes it started.
+Clouds take `--nodes ray|stub|replay|none`, `--api-key`, `--ready-delay`, `--node-cpus`; the Hub takes
+`--token` and `--throttle BYTES_PER_S`; Discord takes `--token` (the bot token). Prints the base URL as its
+first line, serves until SIGTERM or SIGINT, then stops any nodes it started.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--home", type=Path, default=None, help="where nodes (or the Hub's files) are kept")
     clouds = serve.add_argument_group("clouds (runpod, vastai)")
-    clouds.add_argument("--nodes", choices=("ray", "stub", "none"), default="none")
+    clouds.add_argument("--nodes", choices=("ray", "stub", "replay", "none"), default="none")
     clouds.add_argument("--api-key", default=os.environ.get("FAKE_API_KEY", "test-key"))
-    clouds.add_argument("--ready-delay", type=float, default=0.2, help="seconds to RUNNING (nodes none|stub)")
+    clouds.add_argument(
+        "--ready-delay", type=float, default=0.2, help="seconds to RUNNING (nodes none|stub|replay)"
+    )
     clouds.add_argument("--node-cpus", type=int, default=1, help="CPUs of each node's Ray head (--nodes ray)")
     hub = serve.add_argument_group("hub, discord")
     hub.add_argument(

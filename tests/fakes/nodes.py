@@ -1,5 +1,6 @@
 """The machines behind a fake cloud's instances: none at all, a stub that answers only the Jobs API's
-version call, or a real local Ray head per instance.
+version call, a light node that replays a recorded run (tests.fakes.replay), or a real local Ray head per
+instance.
 
 A backend is asked to `start` a node (returns at once), whether it is ready (`ready_port`: the local port
 that the instance publishes as its container port 8265, or None while it boots) and to `stop` it.
@@ -403,8 +404,9 @@ def _accepts(port: int) -> bool:
 
 
 def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPUS_PER_NODE) -> NodeBackend:
-    """The backend for `--nodes ray|stub|none`; a node created with a TLS certificate (vast.ai's) publishes
-    its Jobs API only through its TLS front, as its start script arranges on a real one (tests.fakes.tls)."""
+    """The backend for `--nodes ray|stub|replay|none`; a node created with a TLS certificate (vast.ai's)
+    publishes its Jobs API only through its TLS front, as its start script arranges on a real one
+    (tests.fakes.tls)."""
     from tests.fakes.tls import Fronted  # it reads this module's types
 
     backend: NodeBackend
@@ -416,6 +418,10 @@ def make_nodes(kind: str, home: Path | None, delay_s: float, cpus: int = RAY_CPU
         if home is None:
             raise ValueError("nodes='ray' needs a home directory")
         backend = RayNodes(home, cpus, delay_s)
+    elif kind == "replay":  # light nodes that replay a recorded run (tests.fakes.replay)
+        from tests.fakes.replay import ReplayNodes
+
+        backend = ReplayNodes(home, delay_s)
     else:
-        raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, none")
+        raise ValueError(f"unknown nodes kind {kind!r}; valid: ray, stub, replay, none")
     return Fronted(backend)

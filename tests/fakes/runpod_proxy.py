@@ -28,6 +28,7 @@ Target = Callable[[str, int], int | None]
 class _Handler(BaseHTTPRequestHandler):
     server: _ProxyServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: without it, ~40 ms a kept-alive call
 
     def _forward(self) -> None:
         match = ROUTE.match(self.path)

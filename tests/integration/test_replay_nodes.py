@@ -1,0 +1,93 @@
+"""The fake clouds' light nodes (tests.fakes.replay): a run on a fake RunPod whose pod replays a recorded
+trainer goes through every stage of the real fleet (readiness check, fetch, train, pack, terminate) in
+seconds, with no Ray and no torch on the node. What bench/scale.py builds on."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import FakeRunPod
+from tests.fakes.nodes import Boot
+from tests.fakes.replay import EMITTED, JOURNAL, OUTPUT_FILES, Recording
+from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
+from tests.integration.fleetproc import events_of, fleet, fleet_env
+
+pytestmark = pytest.mark.integration
+SECTION = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+TRAIN_S = 2.0
+
+
+@pytest.fixture
+def replay_cloud(tmp_path: Path) -> Iterator[FakeRunPod]:
+    with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="replay") as fake:
+        fake.nodes.replayer.train_s = TRAIN_S  # type: ignore[attr-defined]
+        yield fake
+
+
+@pytest.mark.timeout(180)
+def test_a_run_on_a_replay_node_goes_through_every_stage(
+    home: Path, replay_cloud: FakeRunPod, tmp_path: Path
+) -> None:
+    url = replay_cloud.url
+    env = fleet_env(home, RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=API_KEY)
+    watch = MostLive(url)
+    started = time.monotonic()
+    done = fleet(env, "run", str(job_for(tmp_path, SECTION)), "--json", timeout=150)
+    took = time.monotonic() - started
+    assert watch.stop() == 1
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED" and view["provider"] == "runpod"
+    assert took < 60, f"a replayed run took {took:.0f} s"
+
+    evs = events_of(home, view["run_id"])
+    types = [e["type"] for e in evs]
+    recorded = [record["kind"] for _t, record in Recording.load().train]
+    # Every recorded progress line reached the ledger once, in order, as its event.
+    relayed = [t.removeprefix("train.") for t in types if t.removeprefix("train.") in set(recorded)]
+    assert relayed == recorded and {"step", "eval", "checkpoint", "finished"} <= set(relayed)
+    for event in evs:
+        if event["type"] in ("train.step", "train.eval", "prepare.fetched"):
+            # Stamped by the node when it appeared in the log; in the ledger after that.
+            assert 0 <= event["time"] - event["data"][EMITTED] < 30
+    assert view["metrics"]["eval_loss"] < view["metrics"]["eval_loss_first"]
+    # The run's own directories in the replayed lines, not the recording's placeholders.
+    (finished,) = [e["data"] for e in evs if e["type"] == "train.finished"]
+    assert finished["output_dir"] == f"runs/{view['run_id']}/outputs"
+
+    # The pack job's lines were unpacked into the run's output directory.
+    (pulled,) = [e["data"] for e in evs if e["type"] == "finalize.pulled"]
+    assert pulled["files"] == len(OUTPUT_FILES)
+    for name, text in OUTPUT_FILES.items():
+        assert (Path(view["output_dir"]) / name).read_text() == text
+    # The node ran each job once, and was given back.
+    journal = [json.loads(line) for line in (tmp_path / "fake" / JOURNAL).read_text().splitlines()]
+    assert [row["kind"] for row in journal] == ["check", "fetch", "train", "pack"]
+    state = fake_state(url)
+    assert state["instances"] == [] and state["requests"]["create"] == 1
+    assert "instance.terminated" in types
+
+
+def test_a_replay_node_answers_only_with_its_token(replay_cloud: FakeRunPod) -> None:
+    nodes = replay_cloud.nodes
+    nodes.start("lone", Boot("right-token", {}))
+    port = None
+    while port is None:
+        port = nodes.ready_port("lone", "right-token")
+        time.sleep(0.05)
+    version = f"http://127.0.0.1:{port}/api/version"
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(version, headers=headers), timeout=5)
+        assert refused.value.code == 401
+    right = urllib.request.Request(version, headers={"Authorization": "Bearer right-token"})
+    with urllib.request.urlopen(right, timeout=5) as reply:
+        assert reply.status == 200
+    nodes.stop("lone")
