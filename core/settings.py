@@ -123,6 +123,13 @@ class Settings(BaseModel):
     provider_api_timeout_s: float = Field(
         PROVIDER_API_TIMEOUT_S, gt=0, le=3600, description="Read timeout of a call to a provider's API."
     )
+    provider_list_max_age_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="How old a provider's instance list the fleet's processes share may be: one list call "
+        "per provider per this long, whatever the number of runs; 0: every look asks the provider.",
+    )
     upload_timeout_s: float = Field(
         UPLOAD_TIMEOUT_S, gt=0, le=86400, description="Read timeout of the upload of a job's files to a node."
     )

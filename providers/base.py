@@ -30,6 +30,7 @@ from core.settings import (
     PROVIDER_API_TIMEOUT_S,
 )
 from jobs.sections import ProviderName, SectionBase
+from providers.listing import ListingCache
 from trainer.config import AxolotlConfig, FleetKeys, TrainerName
 
 INSTANCE_PREFIX = "tf-"
@@ -171,6 +172,7 @@ class ProviderContext:
     api_timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S)  # connect, read (s)
     runpod_proxy_url: str = DEFAULT_RUNPOD_PROXY_URL  # RunPod's HTTPS proxy: {pod_id}, {port}
     runpod_proxy_ca_file: Path | None = None  # the authorities trusted for that proxy (None: the system's)
+    listings: ListingCache | None = None  # instance lists shared by the fleet's processes (None: not shared)
 
     def image(self, section_image: str | None, software: NodeSoftware) -> str:
         """The image a rented node starts: its section's, else the default for what it runs."""
@@ -238,6 +240,12 @@ class Provider(ABC):
     @abstractmethod
     def endpoint(self, name: str) -> NodeEndpoint:
         """How to reach the instance's Ray head (raises NodeError when it has none yet)."""
+
+    def endpoint_at(self, name: str, url: str) -> NodeEndpoint:
+        """How to reach the instance's Ray head at `url`, where an earlier `endpoint` found it (the ledger
+        keeps it): an instance's address does not change while it lives, so no lookup is needed. By
+        default a provider whose lookups cost nothing looks again."""
+        return self.endpoint(name)
 
     @abstractmethod
     def terminate(self, name: str) -> None:

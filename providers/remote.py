@@ -29,6 +29,7 @@ from providers.base import (
     SshAccess,
     require_ours,
 )
+from providers.listing import SharedListing
 from providers.node import answers
 from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
@@ -62,10 +63,24 @@ class RemoteProvider(Provider, Generic[S, R]):
     default_api_url: ClassVar[str]
     api_url_env: ClassVar[str]
 
+    record_model: ClassVar[type[BaseModel]]
+    """The model of `R`, to keep the list in the shared cache (providers.listing) and read it back."""
+
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.tokens = NodeTokens(context.home)
         self.api_url = context.urls.get(self.name, self.default_api_url)
+        creds = sorted(context.credentials.items())
+        keys = [value.get_secret_value() for key, value in creds if key in self.credential_names]
+        self.listing: SharedListing[BaseModel] = SharedListing(
+            context.listings, self.name.value, "|".join([self.api_url, *keys]), self.record_model
+        )
+
+    def _records(self, name: str | None = None, fresh: bool = False) -> list[R]:
+        """Live instances at the vendor (all of the account's, or those called `name`), oldest first: from
+        the list every process shares for a moment (providers.listing), or the vendor's own when `fresh`."""
+        rows = cast(list[R], self.listing.records(self._list, fresh))
+        return [r for r in rows if name is None or self._name(r) == name]
 
     @abstractmethod
     def choose(self, section: S) -> Choice:
@@ -77,8 +92,9 @@ class RemoteProvider(Provider, Generic[S, R]):
         vendor's create call fails, return `self._created_anyway(request.name, <the translated error>)`."""
 
     @abstractmethod
-    def _records(self, name: str | None = None) -> list[R]:
-        """Live instances at the vendor (all of ours, or those called `name`), oldest first."""
+    def _list(self) -> list[R]:
+        """Every live instance of the account at the vendor, oldest first: one vendor call, its errors
+        translated."""
 
     @abstractmethod
     def _name(self, record: R) -> str:
@@ -120,12 +136,15 @@ class RemoteProvider(Provider, Generic[S, R]):
         if best is None:
             wanted = f"{section.gpu} x{section.gpu_count}"
             raise NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
-        return self._create(request, section, best)
+        try:
+            return self._create(request, section, best)
+        finally:
+            self.listing.changed()  # made, or maybe made: the next look asks the vendor
 
     def _created_anyway(self, name: str, error: ProviderError) -> NodeInstance:
         """After a failed create call: the create may have happened although the call failed, and whatever
         exists under the name is ours, so return it; else raise `error`."""
-        existing = self.get(name)
+        existing = self._get(name, fresh=True)
         if existing is not None:
             return existing
         raise error from None
@@ -197,11 +216,15 @@ class RemoteProvider(Provider, Generic[S, R]):
         return bool(url and headers and answers(self._reach(name, url, headers), headers))
 
     def get(self, name: str) -> NodeInstance | None:
-        records = self._records(name)
+        return self._get(name)
+
+    def _get(self, name: str, fresh: bool = False) -> NodeInstance | None:
+        records = self._records(name, fresh)
         if not records:
             return None
         for extra in records[1:]:  # a retried create made a second one: keep exactly one (the first)
             self._destroy(extra)
+            self.listing.changed()
         return self._instance(records[0], probe=True)
 
     def endpoint(self, name: str) -> NodeEndpoint:
@@ -212,10 +235,19 @@ class RemoteProvider(Provider, Generic[S, R]):
             raise NodeError(f"instance {name} has no reachable Ray head (yet)")
         return self._reach(name, url, headers)
 
+    def endpoint_at(self, name: str, url: str) -> NodeEndpoint:
+        """The head at `url` (found by `endpoint` once: RunPod's proxy URL names the pod, and a vast.ai
+        instance keeps its mapped ports while it runs; stopped, it is lost and replaced), with its token."""
+        headers = self._headers(name)
+        if headers is None:
+            raise NodeError(f"instance {name} has no token here: the fleet did not make it")
+        return self._reach(name, url, headers)
+
     def terminate(self, name: str) -> None:
-        for record in self._records(name):
+        for record in self._records(name, fresh=True):
             self._destroy(record)
-        if not self._records(name):
+        self.listing.changed()
+        if not self._records(name, fresh=True):
             self.tokens.forget(name)
 
     def list_instances(self) -> list[NodeInstance]:

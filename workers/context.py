@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -11,6 +11,7 @@ from broker.dispatch import Dispatcher
 from broker.ledger import Ledger
 from core.settings import Settings
 from providers.base import Provider, ProviderContext
+from providers.listing import ListingCache, RedisListings
 from providers.registry import get_provider, provider_context
 
 
@@ -43,9 +44,16 @@ def init(settings: Settings, redis_url: str) -> Context:
         redis=client,
         ledger=Ledger(client, settings.events_maxlen),
         dispatcher=Dispatcher(app, client, settings.stall_after_s),
-        provider_context=provider_context(settings),
+        provider_context=_shared(provider_context(settings), client, settings.provider_list_max_age_s),
     )
     return _context
+
+
+def _shared(context: ProviderContext, client: redis.Redis[str], max_age_s: float) -> ProviderContext:
+    """The providers' context with the instance lists every worker process shares (providers.listing)."""
+    if max_age_s <= 0:
+        return context
+    return replace(context, listings=ListingCache(RedisListings(client), max_age_s))
 
 
 def get() -> Context:

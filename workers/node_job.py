@@ -17,7 +17,7 @@ from core.errors import ConfigError, Problem
 from jobs import shipping
 from jobs.redact import redact_job
 from jobs.secretscan import redacted
-from providers.base import NodeSoftware
+from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobInfo, NodeClient, NodeTimeouts
 from trainer import progress
 from trainer.config import AnyTrainConfig, TrainJob, as_jsonable
@@ -104,8 +104,18 @@ def files_for_node(ctx: context.Context, run: Run) -> Path | None:
 
 
 def node(ctx: context.Context, run: Run) -> NodeClient:
+    """The client of the run's head: at the address the ledger keeps since provision found it (no provider
+    call), else looked up."""
     assert run.instance is not None
-    return NodeClient(ctx.provider(run.provider).endpoint(run.instance), NodeTimeouts.of(ctx.settings))
+    return NodeClient(head_endpoint(ctx, run.provider, run.instance), NodeTimeouts.of(ctx.settings))
+
+
+def head_endpoint(ctx: context.Context, provider: str, name: str) -> NodeEndpoint:
+    """Where instance `name`'s Ray head is: the ledger's address for it, else the provider's lookup."""
+    record = ctx.ledger.get_instance(name)
+    if record is not None and record.dashboard_url:
+        return ctx.provider(provider).endpoint_at(name, record.dashboard_url)
+    return ctx.provider(provider).endpoint(name)
 
 
 def submit_once(

@@ -21,6 +21,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from core.errors import (
     AuthFailed,
     NoCapacity,
@@ -96,6 +98,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     vendor: ClassVar[str] = "RunPod"
     default_api_url: ClassVar[str] = DEFAULT_API
     api_url_env: ClassVar[str] = "RUNPOD_API_BASE_URL"
+    record_model: ClassVar[type[BaseModel]] = RunPodPod
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
@@ -216,13 +219,12 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             raise ProvisioningFailed(f"the cluster's head {head} is not there to join")
         return f"{records[0].id}{PRIVATE_DOMAIN}:{GCS_PORT}"
 
-    def _records(self, name: str | None = None) -> list[RunPodPod]:
+    def _list(self) -> list[RunPodPod]:
         try:
             pods = self.client.pods()
         except RunPodAPIError as exc:
             raise translate(exc) from None
-        live = [p for p in pods if p.desired_status != "TERMINATED"]
-        return [p for p in live if name is None or p.name == name]
+        return [p for p in pods if p.desired_status != "TERMINATED"]
 
     def _instance(self, pod: RunPodPod, probe: bool) -> NodeInstance:
         runtime = pod.runtime

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import requests
+from pydantic import BaseModel
 
 from core.errors import (
     AuthFailed,
@@ -155,6 +156,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     vendor: ClassVar[str] = "vast.ai"
     default_api_url: ClassVar[str] = DEFAULT_API
     api_url_env: ClassVar[str] = "VAST_URL"
+    record_model: ClassVar[type[BaseModel]] = VastInstance
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
@@ -261,13 +263,12 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             "created",
         )
 
-    def _records(self, name: str | None = None) -> list[VastInstance]:
+    def _list(self) -> list[VastInstance]:
         try:
             rows = self.client.show_instances()
         except requests.RequestException as exc:
             raise translate(exc) from None
-        rows.sort(key=lambda r: r.id)
-        return [r for r in rows if name is None or r.label == name]
+        return sorted(rows, key=lambda r: r.id)
 
     def _instance(self, row: VastInstance, probe: bool) -> NodeInstance:
         status = row.actual_status

@@ -1,0 +1,139 @@
+"""A cloud's list of instances, shared by every process of the fleet for a moment.
+
+Every look at a rented node (is it up, where is its head, is it still there) reads the vendor's whole
+instance list: RunPod and vast.ai have no cheap "get one by name". One list call per look made the
+provider calls grow with runs x ticks (a tiny run: 71 list calls; 200 runs: 200 a second, far past the
+vendors' rate limits). So the list is kept in Redis for `max_age_s` (the settings' provider_list_max_age_s,
+1 s by default) under a key of the provider's account, and every look in that time, from any worker
+process, reads it there: one vendor call per provider per moment, whatever the number of runs.
+
+Only one process asks the vendor at a time: the first to miss claims the refresh (SET NX with a short
+expiry); the others wait for its answer a little (`wait_s`), and ask the vendor themselves only if it does
+not come (the claimant died or is slow), so a crash never blocks a look. A change the fleet makes (a
+create, a destroy) drops the kept list, so the next look sees it. A list may still be up to `max_age_s` old
+(one taken just before a create, put just after it): the stages already allow for a vendor's list that lags
+a moment behind (providers' lists do: several looks in a row before a node is called lost).
+
+Within one process the parsed records are kept with the text they came from: 200 runs reading one list
+parse it once, not 200 times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import redis
+from pydantic import BaseModel, TypeAdapter
+
+LISTING_KEY = "tf:listing:{provider}:{account}"
+WAIT_POLL_S = 0.05
+R = TypeVar("R", bound=BaseModel)
+
+
+class ListingStore(Protocol):
+    """Where the lists are kept (Redis in the fleet; a dict in a unit test)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def put(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """True for the one caller that may refresh `key` now (until `ttl_s` passes)."""
+        ...
+
+    def drop(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RedisListings:
+    """ListingStore in the fleet's Redis."""
+
+    client: redis.Redis[str]
+
+    def get(self, key: str) -> str | None:
+        return self.client.get(key)
+
+    def put(self, key: str, value: str, ttl_s: float) -> None:
+        pipe = self.client.pipeline()
+        pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
+        pipe.delete(key + ":claim")
+        pipe.execute()
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        return bool(self.client.set(key + ":claim", "1", nx=True, px=max(1, int(ttl_s * 1000))))
+
+    def drop(self, key: str) -> None:
+        self.client.delete(key)
+
+
+@dataclass(frozen=True)
+class ListingCache:
+    """What a provider is given to share its lists: the store, how old a list may be, how long to wait for
+    another process's refresh."""
+
+    store: ListingStore
+    max_age_s: float = 1.0
+    wait_s: float = 2.0
+
+
+@dataclass
+class SharedListing(Generic[R]):
+    """One provider account's instance list through a ListingCache (None: every look asks the vendor)."""
+
+    cache: ListingCache | None
+    provider: str
+    account: str
+    """What tells the provider's accounts apart (its API URL and key), hashed into the key."""
+    model: type[R]
+    _parsed: tuple[str, list[R]] | None = field(default=None, repr=False)
+    _adapter: TypeAdapter[list[R]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._adapter = TypeAdapter(list[self.model])  # type: ignore[name-defined]
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(self.account.encode()).hexdigest()[:16]
+        return LISTING_KEY.format(provider=self.provider, account=digest)
+
+    def records(self, ask: Callable[[], Sequence[R]], fresh: bool = False) -> list[R]:
+        """The account's records: the kept list when one is young enough (unless `fresh`), else `ask()`'s
+        (the vendor's call), which is then kept for the others."""
+        if self.cache is None:
+            return list(ask())
+        store, key = self.cache.store, self.key
+        if not fresh:
+            kept = store.get(key)
+            if kept is None and not store.claim(key, self.cache.wait_s):
+                kept = self._wait(key)  # another process is asking the vendor now
+            if kept is not None:
+                return self._parse(kept)
+        found = list(ask())
+        text = self._adapter.dump_json(found, by_alias=True).decode()
+        store.put(key, text, self.cache.max_age_s)
+        self._parsed = (text, found)
+        return found
+
+    def changed(self) -> None:
+        """The fleet changed the account's instances (a create, a destroy): the kept list is out of date."""
+        if self.cache is not None:
+            self.cache.store.drop(self.key)
+
+    def _wait(self, key: str) -> str | None:
+        assert self.cache is not None
+        deadline = time.monotonic() + self.cache.wait_s
+        while time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)
+            kept = self.cache.store.get(key)
+            if kept is not None:
+                return kept
+        return None
+
+    def _parse(self, text: str) -> list[R]:
+        if self._parsed is None or self._parsed[0] != text:
+            self._parsed = (text, self._adapter.validate_json(text))
+        return list(self._parsed[1])

@@ -1,0 +1,100 @@
+"""providers.listing: a provider's instance list shared by the fleet's processes for a moment, in the real
+Redis. Several processes' looks within max_age_s cost one vendor call; a change the fleet makes, or a
+fresh look, asks the vendor again; a process that claimed the refresh and died blocks nobody for long."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from providers.listing import ListingCache, RedisListings, SharedListing
+
+
+class Row(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    name: str
+
+
+class Vendor:
+    """The vendor's list call, counted; slow like a real one."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls, self.delay_s, self.rows = 0, delay_s, [Row(id=1, name="tf-a-1")]
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[Row]:
+        with self._lock:
+            self.calls += 1
+        time.sleep(self.delay_s)
+        return list(self.rows)
+
+
+def listing(client: redis.Redis[str], account: str = "url|key", max_age_s: float = 5.0) -> SharedListing[Row]:
+    cache = ListingCache(RedisListings(client), max_age_s=max_age_s, wait_s=1.0)
+    return SharedListing(cache, "runpod", account, Row)
+
+
+def test_every_processs_looks_within_the_max_age_cost_one_vendor_call(redis_client: redis.Redis[str]) -> None:
+    vendor = Vendor()
+    first, second = listing(redis_client), listing(redis_client)  # two worker processes
+    for _ in range(5):
+        assert first.records(vendor) == [Row(id=1, name="tf-a-1")]
+        assert second.records(vendor) == [Row(id=1, name="tf-a-1")]
+    assert vendor.calls == 1
+    # Another account (another API key or URL) has a list of its own.
+    assert listing(redis_client, account="url|other").records(vendor) and vendor.calls == 2
+    # The key names the provider, never the credential.
+    assert "key" not in first.key and first.key.startswith("tf:listing:runpod:")
+
+
+def test_a_change_or_a_fresh_look_asks_the_vendor_and_an_old_list_expires(
+    redis_client: redis.Redis[str],
+) -> None:
+    vendor = Vendor()
+    shared = listing(redis_client, max_age_s=0.3)
+    shared.records(vendor)
+    vendor.rows.append(Row(id=2, name="tf-b-1"))  # the fleet created one
+    shared.changed()
+    assert [r.id for r in listing(redis_client, max_age_s=0.3).records(vendor)] == [1, 2]
+    assert vendor.calls == 2
+    assert len(shared.records(vendor, fresh=True)) == 2 and vendor.calls == 3
+    time.sleep(0.4)
+    shared.records(vendor)
+    assert vendor.calls == 4
+
+
+def test_concurrent_misses_wait_for_the_one_refresh(redis_client: redis.Redis[str]) -> None:
+    vendor = Vendor(delay_s=0.3)
+    found: list[int] = []
+
+    def look() -> None:
+        found.append(len(listing(redis_client).records(vendor)))
+
+    threads = [threading.Thread(target=look) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert found == [1] * 6 and vendor.calls == 1
+
+
+def test_a_dead_claimant_delays_a_look_by_at_most_the_wait(redis_client: redis.Redis[str]) -> None:
+    vendor = Vendor()
+    shared = listing(redis_client)
+    assert RedisListings(redis_client).claim(shared.key, 30.0)  # a process claimed the refresh and died
+    started = time.monotonic()
+    assert shared.records(vendor) and vendor.calls == 1
+    assert 0.9 < time.monotonic() - started < 3.0  # wait_s = 1: then it asked the vendor itself
+
+
+def test_without_a_cache_every_look_asks_the_vendor() -> None:
+    vendor = Vendor()
+    shared = SharedListing(None, "runpod", "url|key", Row)
+    shared.records(vendor)
+    shared.records(vendor)
+    assert vendor.calls == 2
