@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker.constants import QUEUES, REAP_QUEUE, REAP_TASK, Stage
+from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK, Stage
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -67,7 +67,11 @@ def configure(settings: Settings, redis_url: str) -> Celery:
         task_track_started=True,
         task_default_queue=Stage.PROVISION.value,
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
-        task_routes={**{s.task_name: {"queue": s.value} for s in Stage}, REAP_TASK: {"queue": REAP_QUEUE}},
+        task_routes={
+            **{s.task_name: {"queue": s.value} for s in Stage},
+            REAP_TASK: {"queue": REAP_QUEUE},
+            REAP_AT_TASK: {"queue": REAP_QUEUE},
+        },
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
@@ -92,6 +96,7 @@ def time_limits(settings: Settings) -> dict[str, tuple[float, float]]:
         Stage.TRAIN.task_name: settings.train_time_limit_s,
         Stage.FINALIZE.task_name: settings.finalize_time_limit_s,
         REAP_TASK: settings.reap_time_limit_s,
+        REAP_AT_TASK: settings.reap_time_limit_s,
     }
     return {name: (limit, limit + settings.time_limit_grace_s) for name, limit in soft.items()}
 

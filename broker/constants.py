@@ -32,6 +32,7 @@ class Stage(StrEnum):
 
 REAP_QUEUE = "reap"
 REAP_TASK = "trainfleet.reap"
+REAP_AT_TASK = "trainfleet.reap_at"  # a pass at a deadline (an idle node's stop_after), on the reap queue
 QUEUES: tuple[str, ...] = (*(s.value for s in Stage), REAP_QUEUE)
 
 RUNS_INDEX = f"{PREFIX}:runs"  # sorted set: run id -> created_at

@@ -251,5 +251,6 @@ class RemoteProvider(Provider, Generic[S, R]):
             self.tokens.forget(name)
 
     def list_instances(self) -> list[NodeInstance]:
-        ours = [r for r in self._records() if self._name(r).startswith(INSTANCE_PREFIX)]
+        # The reaper's look (each reap_interval_s) and the CLI's: the vendor's own, kept for the others.
+        ours = [r for r in self._records(fresh=True) if self._name(r).startswith(INSTANCE_PREFIX)]
         return [self._instance(r, probe=False) for r in ours]

@@ -12,7 +12,8 @@ of the create call, whichever is older):
   deadline, terminated at it.
 - its run ended and the job is not one_shot: idle from the run's end (a GPU busier than
   idle_gpu_util_pct, where the provider reports it, makes it busy again). Announced once, terminated
-  `stop_after` seconds later.
+  `stop_after` seconds later by a pass sent for that moment (`reap_at`; the periodic pass is the safety
+  net), not up to a reap interval late.
 - its run ended and the job is one_shot: the stage that should have ended it did not (a crash):
   terminated.
 
@@ -41,11 +42,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from celery import Task
 from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_LOCK, REAP_TASK, Stage, tick_key
+from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_TASK, Stage, tick_key
 from broker.cost import run_cost
 from broker.events import new_event
 from broker.ledger import Draft
@@ -70,6 +72,7 @@ from workers import context
 from workers.ending import teardown
 
 log = logging.getLogger("trainfleet.reap")
+DEADLINE_MARGIN_S = 0.5  # a deadline's pass comes this much after it, so that the clock has passed it
 
 
 @dataclass
@@ -233,6 +236,9 @@ class Pass:
             idle = InstanceIdle(instance=inst.name, idle_since=since, terminate_at=since + stop_after)
             self._event(idle, run.run_id)
             self.report.idle.append(inst.name)
+            # A pass at the deadline, so that the node ends then, not at the next periodic pass (which
+            # stays the safety net should this task be lost).
+            reap_at.apply_async(countdown=max(0.0, since + stop_after - time.time()) + DEADLINE_MARGIN_S)
         if self.now >= since + stop_after:
             self.terminate(inst.name, record, f"idle for {round(self.now - since)} s")
         else:
@@ -366,6 +372,16 @@ def _kicked_event(stage: Stage, bound: int) -> Callable[[Run], list[Draft]]:
         return [RunKicked(stage=stage, kick=run.kicks, stalled_after=bound)]
 
     return kicked
+
+
+@app.task(name=REAP_AT_TASK, bind=True, max_retries=120)
+def reap_at(self: Task) -> None:
+    """A reaper pass sent for a deadline; when another pass holds the lock, again a moment later."""
+    report = reap_once(context.get())
+    if report is None:
+        raise self.retry(countdown=1.0)
+    if report.any():
+        log.info("reap at a deadline: %s", {k: v for k, v in vars(report).items() if v})
 
 
 @app.task(name=REAP_TASK)

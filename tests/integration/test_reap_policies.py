@@ -4,8 +4,10 @@ nodes of other people. Time is moved by editing the ledger's clocks, never by mo
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,24 @@ def test_an_idle_node_is_announced_then_terminated_after_stop_after(
     assert reap(ctx).confirmed == [name]
     assert record(ctx, name).state == InstanceState.TERMINATED
     assert kinds(ctx, "idle") == ["instance.idle", "reap.terminated", "instance.terminated"]
+
+
+def test_the_idle_announcement_sends_a_reaper_pass_for_the_deadline(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    # Not the next periodic pass (up to reap_interval_s late): a pass queued for stop_after's end.
+    name = start(ctx, "due", RunState.SUCCEEDED, section(one_shot=False, stop_after=60))
+    ended = ctx.ledger.get_run("due").updated_at
+    assert reap(ctx).idle == [name]
+    queued = [json.loads(m) for m in ctx.redis.lrange("reap", 0, -1)]
+    (task,) = [m["headers"] for m in queued if m["headers"]["task"] == "trainfleet.reap_at"]
+    eta = datetime.fromisoformat(task["eta"]).timestamp()
+    assert eta == pytest.approx(ended + 60 + 0.5, abs=1.0)
+    reap(ctx)  # announced once: no second one
+    assert (
+        sum(json.loads(m)["headers"]["task"] == "trainfleet.reap_at" for m in ctx.redis.lrange("reap", 0, -1))
+        == 1
+    )
 
 
 def test_a_busy_gpu_is_not_idle_and_stop_after_minus_one_never_idles(
