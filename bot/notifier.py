@@ -2,7 +2,9 @@
 
 It reads `tf:events` through its own consumer group (`notifier`), so it sees every event whatever else
 reads the stream. Per run it keeps ONE status message, edited in place; a few events (a failure, a
-result, a W&B link, an instance kept, a reaper kill) also get a message of their own.
+result, a W&B link, an instance kept, a reaper kill) also get a message of their own. The posts and the
+edits are two Discord routes, each with its own limits: a batch goes out in two lanes side by side, one
+request at a time in each, so a 429 waited out on one route delays only that lane.
 
 Delivery is at least once. A batch is handled, then acked; an error from Discord stops the batch without
 an ack, and the entries come again (pending first). Status edits render the run as the ledger holds it
@@ -18,7 +20,9 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import discord
 import discord.http
@@ -123,7 +127,11 @@ class Notifier:
 
     # -- one batch ---------------------------------------------------------------------------------
     def _handle(self, events: list[Event]) -> None:
-        """Status edits first (one per run, however many of its events came), then separate messages."""
+        """A batch in two lanes, one per Discord route, side by side: the posts (a new run's status
+        message, then the messages of their own, in event order) and the edits (each run's status message,
+        once however many of its events came). A 429 that discord.py waits out on one route holds up only
+        its lane; within a lane one request at a time, so a route's limit is never crossed. The batch fails
+        (DiscordDown) when either lane did."""
         wandb_urls: dict[str, str] = {}
         runs: list[str] = []
         for event in events:
@@ -131,11 +139,23 @@ class Notifier:
                 runs.append(event.run_id)
             if isinstance(event.data, WandbRun) and event.run_id and event.data.url:
                 wandb_urls[event.run_id] = event.data.url
+        posts: list[Callable[[], None]] = []
+        edits: list[Callable[[], None]] = []
         for run_id in runs:
-            self._update_status(run_id, wandb_urls.get(run_id))
-        for event in events:
-            if event.type in SEPARATE:
-                self._post_separate(event)
+            lane = edits if self.client.exists(notify_status_key(run_id)) else posts
+            lane.append(partial(self._update_status, run_id, wandb_urls.get(run_id)))
+        posts += [partial(self._post_separate, event) for event in events if event.type in SEPARATE]
+        if not edits or not posts:
+            _in_order(posts or edits)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="notify-edits") as pool:
+            edited = pool.submit(_in_order, edits)
+            try:
+                _in_order(posts)
+            finally:
+                error = edited.exception()
+        if error is not None:
+            raise error
 
     def _update_status(self, run_id: str, wandb_url: str | None) -> None:
         try:
@@ -169,3 +189,8 @@ class Notifier:
         except discord.NotFound as exc:
             raise DiscordDown(str(exc)) from exc
         self.client.set(notify_sent_key(event.id), "1", ex=SENT_TTL_S)
+
+
+def _in_order(work: list[Callable[[], None]]) -> None:
+    for piece in work:
+        piece()

@@ -8,6 +8,8 @@ the fake through monkeypatch, so it is restored after each test.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -114,6 +116,35 @@ def test_one_status_message_per_run_edited_in_place(
     assert len(_messages(fake_discord)) == 5
 
 
+def test_a_429_on_the_edit_route_holds_up_no_post(
+    make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
+) -> None:
+    script, notifier = Script(redis_client), make()
+    script.create("r1")
+    script.create("r2")
+    assert notifier.process_once() == 2
+    # One of the two status edits is answered 429 (wait 3 s, with Via: discord.py waits it out on the edit
+    # route), while r2's failure is a message of its own, on the create route: it must not wait for that.
+    fake_discord.add_faults([{"op": "edit_webhook_message", "kind": "429", "times": 1, "retry_after": 3.0}])
+    script.to_training("r1")
+    script.fail("r2", "late")
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:
+        while not seen and handled.is_alive():
+            if any(t.startswith("❌ Run r2 failed") for t in _texts(fake_discord)):
+                seen["edits then"] = sum(len(_status(fake_discord, r)["edits"]) for r in ("r1", "r2"))
+            time.sleep(0.02)
+
+    handled = threading.Thread(target=notifier.process_once)
+    handled.start()
+    watch()
+    handled.join(30)
+    assert seen.get("edits then", 2) <= 1  # posted while an edit still waited out its 429
+    assert notifier.last_error is None
+    assert [len(_status(fake_discord, r)["edits"]) for r in ("r1", "r2")] == [1, 1]
+
+
 def test_restart_and_crash_before_ack_post_each_message_once(
     make: Make, fake_discord: FakeDiscord, redis_client: redis.Redis[str]
 ) -> None:
@@ -163,9 +194,11 @@ def test_429_with_via_is_retried_and_other_errors_redeliver(
     fake_discord.add_faults(
         [{"op": "execute_webhook", "kind": "429", "times": 1, "via": False, "retry_after": 0.05}]
     )
-    assert notifier.process_once() == 0 and notifier.last_error is not None
-    assert redis_client.xpending("tf:events", "notifier")["pending"] == 2
-    assert _drain(notifier) == 3
+    # The refused batch again: its message went out beside the failed edit, and is not posted twice.
+    assert notifier.process_once() == 2 and notifier.last_error is None
+    assert notifier.process_once() == 0 and notifier.last_error is not None  # the failure's post
+    assert redis_client.xpending("tf:events", "notifier")["pending"] == 1
+    assert _drain(notifier) == 1
     assert redis_client.xpending("tf:events", "notifier")["pending"] == 0
     texts = _texts(fake_discord)
     assert [t.split(":")[0] for t in texts] == [
