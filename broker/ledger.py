@@ -36,7 +36,7 @@ from broker.constants import (
 )
 from broker.models import Instance, Run, Sweep
 from broker.payloads import Event, Payload
-from core.errors import LeaseLost, NotFound
+from core.errors import AlreadyExists, LeaseLost, NotFound
 
 Draft = Payload
 """An event a change writes, before the ledger numbers it in the run's sequence."""
@@ -76,12 +76,21 @@ class Ledger:
 
     # runs ---------------------------------------------------------------------------------------
     def create_run(self, run: Run, drafts: list[Draft]) -> Run:
+        """Record a new run with its first events; AlreadyExists (nothing written) when its id is taken."""
+        key = run_key(run.run_id)
         with self.client.pipeline(transaction=True) as pipe:
-            for event in self._number(run, drafts):
-                events.append(pipe, event, self.events_maxlen)
-            pipe.set(run_key(run.run_id), run.model_dump_json())
-            pipe.zadd(RUNS_INDEX, {run.run_id: run.created_at})
-            pipe.execute()
+            try:
+                pipe.watch(key)
+                if pipe.exists(key):
+                    raise AlreadyExists(f"run {run.run_id} exists already")
+                pipe.multi()
+                for event in self._number(run, drafts):
+                    events.append(pipe, event, self.events_maxlen)
+                pipe.set(key, run.model_dump_json())
+                pipe.zadd(RUNS_INDEX, {run.run_id: run.created_at})
+                pipe.execute()
+            except redis.WatchError:
+                raise AlreadyExists(f"run {run.run_id} was created meanwhile") from None
         return run
 
     def get_run(self, run_id: str) -> Run:

@@ -64,6 +64,10 @@ class NotFound(FleetError):
     """A run, instance or file that was asked for does not exist."""
 
 
+class AlreadyExists(FleetError):
+    """A record with that id is in the ledger already (never overwritten)."""
+
+
 class OverBudget(FleetError):
     """A cap on spending is reached: nothing new is started (the message has the figures)."""
 

@@ -10,9 +10,9 @@ process, reads it there: one vendor call per provider per moment, whatever the n
 Only one process asks the vendor at a time: the first to miss claims the refresh (SET NX with a short
 expiry); the others wait for its answer a little (`wait_s`), and ask the vendor themselves only if it does
 not come (the claimant died or is slow), so a crash never blocks a look. A change the fleet makes (a
-create, a destroy) drops the kept list, so the next look sees it. A list may still be up to `max_age_s` old
-(one taken just before a create, put just after it): the stages already allow for a vendor's list that lags
-a moment behind (providers' lists do: several looks in a row before a node is called lost).
+create, a destroy) shortens the kept list's life to half a second, so a look soon after sees it, yet a
+burst of creates costs no burst of lists. A list may so be a moment behind the vendor's: the stages
+already allow for that (providers' lists lag too: several looks in a row before a node is called lost).
 
 Within one process the parsed records are kept with the text they came from: 200 runs reading one list
 parse it once, not 200 times.
@@ -45,7 +45,9 @@ class ListingStore(Protocol):
         """True for the one caller that may refresh `key` now (until `ttl_s` passes)."""
         ...
 
-    def drop(self, key: str) -> None: ...
+    def shorten(self, key: str, ttl_s: float) -> None:
+        """Let `key` live at most `ttl_s` more."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,10 @@ class RedisListings:
     def claim(self, key: str, ttl_s: float) -> bool:
         return bool(self.client.set(key + ":claim", "1", nx=True, px=max(1, int(ttl_s * 1000))))
 
-    def drop(self, key: str) -> None:
-        self.client.delete(key)
+    def shorten(self, key: str, ttl_s: float) -> None:
+        left, wanted = self.client.pttl(key), max(1, int(ttl_s * 1000))
+        if left > wanted:
+            self.client.pexpire(key, wanted)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class ListingCache:
     store: ListingStore
     max_age_s: float = 1.0
     wait_s: float = 2.0
+    changed_age_s: float = 0.5
+    """How old a list may still be once the fleet changed the account (a create, a destroy)."""
 
 
 @dataclass
@@ -119,9 +125,12 @@ class SharedListing(Generic[R]):
         return found
 
     def changed(self) -> None:
-        """The fleet changed the account's instances (a create, a destroy): the kept list is out of date."""
+        """The fleet changed the account's instances (a create, a destroy): the kept list is out of date,
+        and lives at most `changed_age_s` more. Not at once: 200 creates in a burst then cost two vendor
+        lists a second, not 200; the stages allow for a list a moment behind (a node is lost only after
+        several looks in a row without it)."""
         if self.cache is not None:
-            self.cache.store.drop(self.key)
+            self.cache.store.shorten(self.key, min(self.cache.changed_age_s, self.cache.max_age_s))
 
     def _wait(self, key: str) -> str | None:
         assert self.cache is not None

@@ -244,10 +244,11 @@ class RemoteProvider(Provider, Generic[S, R]):
         return self._reach(name, url, headers)
 
     def terminate(self, name: str) -> None:
-        for record in self._records(name, fresh=True):
+        records = self._records(name) or self._records(name, fresh=True)  # one just made may not show yet
+        for record in records:
             self._destroy(record)
         self.listing.changed()
-        if not self._records(name, fresh=True):
+        if not self._records(name, fresh=True):  # gone: its token files go too
             self.tokens.forget(name)
 
     def list_instances(self) -> list[NodeInstance]:

@@ -6,6 +6,7 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from pydantic import JsonValue
@@ -17,7 +18,7 @@ from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import Run
 from broker.payloads import GitOrigin, RunCancelRequested, RunQueued
-from core.errors import ConfigError, CredentialsMissing, OverBudget, Problem
+from core.errors import AlreadyExists, ConfigError, CredentialsMissing, OverBudget, Problem
 from core.settings import Settings
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
@@ -50,9 +51,30 @@ class Fleet:
         )
 
 
+ID_DRAWS = 50
+
+
 def new_run_id() -> str:
-    """Sortable, readable, unique enough: yymmdd-hhmmss-xxxx."""
-    return time.strftime("%y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+    """Sortable and readable: yymmdd-hhmmss-xxxxxx (24 random bits; a taken one is drawn again)."""
+    return time.strftime("%y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _run_dir(runs_dir: Path, run_id: str | None) -> tuple[str, Path, bool]:
+    """The run's id, its directory, and whether it was made here (then a failed submit removes it). A
+    fresh id is drawn until its directory did not exist (made exclusively: two submits in one second never
+    share one; the ledger refuses a taken id too); a given id (a sweep's child, a commit's run) keeps a
+    directory it has."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(1 if run_id is not None else ID_DRAWS):
+        chosen = run_id or new_run_id()
+        try:
+            (runs_dir / chosen).mkdir()
+        except FileExistsError:
+            if run_id is not None:
+                return run_id, (runs_dir / run_id).resolve(), False
+            continue
+        return chosen, (runs_dir / chosen).resolve(), True
+    raise AlreadyExists(f"no free run id after {ID_DRAWS} draws")
 
 
 def check_submittable(settings: Settings, job: LoadedJob) -> None:
@@ -114,12 +136,10 @@ def submit(
     spec = job.spec
     check_submittable(fleet.settings, job)
     check_budget(fleet)
-    run_id = run_id or new_run_id()
-    run_dir = (fleet.settings.runs_dir / run_id).resolve()
+    run_id, run_dir, made = _run_dir(fleet.settings.runs_dir, run_id)
     output_dir = (run_dir / spec.train.output_dir).resolve()
     if run_dir not in output_dir.parents and output_dir != run_dir:
         raise ValueError("output_dir escapes the run directory")  # validated earlier; belt and braces
-    run_dir.mkdir(parents=True, exist_ok=True)
     try:
         if isinstance(spec.train, AxolotlConfig) and spec.train.axolotl_version is None:
             # The run trains with the release the fleet names now, even if the setting changes later.
@@ -150,7 +170,8 @@ def submit(
         drafts: list[Draft] = [queued]
         fleet.ledger.create_run(run, drafts)
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if made:  # never another run's directory
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     if not held:
         fleet.dispatcher.send(Stage.PROVISION, run_id, after=None)

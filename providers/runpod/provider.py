@@ -214,7 +214,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     def _head_address(self, head: str) -> str:
         """Where a worker node joins `head`'s cluster: the head pod's name on RunPod's private network."""
-        records = self._records(head)
+        records = self._records(head) or self._records(head, fresh=True)  # just made: maybe not shown yet
         if not records:
             raise ProvisioningFailed(f"the cluster's head {head} is not there to join")
         return f"{records[0].id}{PRIVATE_DOMAIN}:{GCS_PORT}"

@@ -15,7 +15,7 @@ from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import EventType, RunQueued, StageStarted, TrainStep
-from core.errors import NotFound
+from core.errors import AlreadyExists, NotFound
 from jobs.sections import ProviderName
 from tests.factories import job_spec
 
@@ -40,6 +40,17 @@ def test_create_and_update_write_events_with_the_state(redis_client: redis.Redis
     assert [e.type for e in got] == [EventType.RUN_QUEUED, EventType.STAGE_STARTED]
     assert [e.id for e in got] == ["r1-1", "r1-2"]  # stable ids: consumers dedupe on them
     assert redis_client.xlen("tf:events") == 2
+
+
+def test_a_taken_run_id_is_refused_and_nothing_is_written(redis_client: redis.Redis[str]) -> None:
+    # Two submits that drew the same id: the second must not overwrite the first (and its events).
+    ledger = Ledger(redis_client)
+    first = ledger.create_run(make_run(), [RunQueued(source="first.yml", provider=ProviderName.LOCAL)])
+    with pytest.raises(AlreadyExists):
+        ledger.create_run(make_run(), [RunQueued(source="second.yml", provider=ProviderName.LOCAL)])
+    assert ledger.get_run(first.run_id).source == first.source
+    (only,) = events.read_run(redis_client, first.run_id)
+    assert only[1].data.source == "first.yml"  # type: ignore[union-attr]
 
 
 def test_concurrent_updates_never_lose_one(redis_client: redis.Redis[str], redis_url: str) -> None:

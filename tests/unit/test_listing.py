@@ -34,8 +34,10 @@ class Vendor:
         return list(self.rows)
 
 
-def listing(client: redis.Redis[str], account: str = "url|key", max_age_s: float = 5.0) -> SharedListing[Row]:
-    cache = ListingCache(RedisListings(client), max_age_s=max_age_s, wait_s=1.0)
+def listing(
+    client: redis.Redis[str], account: str = "url|key", max_age_s: float = 5.0, changed_age_s: float = 0.1
+) -> SharedListing[Row]:
+    cache = ListingCache(RedisListings(client), max_age_s=max_age_s, wait_s=1.0, changed_age_s=changed_age_s)
     return SharedListing(cache, "runpod", account, Row)
 
 
@@ -56,11 +58,14 @@ def test_a_change_or_a_fresh_look_asks_the_vendor_and_an_old_list_expires(
     redis_client: redis.Redis[str],
 ) -> None:
     vendor = Vendor()
-    shared = listing(redis_client, max_age_s=0.3)
+    shared = listing(redis_client, max_age_s=0.3, changed_age_s=0.1)
     shared.records(vendor)
     vendor.rows.append(Row(id=2, name="tf-b-1"))  # the fleet created one
-    shared.changed()
-    assert [r.id for r in listing(redis_client, max_age_s=0.3).records(vendor)] == [1, 2]
+    shared.changed()  # the kept list lives at most changed_age_s (0.1 s here) more
+    other = listing(redis_client, max_age_s=0.3, changed_age_s=0.1)
+    assert [r.id for r in other.records(vendor)] == [1] and vendor.calls == 1  # a moment behind...
+    time.sleep(0.15)
+    assert [r.id for r in other.records(vendor)] == [1, 2]  # ...then the vendor's again
     assert vendor.calls == 2
     assert len(shared.records(vendor, fresh=True)) == 2 and vendor.calls == 3
     time.sleep(0.4)
