@@ -13,11 +13,8 @@ RunPod's fake has no such limit. Prints the base URL as its first line, serves u
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,20 +53,7 @@ def main() -> None:
     fake.nodes.replayer.train_s = args.train_seconds  # type: ignore[attr-defined]
     if isinstance(fake, FakeVastAI):
         clone_offers(fake, args.offers)
-    fake.start()
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    print(fake.url, flush=True)
-    try:
-        while not stopping.wait(0.5):
-            pass
-    finally:
-        fake.stop()
+    fake.serve_until_signalled()
 
 
 if __name__ == "__main__":

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
-from types import FrameType
 
 from tests.fakes import FAKES, FakeCloud, FakeDiscord, FakeHub
 from tests.fakes.discord import DEFAULT_TOKEN as DISCORD_TOKEN
@@ -60,20 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             node_cpus=args.node_cpus,
         )
-    fake.start()
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    print(fake.url, flush=True)
-    try:
-        while not stopping.wait(0.5):
-            pass
-    finally:
-        fake.stop()
+    fake.serve_until_signalled()
     print("stopped", file=sys.stderr, flush=True)
     return 0
 

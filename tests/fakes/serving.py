@@ -6,9 +6,10 @@ A fake sets `port` (0: any free one) and implements `new_server`; `stop` ends th
 
 from __future__ import annotations
 
+import signal
 import threading
 from http.server import HTTPServer
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Self
 
 
@@ -49,6 +50,24 @@ class Served:
             self._server.server_close()
             self._server = None
         self.after_stop()
+
+    def serve_until_signalled(self) -> None:
+        """Start, print the URL as the first line of stdout, serve until SIGTERM or SIGINT, then stop (a
+        fake run as a process of its own)."""
+        self.start()
+        stopping = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stopping.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        print(self.url, flush=True)
+        try:
+            while not stopping.wait(0.5):
+                pass
+        finally:
+            self.stop()
 
     def __enter__(self) -> Self:
         return self.start()
