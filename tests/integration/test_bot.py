@@ -442,7 +442,8 @@ def test_train_from_discord_end_to_end(
     assert _states(status) == ["QUEUED", "PROVISIONING", "PREPARING", "TRAINING", "FINALIZING", "SUCCEEDED"]
     result = others[-1]
     assert result["content"].startswith(f"✅ Run {found['view']['run_id']} succeeded: eval_loss")
-    assert result["created"]["at"] >= status["edits"][-1]["at"]
+    # Posted beside the status message's last edit (the notifier's two lanes), after its creation.
+    assert result["created"]["at"] >= status["created"]["at"]
     assert not any(m["embeds"] for m in others), "one status message per run"
 
 
