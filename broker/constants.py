@@ -79,6 +79,12 @@ def worker_key(hostname: str) -> str:
 NOTIFIER_GROUP = "notifier"  # the notifier's consumer group on EVENTS_STREAM
 
 
+def listing_key(provider: str, account: str) -> str:
+    """A provider account's instance list, shared by the fleet's processes (providers.listing); `account`
+    is a digest, never a credential. `<key>:claim` marks the one process refreshing it."""
+    return f"{PREFIX}:listing:{provider}:{account}"
+
+
 def notify_status_key(run_id: str) -> str:
     """The id of a run's status message in the notifier's channel."""
     return f"{PREFIX}:notify:status:{run_id}"

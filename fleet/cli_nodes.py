@@ -116,7 +116,7 @@ def offers(
                 | {"bid_per_gpu": p.bid_per_gpu}
             )
         rejected = [{"offer": r.candidate.offer_id, "why": list(r.reasons)} for r in choice.rejected]
-    if not head and job.spec.section.node_section(0) is not job.spec.section:
+    if not head and job.spec.section.has_own_head:
         err.print(f"the head has its own shape: fleet offers {file} --head", markup=False, highlight=False)
     if as_json:
         out.print_json(json.dumps({"provider": provider.name.value, "fits": fits, "rejected": rejected}))

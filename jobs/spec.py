@@ -81,14 +81,12 @@ class JobSpec(BaseModel):
     def gpu_count(self) -> int:
         """GPUs of each node the job trains on (``num_gpus`` for local, ``gpu_count`` for rented machines;
         in a cluster whose head has its own shape, the other nodes')."""
-        section = self.section
-        return section.num_gpus if isinstance(section, LocalSection) else section.gpu_count
+        return _gpus(self.section)
 
     @property
     def head_gpu_count(self) -> int:
         """GPUs of the run's head node: `gpu_count`, or the head's own (`head:`) in a cluster that has one."""
-        head = self.section.node_section(0)
-        return head.num_gpus if isinstance(head, LocalSection) else head.gpu_count
+        return _gpus(self.section.node_section(0))
 
     @property
     def one_shot(self) -> bool:
@@ -101,6 +99,10 @@ class JobSpec(BaseModel):
         if type(self.section) is not expected:
             raise ValueError(f"provider {self.provider} needs a {expected.__name__}")
         return self
+
+
+def _gpus(section: ProviderSection) -> int:
+    return section.num_gpus if isinstance(section, LocalSection) else section.gpu_count
 
 
 @dataclass(frozen=True)

@@ -66,13 +66,17 @@ class NodeShape:
     beside_head: bool = False
     """The section's shape in a cluster whose head has its own: `num_nodes - 1` nodes."""
 
+    @property
+    def section(self) -> str:
+        """Where the shape's keys are in the job file: `runpod`, or `runpod.head`."""
+        return f"{self.provider.value}.head" if self.head else self.provider.value
+
     def key(self, resource: str) -> str:
         """The job-file key that says how much of `resource` a node has."""
         local = self.provider is ProviderName.LOCAL
-        prefix = f"{self.provider.value}.head" if self.head else self.provider.value
         if resource == "GPU":
-            return f"{prefix}.{'num_gpus' if local else 'gpu_count'}"
-        return f"{prefix}.{'num_cpus' if local else 'min_vcpu_count'}"
+            return f"{self.section}.{'num_gpus' if local else 'gpu_count'}"
+        return f"{self.section}.{'num_cpus' if local else 'min_vcpu_count'}"
 
     def amount(self, resource: str) -> int:
         return self.gpus if resource == "GPU" else self.cpus
@@ -101,10 +105,9 @@ class NodeShape:
 
     def named(self) -> str:
         """`runpod.gpu: NVIDIA L40S (L40S to Ray)`, or how many GPUs it has when their type is not known."""
-        where = f"{self.provider.value}.head" if self.head else self.provider.value
         if self.gpu is None or self.gpus == 0:
             return f"{self.key('GPU')}: {self.gpus}"
-        return f"{where}.gpu: {self.gpu} ({self.accelerator} to Ray)"
+        return f"{self.section}.gpu: {self.gpu} ({self.accelerator} to Ray)"
 
 
 def cluster_shape(provider: ProviderName, section: ProviderSection) -> tuple[NodeShape, ...]:
@@ -113,10 +116,9 @@ def cluster_shape(provider: ProviderName, section: ProviderSection) -> tuple[Nod
     if isinstance(section, LocalSection):
         cpus = section.num_cpus or os.cpu_count() or 1
         return (NodeShape(provider, section.num_gpus, cpus, section.num_nodes, section.num_cpus is not None),)
-    head = section.node_section(0)
     shapes = []
-    if head is not section:
-        shapes.append(_rented(provider, head, 1, head=True))
+    if section.has_own_head:
+        shapes.append(_rented(provider, section.node_section(0), 1, head=True))
     shapes.append(_rented(provider, section, section.num_nodes - len(shapes), beside_head=bool(shapes)))
     return tuple(shapes)
 

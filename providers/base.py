@@ -241,10 +241,10 @@ class Provider(ABC):
     def endpoint(self, name: str) -> NodeEndpoint:
         """How to reach the instance's Ray head (raises NodeError when it has none yet)."""
 
-    def endpoint_at(self, name: str, url: str) -> NodeEndpoint:
+    def endpoint_at(self, name: str, url: str | None) -> NodeEndpoint:
         """How to reach the instance's Ray head at `url`, where an earlier `endpoint` found it (the ledger
-        keeps it): an instance's address does not change while it lives, so no lookup is needed. By
-        default a provider whose lookups cost nothing looks again."""
+        keeps it; None or empty: not known yet, so `endpoint`): an instance's address does not change while it
+        lives, so no lookup is needed. By default a provider whose lookups cost nothing looks again."""
         return self.endpoint(name)
 
     @abstractmethod

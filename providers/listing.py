@@ -24,35 +24,20 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import redis
 from pydantic import BaseModel, TypeAdapter
 
-LISTING_KEY = "tf:listing:{provider}:{account}"
+from broker.constants import listing_key
+
 WAIT_POLL_S = 0.05
 R = TypeVar("R", bound=BaseModel)
 
 
-class ListingStore(Protocol):
-    """Where the lists are kept (Redis in the fleet; a dict in a unit test)."""
-
-    def get(self, key: str) -> str | None: ...
-
-    def put(self, key: str, value: str, ttl_s: float) -> None: ...
-
-    def claim(self, key: str, ttl_s: float) -> bool:
-        """True for the one caller that may refresh `key` now (until `ttl_s` passes)."""
-        ...
-
-    def shorten(self, key: str, ttl_s: float) -> None:
-        """Let `key` live at most `ttl_s` more."""
-        ...
-
-
 @dataclass(frozen=True)
 class RedisListings:
-    """ListingStore in the fleet's Redis."""
+    """Where the lists are kept: the fleet's Redis."""
 
     client: redis.Redis[str]
 
@@ -61,17 +46,23 @@ class RedisListings:
 
     def put(self, key: str, value: str, ttl_s: float) -> None:
         pipe = self.client.pipeline()
-        pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
+        pipe.set(key, value, px=_ms(ttl_s))
         pipe.delete(key + ":claim")
         pipe.execute()
 
     def claim(self, key: str, ttl_s: float) -> bool:
-        return bool(self.client.set(key + ":claim", "1", nx=True, px=max(1, int(ttl_s * 1000))))
+        """True for the one caller that may refresh `key` now (until `ttl_s` passes)."""
+        return bool(self.client.set(key + ":claim", "1", nx=True, px=_ms(ttl_s)))
 
     def shorten(self, key: str, ttl_s: float) -> None:
-        left, wanted = self.client.pttl(key), max(1, int(ttl_s * 1000))
+        """Let `key` live at most `ttl_s` more."""
+        left, wanted = self.client.pttl(key), _ms(ttl_s)
         if left > wanted:
             self.client.pexpire(key, wanted)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 @dataclass(frozen=True)
@@ -79,7 +70,7 @@ class ListingCache:
     """What a provider is given to share its lists: the store, how old a list may be, how long to wait for
     another process's refresh."""
 
-    store: ListingStore
+    store: RedisListings
     max_age_s: float = 1.0
     wait_s: float = 2.0
     changed_age_s: float = 0.5
@@ -97,14 +88,12 @@ class SharedListing(Generic[R]):
     model: type[R]
     _parsed: tuple[str, list[R]] | None = field(default=None, repr=False)
     _adapter: TypeAdapter[list[R]] = field(init=False, repr=False)
+    key: str = field(init=False)
+    """Where the list is kept (broker.constants.listing_key), the account hashed into it."""
 
     def __post_init__(self) -> None:
         self._adapter = TypeAdapter(list[self.model])  # type: ignore[name-defined]
-
-    @property
-    def key(self) -> str:
-        digest = hashlib.sha256(self.account.encode()).hexdigest()[:16]
-        return LISTING_KEY.format(provider=self.provider, account=digest)
+        self.key = listing_key(self.provider, hashlib.sha256(self.account.encode()).hexdigest()[:16])
 
     def records(self, ask: Callable[[], Sequence[R]], fresh: bool = False) -> list[R]:
         """The account's records: the kept list when one is young enough (unless `fresh`), else `ask()`'s

@@ -235,9 +235,11 @@ class RemoteProvider(Provider, Generic[S, R]):
             raise NodeError(f"instance {name} has no reachable Ray head (yet)")
         return self._reach(name, url, headers)
 
-    def endpoint_at(self, name: str, url: str) -> NodeEndpoint:
+    def endpoint_at(self, name: str, url: str | None) -> NodeEndpoint:
         """The head at `url` (found by `endpoint` once: RunPod's proxy URL names the pod, and a vast.ai
         instance keeps its mapped ports while it runs; stopped, it is lost and replaced), with its token."""
+        if not url:
+            return self.endpoint(name)
         headers = self._headers(name)
         if headers is None:
             raise NodeError(f"instance {name} has no token here: the fleet did not make it")

@@ -84,8 +84,9 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
 
 def _head(section: object) -> str | None:
     """The head's own shape, when the section gives it one."""
-    if not isinstance(section, RunPodSection) or (head := section.node_section(0)) is section:
+    if not isinstance(section, RunPodSection) or not section.has_own_head:
         return None
+    head = section.node_section(0)
     return f"{head.gpu_count} GPU ({head.gpu})" if head.gpu_count else "no GPU"
 
 
@@ -113,12 +114,14 @@ def _price(context: ProviderContext, job: LoadedJob) -> tuple[float | None, str]
         return 0.0, "this machine"
     nodes = spec.section.num_nodes
     head = spec.section.node_section(0)
-    shapes = [(spec.section, nodes)] if head is spec.section else [(head, 1), (spec.section, nodes - 1)]
+    shapes = [(head, 1), (spec.section, nodes - 1)] if spec.section.has_own_head else [(spec.section, nodes)]
+    try:
+        chooser = getattr(get_provider(spec.provider.value, context), "choose", None)
+    except FleetError as exc:
+        return None, f"offers unknown: {exc}"
     total, notes = 0.0, []
     for section, count in shapes:
         try:
-            provider = get_provider(spec.provider.value, context)
-            chooser = getattr(provider, "choose", None)
             choice: Choice | None = chooser(section) if chooser is not None else None
         except FleetError as exc:
             return None, f"offers unknown: {exc}"

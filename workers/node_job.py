@@ -113,9 +113,7 @@ def node(ctx: context.Context, run: Run) -> NodeClient:
 def head_endpoint(ctx: context.Context, provider: str, name: str) -> NodeEndpoint:
     """Where instance `name`'s Ray head is: the ledger's address for it, else the provider's lookup."""
     record = ctx.ledger.get_instance(name)
-    if record is not None and record.dashboard_url:
-        return ctx.provider(provider).endpoint_at(name, record.dashboard_url)
-    return ctx.provider(provider).endpoint(name)
+    return ctx.provider(provider).endpoint_at(name, record.dashboard_url if record is not None else None)
 
 
 def submit_once(

@@ -251,8 +251,7 @@ class Pass:
             return  # a cluster's worker node serves no Jobs API: its failsafe watches its head instead
         if self.settings.node_heartbeat_timeout_s:
             with contextlib.suppress(FleetError):  # no head to reach yet (starting): nothing to tell
-                url = record.dashboard_url if record is not None else None
-                ping(self.provider.endpoint_at(name, url) if url else self.provider.endpoint(name))
+                ping(self.provider.endpoint_at(name, record.dashboard_url if record is not None else None))
 
     def terminate(self, name: str, record: Instance | None, why: str) -> None:
         """The first terminate call for this instance (recorded, so that it is retried until gone)."""

@@ -232,6 +232,11 @@ class SectionBase(BaseModel):
         `num_nodes` > 1 machines, the head's own shape), as (key, message); none by default."""
         return []
 
+    @property
+    def has_own_head(self) -> bool:
+        """Whether node 0 is rented with other keys than the section's (`node_section(0)` differs)."""
+        return False
+
     def node_section(self, node: int) -> Self:
         """The section that rents node `node` of the run's cluster (0: the head): this one, unless the
         provider gives the head its own shape (jobs.sections.head)."""

@@ -60,6 +60,10 @@ class RunPodSection(RemoteSection):
             problems.append(("head.gpu_count", message))
         return problems
 
+    @property
+    def has_own_head(self) -> bool:
+        return self.head is not None
+
     def node_section(self, node: int) -> RunPodSection:
         if node == 0 and self.head is not None:
             return self.model_copy(update={**self.head.updates(), "head": None})
