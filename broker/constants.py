@@ -71,6 +71,11 @@ def tick_key(run_id: str) -> str:
     return f"{PREFIX}:tick:{run_id}"
 
 
+# Parked runs (broker.parking): run id -> what it waits for; the lease of the one watcher looking at them.
+PARKED = f"{PREFIX}:parked"
+WATCHER_LEASE = f"{PREFIX}:lock:watcher"
+
+
 def worker_key(hostname: str) -> str:
     return f"{WORKERS_PREFIX}{hostname}"
 

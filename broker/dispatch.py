@@ -23,14 +23,24 @@ from contextlib import contextmanager
 import redis
 from celery import Celery
 
-from broker.constants import Stage, tick_key
+from broker.constants import PARKED, Stage, tick_key
 from broker.ledger import fenced
 from broker.locks import Renewer
+from broker.parking import WATCHER, Parking, Watch
 
 # KEYS[1] tick key; ARGV[1] expected owner ("" = anyone), ARGV[2] new owner, ARGV[3] ttl ms
 _HANDOVER = """
 local cur = redis.call('GET', KEYS[1])
 if (not cur) or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+# KEYS[1] tick key, KEYS[2] PARKED; ARGV: WATCHER, the new owner, ttl ms, run id
+_WAKE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('HDEL', KEYS[2], ARGV[4])
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
@@ -45,6 +55,8 @@ class Dispatcher:
         self.app, self.client = app, client
         self.ttl_ms = int(stall_after_s * 1000)
         self._handover = client.register_script(_HANDOVER)
+        self._wake = client.register_script(_WAKE)
+        self.parking = Parking(client, self.ttl_ms)
         self._held: dict[tuple[str, str], Renewer] = {}  # the claims of tasks inside `hold`
         self._lock = threading.Lock()
 
@@ -90,10 +102,26 @@ class Dispatcher:
         ttl = self.ttl_ms + int(countdown * 1000)
         if not self._handover(keys=[tick_key(run_id)], args=[after or "", task_id, ttl]):
             return False
+        self._send_task(stage, run_id, task_id, countdown)
+        return True
+
+    def park(self, run_id: str, after: str, watch: Watch) -> bool:
+        """Hand the run from task `after` to the watcher until `watch` comes (broker.parking). False when
+        no watcher looks (the caller polls instead) or `after` no longer owns the run."""
+        return self.parking.watched() and self.parking.park(run_id, after, watch)
+
+    def wake(self, stage: Stage, run_id: str) -> bool:
+        """The watcher sends a parked run's stage task (if the run is still parked: one wake wins)."""
+        task_id = uuid.uuid4().hex
+        if not self._wake(keys=[tick_key(run_id), PARKED], args=[WATCHER, task_id, self.ttl_ms, run_id]):
+            return False
+        self._send_task(stage, run_id, task_id, 0.0)
+        return True
+
+    def _send_task(self, stage: Stage, run_id: str, task_id: str, countdown: float) -> None:
         self.app.send_task(
             stage.task_name, args=[run_id], queue=stage.value, task_id=task_id, countdown=countdown or None
         )
-        return True
 
     def owner(self, run_id: str) -> str | None:
         value = self.client.get(tick_key(run_id))

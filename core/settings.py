@@ -81,6 +81,9 @@ class Settings(BaseModel):
         "RESOURCES_UNAVAILABLE (sent to the node as FLEET_TRAIN_PENDING_S; a job file cannot set it).",
     )
     poll_interval_s: float = Field(1.0, gt=0, le=60, description="Delay between polls of a node or job.")
+    park_max_s: float = Field(
+        300, gt=0, description="A run waiting on its node (parked) gets its stage task at least this often."
+    )
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
     stalled_after_kicks: int = Field(

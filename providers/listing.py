@@ -7,12 +7,16 @@ vendors' rate limits). So the list is kept in Redis for `max_age_s` (the setting
 1 s by default) under a key of the provider's account, and every look in that time, from any worker
 process, reads it there: one vendor call per provider per moment, whatever the number of runs.
 
-Only one process asks the vendor at a time: the first to miss claims the refresh (SET NX with a short
-expiry); the others wait for its answer a little (`wait_s`), and ask the vendor themselves only if it does
-not come (the claimant died or is slow), so a crash never blocks a look. A change the fleet makes (a
-create, a destroy) shortens the kept list's life to half a second, so a look soon after sees it, yet a
-burst of creates costs no burst of lists. A list may so be a moment behind the vendor's: the stages
-already allow for that (providers' lists lag too: several looks in a row before a node is called lost).
+Only one process asks the vendor at a time, and not more often than every `spacing_s` (half a second):
+the first to miss claims the refresh (SET NX), and the claim outlives the call until `spacing_s` after it
+began; the others wait for its answer (up to `wait_s`), and ask the vendor themselves only if it does not
+come (the claimant died or is slow), so a crash never blocks a look. A look that must see the vendor's
+list as of now (`fresh`: after a destroy, the reaper's pass) waits for a list asked after it asked, so a
+burst of them is served by one or two calls, not one each. A change the fleet makes (a create, a destroy)
+shortens the kept list's life to half a second, so a look soon after sees it. A list may so be a moment
+behind the vendor's: the stages already allow for that (providers' lists lag too: several looks in a row
+before a node is called lost). So the vendor sees at most 1/spacing_s list calls a second per account
+from the whole fleet, whatever the number of runs (a vast.ai list is paged: a call per 25 instances).
 
 Within one process the parsed records are kept with the text they came from: 200 runs reading one list
 parse it once, not 200 times.
@@ -32,6 +36,7 @@ from pydantic import BaseModel, TypeAdapter
 from broker.constants import listing_key
 
 WAIT_POLL_S = 0.05
+KEPT_AT_LEAST_S = 4 * WAIT_POLL_S
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -44,14 +49,18 @@ class RedisListings:
     def get(self, key: str) -> str | None:
         return self.client.get(key)
 
-    def put(self, key: str, value: str, ttl_s: float) -> None:
+    def put(self, key: str, value: str, ttl_s: float, claim_left_s: float) -> None:
+        """Keep `value` for `ttl_s`; the refresh's claim lasts `claim_left_s` more (the spacing of calls)."""
         pipe = self.client.pipeline()
         pipe.set(key, value, px=_ms(ttl_s))
-        pipe.delete(key + ":claim")
+        if claim_left_s > 0:
+            pipe.pexpire(key + ":claim", _ms(claim_left_s))
+        else:
+            pipe.delete(key + ":claim")
         pipe.execute()
 
     def claim(self, key: str, ttl_s: float) -> bool:
-        """True for the one caller that may refresh `key` now (until `ttl_s` passes)."""
+        """True for the one caller that may refresh `key` now (until `ttl_s` passes, or its `put`)."""
         return bool(self.client.set(key + ":claim", "1", nx=True, px=_ms(ttl_s)))
 
     def shorten(self, key: str, ttl_s: float) -> None:
@@ -75,6 +84,8 @@ class ListingCache:
     wait_s: float = 2.0
     changed_age_s: float = 0.5
     """How old a list may still be once the fleet changed the account (a create, a destroy)."""
+    spacing_s: float = 0.5
+    """The least time between two of the fleet's list calls to one account (from their starts)."""
 
 
 @dataclass
@@ -96,20 +107,28 @@ class SharedListing(Generic[R]):
         self.key = listing_key(self.provider, hashlib.sha256(self.account.encode()).hexdigest()[:16])
 
     def records(self, ask: Callable[[], Sequence[R]], fresh: bool = False) -> list[R]:
-        """The account's records: the kept list when one is young enough (unless `fresh`), else `ask()`'s
-        (the vendor's call), which is then kept for the others."""
+        """The account's records: the kept list when one is young enough (`fresh`: one asked of the vendor
+        after this call began), else `ask()`'s (the vendor's call, made by one caller at a time, spaced),
+        which is then kept for the others."""
         if self.cache is None:
             return list(ask())
-        store, key = self.cache.store, self.key
-        if not fresh:
+        store, key, cache = self.cache.store, self.key, self.cache
+        since = time.time() if fresh else 0.0
+        deadline = time.monotonic() + cache.wait_s
+        while True:
             kept = store.get(key)
-            if kept is None and not store.claim(key, self.cache.wait_s):
-                kept = self._wait(key)  # another process is asking the vendor now
             if kept is not None:
-                return self._parse(kept)
+                asked_at, _, text = kept.partition("\n")
+                if float(asked_at) >= since:
+                    return self._parse(text)
+            if store.claim(key, cache.wait_s) or time.monotonic() >= deadline:
+                break  # ours to ask; or the one asking died or is slow: ask too, rather than wait on
+            time.sleep(WAIT_POLL_S)
+        began = time.time()
         found = list(ask())
         text = self._adapter.dump_json(found, by_alias=True).decode()
-        store.put(key, text, self.cache.max_age_s)
+        kept_s = max(cache.max_age_s, KEPT_AT_LEAST_S)  # long enough for every waiter to see it
+        store.put(key, f"{began!r}\n{text}", kept_s, cache.spacing_s - (time.time() - began))
         self._parsed = (text, found)
         return found
 
@@ -120,16 +139,6 @@ class SharedListing(Generic[R]):
         several looks in a row without it)."""
         if self.cache is not None:
             self.cache.store.shorten(self.key, min(self.cache.changed_age_s, self.cache.max_age_s))
-
-    def _wait(self, key: str) -> str | None:
-        assert self.cache is not None
-        deadline = time.monotonic() + self.cache.wait_s
-        while time.monotonic() < deadline:
-            time.sleep(WAIT_POLL_S)
-            kept = self.cache.store.get(key)
-            if kept is not None:
-                return kept
-        return None
 
     def _parse(self, text: str) -> list[R]:
         if self._parsed is None or self._parsed[0] != text:

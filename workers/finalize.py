@@ -78,7 +78,7 @@ def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str 
         client.submit(sid, entrypoint, node_env(ctx, run))
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
-        return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
+        return Next.wait_job(ctx, Stage.FINALIZE, sid)
     log = client.logs(sid)
     if info.status != JobStatus.SUCCEEDED:
         raise StageFailed(

@@ -32,7 +32,7 @@ def step(ctx: context.Context, run: Run) -> Next:
         # The fetch is submitted only after the entry script succeeded: once it is, the entry is behind us.
         script = entry.script_of(run)
         if script is not None and not entry.succeeded(ctx, run, client, script):
-            return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
+            return Next.wait_job(ctx, Stage.PREPARE, entry.submission_id(run))
     info = submit_once(ctx, run, client, Stage.PREPARE.value, sid, submit, [RaySubmitted(ray_job=sid)])
     if info is None:
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
@@ -49,7 +49,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info.status.is_terminal():
         tail = client.logs(sid)[-1500:]
         raise StageFailed(FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{tail}")
-    return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
+    return Next.wait_job(ctx, Stage.PREPARE, sid)
 
 
 @app.task(name=Stage.PREPARE.task_name, bind=True, **RETRY_POLICY)

@@ -61,6 +61,7 @@ BEAT_SCHEDULER = "celery.beat:Scheduler"
 def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrency: int, beat: bool) -> None:
     """Run a Celery worker in this process until it is told to stop."""
     from workers import context
+    from workers.watcher import start_watcher
 
     configure(settings, redis_url)
     context.init(settings, redis_url)
@@ -76,11 +77,13 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
         stopper["hb"] = start_heartbeat(client, hostname, queues)
+        # The fleet's one watcher of parked runs is whichever worker's took the lease (workers.watcher).
+        stopper["watch"] = start_watcher(context.get(), hostname)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _down(**_: Any) -> None:
-        if "hb" in stopper:
-            stopper["hb"].set()
+        for stop in stopper.values():
+            stop.set()
 
     argv = ["worker", "-Q", ",".join(queues), "-c", str(concurrency), "-n", hostname, "--loglevel", "INFO"]
     if beat:

@@ -82,6 +82,10 @@ def step(ctx: context.Context, run: Run) -> Next:
                 'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
             )
         raise StageFailed(FailureReason.NODE_TIMEOUT, why)
+    if len(nodes) == len(names) and len(up) < len(names):
+        # Every node is listed and some are still starting: nothing to do until one's state changes.
+        states = {name: found.state.value for name, found in nodes.items()}
+        return Next.wait_nodes(ctx, Stage.PROVISION, states, started + ctx.settings.node_ready_timeout_s)
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
 
 

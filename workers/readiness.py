@@ -44,8 +44,10 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
     command = entrypoint(run.spec.head_gpu_count, node_software(ctx, run))  # checked on the head
     info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])
-    if info is None or not info.status.is_terminal():
+    if info is None:
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+    if not info.status.is_terminal():
+        return Next.wait_job(ctx, Stage.PROVISION, sid)
     logs = client.logs(sid)
     found = [r for r in progress.parse(logs) if r["kind"] == progress.Kind.CHECKED]
     if info.status != JobStatus.SUCCEEDED or not found:

@@ -111,6 +111,8 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, FailureReason.INTERNAL_ERROR, repr(exc))
         return
     went_through(ctx, run)
+    if nxt.watch is not None and ctx.dispatcher.park(run_id, task_id, nxt.watch):
+        return  # the watcher sends the stage's task when what the run waits for comes
     if nxt.stage is not None:
         ctx.dispatcher.send(nxt.stage, run_id, after=task_id, countdown=nxt.countdown)
 

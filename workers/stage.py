@@ -22,6 +22,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import STATE_OF_STAGE, Retrying, Run, RunState
+from broker.parking import Watch
 from broker.payloads import RunRetrying, StageFinished, StageStarted
 from core.errors import RETRYABLE, FleetError
 
@@ -49,14 +50,28 @@ RETRY_POLICY = RetryPolicy(
 
 @dataclass(frozen=True)
 class Next:
-    """What a step wants next: poll this stage again, move to another stage, or nothing."""
+    """What a step wants next: poll this stage again, wait for something (parked: the watcher sends the
+    stage's task when it comes; polled when no watcher looks), move to another stage, or nothing."""
 
     stage: Stage | None
     countdown: float = 0.0
+    watch: Watch | None = None
 
     @staticmethod
     def poll(stage: Stage, countdown: float) -> Next:
         return Next(stage, countdown)
+
+    @staticmethod
+    def wait_job(ctx: Context, stage: Stage, job: str, relay: bool = False) -> Next:
+        """Until Ray job `job` on the run's head ends (`relay`: its progress lines relayed meanwhile)."""
+        watch = Watch(stage=stage, until=time.time() + ctx.settings.park_max_s, job=job, relay=relay)
+        return Next(stage, ctx.settings.poll_interval_s, watch)
+
+    @staticmethod
+    def wait_nodes(ctx: Context, stage: Stage, nodes: dict[str, str], until: float) -> Next:
+        """Until one of the instances' listed states (`nodes`) changes, or `until` at the latest."""
+        watch = Watch(stage=stage, until=min(until, time.time() + ctx.settings.park_max_s), nodes=nodes)
+        return Next(stage, ctx.settings.poll_interval_s, watch)
 
     @staticmethod
     def onward(done: Stage) -> Next:

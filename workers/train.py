@@ -64,7 +64,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     info = client.info(sid)  # read before the logs, so a finished job's log is read whole
     run = relay(ctx, run, client, sid)
     if info is None or not info.status.is_terminal():
-        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
+        return Next.wait_job(ctx, Stage.TRAIN, sid, relay=True)
     if info.status == JobStatus.SUCCEEDED and run.progress.finished:
         ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
         return Next.onward(Stage.TRAIN)

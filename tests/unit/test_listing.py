@@ -88,6 +88,56 @@ def test_concurrent_misses_wait_for_the_one_refresh(redis_client: redis.Redis[st
     assert found == [1] * 6 and vendor.calls == 1
 
 
+def test_a_burst_of_fresh_looks_is_served_by_one_or_two_calls_each_as_of_its_look(
+    redis_client: redis.Redis[str],
+) -> None:
+    vendor = Vendor(delay_s=0.05)
+    listing(redis_client).records(vendor)  # a list is kept...
+    vendor.rows.append(Row(id=2, name="tf-b-1"))  # ...and then the account changed
+    seen: list[int] = []
+
+    def look() -> None:  # 20 terminates in a burst, each asking whether its instance is gone
+        seen.append(len(listing(redis_client).records(vendor, fresh=True)))
+
+    threads = [threading.Thread(target=look) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [2] * 20  # never the list kept from before the look
+    assert vendor.calls <= 3, vendor.calls  # 1 before + one or two for the burst, not twenty
+
+
+def test_the_vendor_is_asked_at_most_once_per_spacing_whatever_the_lookers(
+    redis_client: redis.Redis[str],
+) -> None:
+    vendor = Vendor()
+    cache = ListingCache(RedisListings(redis_client), max_age_s=0.01, wait_s=2.0, spacing_s=0.5)
+    began = time.monotonic()
+    stop = began + 2.0
+    calls_at: list[float] = []
+
+    def ask() -> list[Row]:
+        calls_at.append(time.monotonic() - began)
+        return vendor()
+
+    def look() -> None:  # the list is kept a moment only; half the looks must see the vendor's own
+        shared = SharedListing(cache, "runpod", "url|key", Row)
+        n = 0
+        while time.monotonic() < stop:
+            shared.records(ask, fresh=n % 2 == 0)
+            n += 1
+
+    threads = [threading.Thread(target=look) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    calls_at.sort()
+    assert len([t for t in calls_at if t < 2.0]) <= 4, calls_at  # at most one call per 0.5 s
+    assert all(b - a > 0.45 for a, b in zip(calls_at, calls_at[1:], strict=False)), calls_at
+
+
 def test_a_dead_claimant_delays_a_look_by_at_most_the_wait(redis_client: redis.Redis[str]) -> None:
     vendor = Vendor()
     shared = listing(redis_client)

@@ -1,0 +1,116 @@
+"""Parked runs (broker.parking, workers.watcher): a run that waits on its node costs no Celery task until
+something happens; the watcher relays its progress meanwhile, hands it back to its stage's task once, and
+a run is never parked without a watcher to look at it."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
+from broker.dispatch import Dispatcher
+from broker.parking import WATCHER, Watch
+from tests.fakes import FakeRunPod
+from tests.fakes.replay import EMITTED
+from tests.integration.clouds import API_KEY, job_for
+from tests.integration.fleetproc import events_of, fleet, fleet_env
+
+SECTION = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+TRAIN_S = 14.0  # long enough that a task a second would show: 14 train tasks and more
+RECEIVED = re.compile(r"Task (trainfleet\.\w+)\[[0-9a-f]+\] received")
+
+
+class _Recorder(Celery):
+    """A Celery app whose send_task records instead of sending."""
+
+    def __init__(self) -> None:
+        super().__init__("recorder", set_as_current=False)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.sent.append((name, kwargs))
+
+
+def _watch(until_s: float = 60.0) -> Watch:
+    return Watch(stage=Stage.TRAIN, until=time.time() + until_s, job="r1-1-train", relay=True)
+
+
+def test_a_run_parks_only_while_a_watcher_looks_and_is_woken_once(redis_client: redis.Redis[str]) -> None:
+    app = _Recorder()
+    dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
+    assert dispatcher.send(Stage.TRAIN, "r1", after=None)
+    task = app.sent[0][1]["task_id"]
+    assert not dispatcher.park("r1", task, _watch())  # no watcher: the task polls instead
+    assert dispatcher.owner("r1") == task and not redis_client.hexists(PARKED, "r1")
+
+    redis_client.set(WATCHER_LEASE, "w", px=10_000)
+    assert not dispatcher.park("r1", "another-task", _watch())  # only the run's owner parks it
+    watch = _watch()
+    assert dispatcher.park("r1", task, watch)
+    assert dispatcher.owner("r1") == WATCHER
+    assert dispatcher.parking.parked() == {"r1": watch}
+    # Parked: no stage task may be sent for it by anyone else (a cancel, the reaper's kick)...
+    assert not dispatcher.send(Stage.TRAIN, "r1", after=None)
+    # ...and the watcher's wake sends one task, once, however many ask.
+    assert dispatcher.wake(Stage.TRAIN, "r1")
+    assert not dispatcher.wake(Stage.TRAIN, "r1")
+    assert [name for name, _ in app.sent] == [Stage.TRAIN.task_name] * 2
+    woken = app.sent[1][1]["task_id"]
+    assert dispatcher.owner("r1") == woken and dispatcher.parking.parked() == {}
+
+
+def test_the_watcher_renews_what_it_holds_and_lets_go_of_the_rest(redis_client: redis.Redis[str]) -> None:
+    app = _Recorder()
+    dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
+    redis_client.set(WATCHER_LEASE, "w", px=10_000)
+    for run_id in ("r1", "r2"):
+        dispatcher.send(Stage.TRAIN, run_id, after=None)
+        assert dispatcher.park(run_id, app.sent[-1][1]["task_id"], _watch())
+    redis_client.pexpire(tick_key("r1"), 500)
+    # The reaper took r2 over (its dollar cap): the watcher must not renew it, nor look at it again.
+    redis_client.set(tick_key("r2"), "reaper-x", px=30_000)
+    assert dispatcher.parking.renew(["r1", "r2"]) == ["r2"]
+    assert redis_client.pttl(tick_key("r1")) > 20_000
+    assert redis_client.get(tick_key("r2")) == "reaper-x"
+    assert list(dispatcher.parking.parked()) == ["r1"]
+
+
+@pytest.fixture
+def replay_cloud(tmp_path: Path) -> Iterator[FakeRunPod]:
+    with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="replay") as fake:
+        fake.nodes.replayer.train_s = TRAIN_S  # type: ignore[attr-defined]
+        yield fake
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_training_run_costs_a_few_tasks_and_its_progress_comes_as_it_happens(
+    home: Path, replay_cloud: FakeRunPod, tmp_path: Path
+) -> None:
+    env = fleet_env(home, RUNPOD_API_BASE_URL=replay_cloud.url, RUNPOD_API_KEY=API_KEY)
+    done = fleet(env, "run", str(job_for(tmp_path, SECTION)), "--json", timeout=150)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED"
+
+    received: Counter[str] = Counter()
+    for log in (home / "logs").glob("worker-*.log"):
+        received.update(RECEIVED.findall(log.read_text(errors="replace")))
+    # Polling sent a train task a second (about 14 here); parked, the train stage is sent, then woken.
+    assert received[Stage.TRAIN.task_name] <= 3, received
+    assert sum(received[s.task_name] for s in Stage) <= 20, received
+    # The watcher relayed the trainer's lines while it trained, each within a tick or two of the node.
+    steps = [e for e in events_of(home, view["run_id"]) if e["type"] == "train.step"]
+    assert len(steps) >= 5
+    lags = [e["time"] - e["data"][EMITTED] for e in steps]
+    assert max(lags) < 5, lags
+    assert steps[-1]["time"] - steps[0]["time"] > TRAIN_S / 2  # as it happened, not all at the end
