@@ -109,6 +109,9 @@ class RunProgress(BaseModel):
     entry_ended: str | None = Field(
         None, description="The `entry` Ray job (submission id) whose end prepare recorded (prepare.entry)."
     )
+    fetched: str | None = Field(
+        None, description="The fetch Ray job (submission id) whose prepare.fetched event was recorded."
+    )
     hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
     pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
 

@@ -249,7 +249,17 @@ class Provider(ABC):
 
     @abstractmethod
     def terminate(self, name: str) -> None:
-        """Ask for the instance to be destroyed. A no-op when it is already gone; idempotent."""
+        """Ask for the instance to be destroyed. A no-op when it is already gone; idempotent. Whether it
+        went is `gone`'s to say (a vendor's list may show it a moment longer)."""
+
+    def gone(self, name: str, fresh: bool = False) -> bool:
+        """Whether no instance of that name exists; `fresh`: as the vendor says after this call began, not
+        as a list kept a moment ago does (providers.listing), where the provider keeps one."""
+        return self.get(name) is None
+
+    def forget(self, name: str) -> None:
+        """The instance is gone for good: drop what the fleet kept of it here (its token files)."""
+        log.debug("%s: nothing kept of %s", self.name, name)
 
     @abstractmethod
     def list_instances(self) -> list[NodeInstance]:

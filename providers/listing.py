@@ -9,14 +9,15 @@ process, reads it there: one vendor call per provider per moment, whatever the n
 
 Only one process asks the vendor at a time, and not more often than every `spacing_s` (half a second):
 the first to miss claims the refresh (SET NX), and the claim outlives the call until `spacing_s` after it
-began; the others wait for its answer (up to `wait_s`), and ask the vendor themselves only if it does not
-come (the claimant died or is slow), so a crash never blocks a look. A look that must see the vendor's
-list as of now (`fresh`: after a destroy, the reaper's pass) waits for a list asked after it asked, so a
-burst of them is served by one or two calls, not one each. A change the fleet makes (a create, a destroy)
-shortens the kept list's life to half a second, so a look soon after sees it. A list may so be a moment
-behind the vendor's: the stages already allow for that (providers' lists lag too: several looks in a row
-before a node is called lost). So the vendor sees at most 1/spacing_s list calls a second per account
-from the whole fleet, whatever the number of runs (a vast.ai list is paged: a call per 25 instances).
+began (a paged list, vast.ai's, spends a spacing per page). Meanwhile a look is served the list kept a
+moment ago (kept `STALE_S` past its age for that), never made to wait; only a look with no list kept, or
+one that must see the vendor's list as of now (`fresh`: after a destroy, the reaper's pass), waits for
+the next one, up to `wait_s` (then it asks itself: the claimant died or is slow, and a crash never blocks
+a look). A burst of fresh looks is so served by one or two calls, not one each. A change the fleet makes
+(a create, a destroy) makes the kept list old half a second later, so a look soon after sees it. A list
+may so be a moment behind the vendor's: the stages already allow for that (providers' lists lag too:
+several looks in a row before a node is called lost). So the vendor sees at most 1/spacing_s list
+requests a second per account from the whole fleet, whatever the number of runs.
 
 Within one process the parsed records are kept with the text they came from: 200 runs reading one list
 parse it once, not 200 times.
@@ -37,6 +38,7 @@ from broker.constants import listing_key
 
 WAIT_POLL_S = 0.05
 KEPT_AT_LEAST_S = 4 * WAIT_POLL_S
+STALE_S = 10.0  # an old list is still kept this long: served while the next is being asked (not waited on)
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -46,8 +48,10 @@ class RedisListings:
 
     client: redis.Redis[str]
 
-    def get(self, key: str) -> str | None:
-        return self.client.get(key)
+    def get(self, key: str) -> tuple[str | None, float]:
+        """The kept list (None: none), and when the fleet last changed the account (0: not lately)."""
+        value, changed = self.client.mget([key, key + ":changed"])
+        return value, float(changed or 0)
 
     def put(self, key: str, value: str, ttl_s: float, claim_left_s: float) -> None:
         """Keep `value` for `ttl_s`; the refresh's claim lasts `claim_left_s` more (the spacing of calls)."""
@@ -63,11 +67,9 @@ class RedisListings:
         """True for the one caller that may refresh `key` now (until `ttl_s` passes, or its `put`)."""
         return bool(self.client.set(key + ":claim", "1", nx=True, px=_ms(ttl_s)))
 
-    def shorten(self, key: str, ttl_s: float) -> None:
-        """Let `key` live at most `ttl_s` more."""
-        left, wanted = self.client.pttl(key), _ms(ttl_s)
-        if left > wanted:
-            self.client.pexpire(key, wanted)
+    def changed(self, key: str, ttl_s: float) -> None:
+        """Note that the account changed now (kept for `ttl_s`)."""
+        self.client.set(key + ":changed", repr(time.time()), px=_ms(ttl_s))
 
 
 def _ms(seconds: float) -> int:
@@ -97,6 +99,8 @@ class SharedListing(Generic[R]):
     account: str
     """What tells the provider's accounts apart (its API URL and key), hashed into the key."""
     model: type[R]
+    page_rows: int = 0
+    """Records per request of the vendor's list when it pages (0: one request): the spacing is per request."""
     _parsed: tuple[str, list[R]] | None = field(default=None, repr=False)
     _adapter: TypeAdapter[list[R]] = field(init=False, repr=False)
     key: str = field(init=False)
@@ -116,29 +120,41 @@ class SharedListing(Generic[R]):
         since = time.time() if fresh else 0.0
         deadline = time.monotonic() + cache.wait_s
         while True:
-            kept = store.get(key)
+            kept, changed_at = store.get(key)
             if kept is not None:
-                asked_at, _, text = kept.partition("\n")
-                if float(asked_at) >= since:
+                at, _, text = kept.partition("\n")
+                if float(at) >= since if fresh else self._young(float(at), changed_at):
                     return self._parse(text)
             if store.claim(key, cache.wait_s) or time.monotonic() >= deadline:
                 break  # ours to ask; or the one asking died or is slow: ask too, rather than wait on
+            if kept is not None and not fresh:
+                return self._parse(text)  # being asked (or not yet again): the kept one, a moment older
             time.sleep(WAIT_POLL_S)
         began = time.time()
         found = list(ask())
         text = self._adapter.dump_json(found, by_alias=True).decode()
-        kept_s = max(cache.max_age_s, KEPT_AT_LEAST_S)  # long enough for every waiter to see it
-        store.put(key, f"{began!r}\n{text}", kept_s, cache.spacing_s - (time.time() - began))
+        kept_s = max(cache.max_age_s, KEPT_AT_LEAST_S) + STALE_S  # young for max_age_s, then stale
+        requests = -(-len(found) // self.page_rows) if self.page_rows else 1
+        spacing_s = cache.spacing_s * max(1, requests)  # a paged list spends a request's spacing per page
+        store.put(key, f"{began!r}\n{text}", kept_s, spacing_s - (time.time() - began))
         self._parsed = (text, found)
         return found
 
     def changed(self) -> None:
         """The fleet changed the account's instances (a create, a destroy): the kept list is out of date,
-        and lives at most `changed_age_s` more. Not at once: 200 creates in a burst then cost two vendor
+        and young at most `changed_age_s` more. Not at once: 200 creates in a burst then cost two vendor
         lists a second, not 200; the stages allow for a list a moment behind (a node is lost only after
         several looks in a row without it)."""
         if self.cache is not None:
-            self.cache.store.shorten(self.key, min(self.cache.changed_age_s, self.cache.max_age_s))
+            self.cache.store.changed(self.key, self.cache.max_age_s + STALE_S)
+
+    def _young(self, at: float, changed_at: float) -> bool:
+        """Whether a list asked at `at` still serves a look that need not be fresh."""
+        assert self.cache is not None
+        now = time.time()
+        if changed_at > at and now > changed_at + min(self.cache.changed_age_s, self.cache.max_age_s):
+            return False  # the fleet changed the account after it was asked, a while ago
+        return now - at <= self.cache.max_age_s
 
     def _parse(self, text: str) -> list[R]:
         if self._parsed is None or self._parsed[0] != text:

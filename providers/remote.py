@@ -65,6 +65,8 @@ class RemoteProvider(Provider, Generic[S, R]):
 
     record_model: ClassVar[type[BaseModel]]
     """The model of `R`, to keep the list in the shared cache (providers.listing) and read it back."""
+    list_page_rows: ClassVar[int] = 0
+    """Instances per request of the vendor's list (it pages: one request per that many), 0: one request."""
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
@@ -73,7 +75,11 @@ class RemoteProvider(Provider, Generic[S, R]):
         creds = sorted(context.credentials.items())
         keys = [value.get_secret_value() for key, value in creds if key in self.credential_names]
         self.listing: SharedListing[BaseModel] = SharedListing(
-            context.listings, self.name.value, "|".join([self.api_url, *keys]), self.record_model
+            context.listings,
+            self.name.value,
+            "|".join([self.api_url, *keys]),
+            self.record_model,
+            self.list_page_rows,
         )
 
     def _records(self, name: str | None = None, fresh: bool = False) -> list[R]:
@@ -250,8 +256,12 @@ class RemoteProvider(Provider, Generic[S, R]):
         for record in records:
             self._destroy(record)
         self.listing.changed()
-        if not self._records(name, fresh=True):  # gone: its token files go too
-            self.tokens.forget(name)
+
+    def gone(self, name: str, fresh: bool = False) -> bool:
+        return not self._records(name, fresh)
+
+    def forget(self, name: str) -> None:
+        self.tokens.forget(name)
 
     def list_instances(self) -> list[NodeInstance]:
         # The reaper's look (each reap_interval_s) and the CLI's: the vendor's own, kept for the others.

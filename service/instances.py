@@ -84,7 +84,9 @@ def terminate(fleet: Fleet, name: str, force: bool = False) -> Row:
             )
         provider = next(p for p in _providers(fleet) if p.name == row.node.provider)
         provider.terminate(name)
-        gone = provider.get(name) is None
+        gone = provider.gone(name, fresh=True)
+        if gone:
+            provider.forget(name)
         if fleet.ledger.get_instance(name) is not None:
             state = InstanceState.TERMINATED if gone else InstanceState.TERMINATING
             fleet.ledger.update_instance(name, state=state)

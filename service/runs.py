@@ -192,5 +192,7 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
 
     run = fleet.ledger.update_run(run.run_id, flag)
     if (stage := run.state.stage) is not None:
-        fleet.dispatcher.send(stage, run.run_id, after=None)  # only if no task owns the run right now
+        # Its stage's task now, unless a task owns the run (it sees the flag before its next step); a run
+        # parked on its node is woken from the watcher.
+        fleet.dispatcher.send(stage, run.run_id, after=None) or fleet.dispatcher.wake(stage, run.run_id)
     return run

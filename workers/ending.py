@@ -30,17 +30,19 @@ log = logging.getLogger("trainfleet.workers")
 KEEP_MAX_S = 24 * 3600  # the longest a failed run's node is kept for debugging
 
 
-def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
-    """Terminate the run's instances (every node of its attempt: a cluster goes as one) and confirm they
-    are gone; returns the events that say so. One failed call does not spare the others: each is recorded
-    TERMINATING first, so the reaper retries what this could not end; the first error is raised after."""
+def terminate_instance(ctx: context.Context, run: Run, fresh: bool = True) -> list[Draft]:
+    """Terminate the run's instances (every node of its attempt: a cluster goes as one) and confirm those
+    gone (`fresh`: by the vendor's list asked after the terminate, else by the fleet's shared list, which
+    may show one a moment longer: `confirm` then says when it went); returns the events that say so. One
+    failed call does not spare the others: each is recorded TERMINATING first, so the reaper retries what
+    this could not end; the first error is raised after."""
     if run.instance is None:
         return []
     drafts: list[Draft] = []
     failed: FleetError | None = None
     for name in run.instance_names:
         try:
-            drafts += _terminate_one(ctx, run.provider, name)
+            drafts += _terminate_one(ctx, run.provider, name, fresh)
         except FleetError as exc:
             failed = failed or exc
     if failed is not None:
@@ -48,7 +50,39 @@ def terminate_instance(ctx: context.Context, run: Run) -> list[Draft]:
     return drafts
 
 
-def _terminate_one(ctx: context.Context, provider_name: str, name: str) -> list[Draft]:
+def end_nodes(ctx: context.Context, run: Run) -> tuple[list[Draft], dict[str, str]]:
+    """Terminate the run's instances, once (those already TERMINATING are only looked at), and confirm
+    those gone by the fleet's shared list: the events, and those still listed ({name: state}: what to wait
+    on; the reaper confirms them in any case)."""
+    provider = ctx.provider(run.provider)
+    records = {name: ctx.ledger.get_instance(name) for name in run.instance_names}
+    if any(r is not None and r.state not in _ENDING for r in records.values()):
+        drafts = terminate_instance(ctx, run, fresh=False)
+        records = {name: ctx.ledger.get_instance(name) for name in run.instance_names}
+    else:
+        drafts = []
+    listed: dict[str, str] = {}
+    for name, record in records.items():
+        if record is None or record.state != InstanceState.TERMINATING:
+            continue
+        found = provider.get(name)
+        if found is None:
+            drafts += _gone(ctx, run.provider, name)
+        else:
+            listed[name] = found.state.value
+    return drafts, listed
+
+
+_ENDING = (InstanceState.TERMINATING, InstanceState.TERMINATED, InstanceState.LOST)
+
+
+def _gone(ctx: context.Context, provider_name: str, name: str) -> list[Draft]:
+    ctx.ledger.update_instance(name, state=InstanceState.TERMINATED)
+    ctx.provider(provider_name).forget(name)
+    return [InstanceTerminated(instance=name)]
+
+
+def _terminate_one(ctx: context.Context, provider_name: str, name: str, fresh: bool) -> list[Draft]:
     provider = ctx.provider(provider_name)
     inst = ctx.ledger.get_instance(name)
     if inst is not None and inst.state.is_terminal():
@@ -62,9 +96,8 @@ def _terminate_one(ctx: context.Context, provider_name: str, name: str) -> list[
         next_terminate_at=now + ctx.settings.reap_interval_s / 2,  # the next reap pass calls again
     )
     provider.terminate(name)
-    if provider.get(name) is None:
-        ctx.ledger.update_instance(name, state=InstanceState.TERMINATED)
-        return [InstanceTerminated(instance=name)]
+    if provider.gone(name, fresh):
+        return _gone(ctx, provider_name, name)
     # Not gone yet: the reaper confirms (and retries) until the provider no longer lists it.
     return [InstanceTerminating(instance=name)]
 

@@ -24,7 +24,7 @@ from providers.node import JobStatus
 from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context
-from workers.ending import terminate_instance
+from workers.ending import end_nodes
 from workers.node_job import node, node_env
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next
@@ -47,7 +47,13 @@ def step(ctx: context.Context, run: Run) -> Next:
             return waiting
     drafts: list[Draft] = []
     if run.spec.one_shot:
-        drafts += terminate_instance(ctx, run)
+        drafts, listed = end_nodes(ctx, run)
+        if listed and (until := _confirm_until(ctx, run)) > time.time():
+            # Terminated, still listed: the watcher wakes this step when the shared list drops it (no
+            # list call of its own per run); past `until` the run ends and the reaper confirms.
+            if drafts:
+                ctx.ledger.update_run(run.run_id, lambda r: drafts)
+            return Next.wait_nodes(ctx, Stage.FINALIZE, listed, until)
     cost = run_cost(
         ctx.ledger, run
     )  # a node kept alive goes on costing; the reaper's events say when it ends
@@ -66,6 +72,13 @@ def step(ctx: context.Context, run: Run) -> Next:
 
     ctx.ledger.update_run(run.run_id, succeed)
     return Next.done()
+
+
+def _confirm_until(ctx: context.Context, run: Run) -> float:
+    """How long a finalize waits to see its terminated node gone: a reap interval from the terminate."""
+    record = ctx.ledger.get_instance(run.instance) if run.instance else None
+    asked = record.terminate_requested_at if record is not None else None
+    return (asked or time.time()) + ctx.settings.reap_interval_s
 
 
 def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str | Next:

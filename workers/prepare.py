@@ -11,7 +11,7 @@ from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import EventType, PrepareFetched, RaySubmitted
 from core.errors import FailureReason, StageFailed
-from providers.node import JobStatus
+from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context, entry
 from workers.node_job import files_for_node, node, node_env, node_record, submit_once
@@ -37,19 +37,41 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info is None:
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
     if info.status == JobStatus.SUCCEEDED:
-        fetched = [r for r in progress.parse(client.logs(sid)) if r["kind"] == progress.Kind.FETCHED]
-        said = node_record(EventType.PREPARE_FETCHED, fetched[-1] if fetched else {})
-        data = said if said is not None else PrepareFetched()
+        data = fetched(client.logs(sid)) or PrepareFetched()
 
         def done(r: Run) -> list[Draft]:
-            return [data, *enter_next(r, Stage.PREPARE)]
+            said = [] if r.progress.fetched == sid else [data]  # the watcher may have relayed it
+            r.progress.fetched = sid
+            return [*said, *enter_next(r, Stage.PREPARE)]
 
         ctx.ledger.update_run(run.run_id, done)
         return Next.onward(Stage.PREPARE)
     if info.status.is_terminal():
         tail = client.logs(sid)[-1500:]
         raise StageFailed(FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{tail}")
-    return Next.wait_job(ctx, Stage.PREPARE, sid)
+    return Next.wait_job(ctx, Stage.PREPARE, sid, relay=True)
+
+
+def fetched(log: str) -> PrepareFetched | None:
+    """What the fetch job said it fetched (its FETCHED line), once it said it."""
+    lines = [r for r in progress.parse(log) if r["kind"] == progress.Kind.FETCHED]
+    said = node_record(EventType.PREPARE_FETCHED, lines[-1]) if lines else None
+    return said if isinstance(said, PrepareFetched) else None
+
+
+def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
+    """The fetch job's FETCHED line as its event as soon as it is printed (the watcher's relay while the
+    run waits on the job), so it is not held until the prepare task's turn; recorded once."""
+    if run.progress.fetched == sid or (data := fetched(client.logs(sid))) is None:
+        return run
+
+    def record(r: Run) -> list[Draft]:
+        if r.progress.fetched == sid:
+            return []
+        r.progress.fetched = sid
+        return [data]
+
+    return ctx.ledger.update_run(run.run_id, record)
 
 
 @app.task(name=Stage.PREPARE.task_name, bind=True, **RETRY_POLICY)

@@ -306,6 +306,7 @@ class Pass:
     def unlisted(self, record: Instance) -> None:
         if record.state == InstanceState.TERMINATING:
             self.ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
+            self.provider.forget(record.name)
             self.report.confirmed.append(record.name)
             self._event(InstanceTerminated(instance=record.name), record.run_id or None)
             return

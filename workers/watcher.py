@@ -2,13 +2,17 @@
 that waits on its node costs no Celery task until something happens.
 
 Every `fleet worker` runs a watcher thread; the one holding WATCHER_LEASE looks, the others wait to take
-over. Each tick it renews the parked runs' claims and looks at each run (a pool of threads, one node's
-calls in one thread):
-- a Ray job it waits for: the job's info; when the run trains, the trainer's new progress lines are
-  relayed as events as the train task would (the same offset transaction, fenced by WATCHER's claim);
+over. Each tick it renews the parked runs' claims (one script) and looks at each run in a pool of threads;
+a run whose last look has not come back yet (a slow node) is not looked at again until it has, so one
+slow node never holds up the others. A look reads:
+- a Ray job the run waits for: the job's info; when the run trains, the trainer's new progress lines are
+  relayed as events as the train task would (the same offset transaction, fenced by WATCHER's claim),
+  and its info is asked only when its log stood still (one call a tick per node while it prints);
 - instances it waits for: their states as the provider lists them (the shared list, providers.listing).
 It sends the stage's task (`Dispatcher.wake`) when the job ended, a state changed, a look failed (the
-stage's own error handling then sees it), the run was cancelled or moved on, or the Watch's deadline came.
+stage's own error handling then sees it), or the Watch's deadline came. Nothing else acts on a parked
+run without taking its claim first (a cancel wakes it; the reaper's dollar cap takes it over), so a look
+needs the run itself only once, when it is parked: its node's client is kept until it wakes.
 """
 
 from __future__ import annotations
@@ -17,21 +21,32 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from broker.constants import WATCHER_LEASE
+from broker.constants import WATCHER_LEASE, Stage
 from broker.ledger import fenced
 from broker.locks import Lease
 from broker.models import Run
 from broker.parking import WATCHER, Watch
-from core.errors import FleetError, LeaseLost
-from workers import context
+from core.errors import FleetError, LeaseLost, NotFound
+from providers.node import NodeClient
+from workers import context, prepare, train
 from workers.node_job import node
-from workers.train import relay
 
 log = logging.getLogger("trainfleet.watcher")
 
+_RELAYS = {Stage.TRAIN: train.relay, Stage.PREPARE: prepare.relay}  # a job's lines as events, as printed
 LOOKERS = 16  # parked runs looked at at once (their calls are mostly waiting on the network)
 LEASE_TTL_S = 15.0  # a watcher that died is replaced this long after
+
+
+@dataclass
+class _Parked:
+    """What the watcher keeps of a parked run between its looks."""
+
+    watch: Watch
+    run: Run
+    client: NodeClient | None = None
 
 
 class Watcher:
@@ -40,8 +55,10 @@ class Watcher:
     def __init__(self, ctx: context.Context, holder: str) -> None:
         self.ctx, self.holder = ctx, holder
         self.parking = ctx.dispatcher.parking
-        self._providers = threading.Lock()  # a provider object serves one caller at a time
         self._pool = ThreadPoolExecutor(LOOKERS, thread_name_prefix="fleet-watch")
+        self._known: dict[str, _Parked] = {}
+        self._looking: set[str] = set()
+        self._lock = threading.Lock()
 
     def serve(self, stop: threading.Event) -> None:
         """Watch until `stop` is set: take the lease when it is free, look every tick while it is ours."""
@@ -68,51 +85,74 @@ class Watcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def tick(self) -> int:
-        """One look at every parked run; the number of runs woken."""
+        """Renew every parked run's claim and start a look at each one not being looked at; how many."""
         parked = self.parking.parked()
         for run_id in self.parking.renew(list(parked)):
             parked.pop(run_id, None)
-        if not parked:
-            return 0
-        runs = self.ctx.ledger.get_runs(list(parked))
+        with self._lock:
+            for run_id in set(self._known) - set(parked):
+                del self._known[run_id]  # woken, or taken over
+            due = [(r, w) for r, w in parked.items() if r not in self._looking]
+            self._looking.update(r for r, _ in due)
         now = time.time()
-        looks = [self._pool.submit(self._look, runs.get(r), r, watch, now) for r, watch in parked.items()]
-        return sum(1 for look in looks if look.result())
+        for run_id, watch in due:
+            self._pool.submit(self._look, run_id, watch, now)
+        return len(due)
 
-    def _look(self, run: Run | None, run_id: str, watch: Watch, now: float) -> bool:
-        if run is None or run.state.is_terminal():
+    def _look(self, run_id: str, watch: Watch, now: float) -> None:
+        try:
+            if now >= watch.until or self._changed(run_id, watch):
+                self.ctx.dispatcher.wake(watch.stage, run_id)
+        finally:
+            with self._lock:
+                self._looking.discard(run_id)
+
+    def _changed(self, run_id: str, watch: Watch) -> bool:
+        try:
+            known = self._known.get(run_id)
+            if known is None or known.watch != watch:  # newly parked (or parked again, on another wait)
+                known = _Parked(watch, self.ctx.ledger.get_run(run_id))
+                with self._lock:
+                    self._known[run_id] = known
+            if known.run.state.is_terminal() or known.run.cancel_requested:
+                return True  # its task ends it
+            return self._job_ended(known) if watch.job else self._nodes_changed(known)
+        except NotFound:
             self.parking.drop([run_id])
             return False
-        try:
-            due = run.cancel_requested or run.state.stage != watch.stage or now >= watch.until
-            if not due:
-                due = self._job_ended(run, watch) if watch.job else self._nodes_changed(run, watch)
         except LeaseLost:
             return False  # woken meanwhile: its task has it
         except (FleetError, OSError) as exc:  # the stage's task sees it too, and handles it as it does
             log.info("run %s: look failed (%s); its %s task looks", run_id, exc, watch.stage)
-            due = True
+            return True
         except Exception:
             log.exception("run %s: look crashed; its %s task looks", run_id, watch.stage)
-            due = True
-        return due and self.ctx.dispatcher.wake(watch.stage, run_id)
+            return True
 
-    def _job_ended(self, run: Run, watch: Watch) -> bool:
-        assert watch.job is not None
-        client = node(self.ctx, run)
-        info = client.info(watch.job)  # before the log, so a finished job's log is read whole
-        if watch.relay:
-            with fenced(run.run_id, WATCHER):
-                relay(self.ctx, run, client, watch.job)
-        return info is None or info.status.is_terminal()
+    def _job_ended(self, known: _Parked) -> bool:
+        job = known.watch.job
+        assert job is not None
+        if known.client is None:
+            known.client = node(self.ctx, known.run)
+        if known.watch.relay:
+            with fenced(known.run.run_id, WATCHER):
+                relayed = _RELAYS[known.watch.stage](self.ctx, known.run, known.client, job)
+            if relayed is not known.run:
+                known.run = relayed
+                return False  # it prints: it runs (its end is for a look at a log that stands still)
+        info = known.client.info(job)
+        ended = info is None or info.status.is_terminal()
+        if ended and known.watch.relay:  # its last lines now, not after its task's turn in the queue
+            with fenced(known.run.run_id, WATCHER):
+                known.run = _RELAYS[known.watch.stage](self.ctx, known.run, known.client, job)
+        return ended
 
-    def _nodes_changed(self, run: Run, watch: Watch) -> bool:
-        provider = self.ctx.provider(run.provider)
-        with self._providers:
-            for name, state in watch.nodes.items():
-                found = provider.get(name)
-                if found is None or found.state.value != state:
-                    return True
+    def _nodes_changed(self, known: _Parked) -> bool:
+        provider = self.ctx.provider(known.run.provider)
+        for name, state in known.watch.nodes.items():
+            found = provider.get(name)
+            if found is None or found.state.value != state:
+                return True
         return False
 
 

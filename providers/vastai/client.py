@@ -22,6 +22,7 @@ from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from providers.vastai.models import VastInstance, VastOffer
 
 SEARCH_LIMIT = 64  # the cheapest offers that pass the filters; more would only be more expensive
+LIST_PAGE_ROWS = 25  # show_instances pages GET /api/v1/instances/ 25 rows a request (vastai 1.9's `limit`)
 MB_PER_GB = 1000  # vast.ai's own factor for cpu_ram and gpu_ram
 
 Filters = dict[str, dict[str, str | float | bool]]

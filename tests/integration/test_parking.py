@@ -19,6 +19,7 @@ from celery import Celery
 from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
 from broker.dispatch import Dispatcher
 from broker.parking import WATCHER, Watch
+from providers.tokens import NodeTokens
 from tests.fakes import FakeRunPod
 from tests.fakes.replay import EMITTED
 from tests.integration.clouds import API_KEY, job_for
@@ -109,7 +110,11 @@ def test_a_training_run_costs_a_few_tasks_and_its_progress_comes_as_it_happens(
     assert received[Stage.TRAIN.task_name] <= 3, received
     assert sum(received[s.task_name] for s in Stage) <= 20, received
     # The watcher relayed the trainer's lines while it trained, each within a tick or two of the node.
-    steps = [e for e in events_of(home, view["run_id"]) if e["type"] == "train.step"]
+    evs = events_of(home, view["run_id"])
+    # Its node was terminated, seen gone in the shared list (no list call of its own), and forgotten.
+    (gone,) = [e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"]
+    assert replay_cloud.state()["instances"] == [] and NodeTokens(home).get(gone) is None
+    steps = [e for e in evs if e["type"] == "train.step"]
     assert len(steps) >= 5
     lags = [e["time"] - e["data"][EMITTED] for e in steps]
     assert max(lags) < 5, lags

@@ -161,6 +161,8 @@ def test_a_clusters_pods_share_a_private_network_a_volume_and_the_heads_token(
     assert provider.get("tf-r9-1-0").state == NodeState.PENDING  # type: ignore[union-attr]
     for name in ("tf-r9-1-0", "tf-r9-1-1"):
         provider.terminate(name)
+        assert provider.gone(name, fresh=True)  # the vendor's list, asked after the terminate
+        provider.forget(name)  # what the fleet does once it knows
     assert fake.state()["instances"] == [] and provider.tokens.head_of("tf-r9-1-1") is None
 
 

@@ -157,7 +157,10 @@ def test_terminate_is_idempotent_even_when_the_vendor_says_not_found(
     fake.add_faults([{"op": "terminate", "kind": "not_found"}])
     provider.terminate("tf-r6-1")  # the vendor says "not found": nothing to do, no error
     provider.terminate("tf-r6-1")
-    assert fake.state()["instances"] == [] and provider.tokens.get("tf-r6-1") is None
+    assert fake.state()["instances"] == [] and provider.gone("tf-r6-1", fresh=True)
+    assert provider.tokens.get("tf-r6-1") is not None  # kept until the fleet knows it went...
+    provider.forget("tf-r6-1")
+    assert provider.tokens.get("tf-r6-1") is None  # ...then dropped
     provider.terminate("tf-never-1")
     assert provider.get("tf-never-1") is None and provider.list_instances() == []
 

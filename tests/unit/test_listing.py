@@ -4,6 +4,7 @@ fresh look, asks the vendor again; a process that claimed the refresh and died b
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -65,11 +66,17 @@ def test_a_change_or_a_fresh_look_asks_the_vendor_and_an_old_list_expires(
     other = listing(redis_client, max_age_s=0.3, changed_age_s=0.1)
     assert [r.id for r in other.records(vendor)] == [1] and vendor.calls == 1  # a moment behind...
     time.sleep(0.15)
+    # Out of date now, but the vendor was asked less than spacing_s (0.5 s) ago: the kept list serves,
+    # without a wait, rather than a second call so soon...
+    assert [r.id for r in other.records(vendor)] == [1] and vendor.calls == 1
+    time.sleep(0.4)
     assert [r.id for r in other.records(vendor)] == [1, 2]  # ...then the vendor's again
     assert vendor.calls == 2
-    assert len(shared.records(vendor, fresh=True)) == 2 and vendor.calls == 3
-    time.sleep(0.4)
-    shared.records(vendor)
+    started = time.monotonic()
+    assert len(shared.records(vendor, fresh=True)) == 2 and vendor.calls == 3  # fresh: waits its turn
+    assert time.monotonic() - started > 0.4
+    time.sleep(0.6)
+    shared.records(vendor)  # older than max_age_s (0.3 s here): asked again
     assert vendor.calls == 4
 
 
@@ -135,7 +142,19 @@ def test_the_vendor_is_asked_at_most_once_per_spacing_whatever_the_lookers(
         thread.join()
     calls_at.sort()
     assert len([t for t in calls_at if t < 2.0]) <= 4, calls_at  # at most one call per 0.5 s
-    assert all(b - a > 0.45 for a, b in zip(calls_at, calls_at[1:], strict=False)), calls_at
+    assert all(b - a > 0.45 for a, b in itertools.pairwise(calls_at)), calls_at
+
+
+def test_a_paged_list_spends_a_spacing_per_page(redis_client: redis.Redis[str]) -> None:
+    vendor = Vendor()
+    vendor.rows = [Row(id=i, name=f"tf-{i}-1") for i in range(5)]  # 3 requests at 2 rows a page
+    cache = ListingCache(RedisListings(redis_client), max_age_s=0.01, wait_s=3.0, spacing_s=0.2)
+    shared = SharedListing(cache, "vastai", "url|key", Row, page_rows=2)
+    began = time.monotonic()
+    shared.records(vendor)
+    shared.records(vendor, fresh=True)  # must wait for the next call: 3 pages x 0.2 s after the first
+    assert vendor.calls == 2
+    assert 0.55 < time.monotonic() - began < 2.0
 
 
 def test_a_dead_claimant_delays_a_look_by_at_most_the_wait(redis_client: redis.Redis[str]) -> None:
