@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,12 +19,15 @@ from celery import Celery
 
 from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
 from broker.dispatch import Dispatcher
+from broker.models import Run, RunState
 from broker.parking import WATCHER, Watch
+from core.settings import Settings
 from providers.tokens import NodeTokens
 from tests.fakes import FakeRunPod
 from tests.fakes.replay import EMITTED
 from tests.integration.clouds import API_KEY, job_for
-from tests.integration.fleetproc import events_of, fleet, fleet_env
+from tests.integration.fleetproc import events_of, fleet, fleet_env, wait_until
+from workers import context, watcher
 
 SECTION = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
 TRAIN_S = 14.0  # long enough that a task a second would show: 14 train tasks and more
@@ -83,6 +87,82 @@ def test_the_watcher_renews_what_it_holds_and_lets_go_of_the_rest(redis_client: 
     assert redis_client.pttl(tick_key("r1")) > 20_000
     assert redis_client.get(tick_key("r2")) == "reaper-x"
     assert list(dispatcher.parking.parked()) == ["r1"]
+
+
+@pytest.fixture
+def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> Iterator[context.Context]:
+    from broker.app import configure
+
+    settings = Settings(home=fleet_home, poll_interval_s=0.2)
+    configure(settings, redis_url)
+    yield context.init(settings, redis_url)
+
+
+def _parked_run(ctx: context.Context, until_s: float, run_id: str = "r1") -> Watch:
+    """A run in TRAINING, parked by its task on `until_s` from now (no job: only its deadline wakes it)."""
+    spec = {
+        "train": {"base_model": "m", "datasets": [{"path": "/d.jsonl"}]},
+        "provider": "local",
+        "section": {},
+    }
+    run = Run(
+        run_id=run_id,
+        provider="local",
+        source="t",
+        spec=spec,
+        run_dir="/r",
+        output_dir="/r/o",
+        state=RunState.TRAINING,
+    )
+    ctx.ledger.create_run(run, [])
+    ctx.redis.set(tick_key(run_id), "its-task", px=30_000)  # the task that parks it
+    watch = Watch(stage=Stage.TRAIN, until=time.time() + until_s)
+    assert ctx.dispatcher.park(run_id, "its-task", watch)
+    return watch
+
+
+def test_one_watcher_looks_another_takes_over_and_a_parked_run_is_woken_once(
+    ctx: context.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watcher, "LEASE_TTL_S", 1.5)  # a dead watcher's lease goes in 1.5 s, not 15
+    first, second = watcher.Watcher(ctx, "first"), watcher.Watcher(ctx, "second")
+    stop_first, stop_second = threading.Event(), threading.Event()
+    threading.Thread(target=first.serve, args=(stop_first,), daemon=True).start()
+    wait_until(lambda: ctx.redis.exists(WATCHER_LEASE), 5, "a watcher to take the lease")
+    threading.Thread(target=second.serve, args=(stop_second,), daemon=True).start()
+    try:
+        assert str(ctx.redis.get(WATCHER_LEASE)).startswith("first:")
+        _parked_run(ctx, until_s=1.0)
+        # Parked: the watcher renews its claim and sends nothing until its deadline...
+        time.sleep(0.6)
+        assert ctx.dispatcher.owner("r1") == WATCHER and ctx.redis.llen(Stage.TRAIN.value) == 0
+        # ...then the train task, once.
+        wait_until(lambda: ctx.redis.llen(Stage.TRAIN.value) == 1, 5, "the parked run's task")
+        assert ctx.dispatcher.owner("r1") not in (None, WATCHER) and ctx.dispatcher.parking.parked() == {}
+        time.sleep(0.6)
+        assert ctx.redis.llen(Stage.TRAIN.value) == 1
+
+        # The first watcher dies: its lease outlives it (unrenewed, as a killed process's), then the second
+        # takes over.
+        stop_first.set()
+        ctx.redis.set(WATCHER_LEASE, "first:dead", px=1500)
+        wait_until(lambda: str(ctx.redis.get(WATCHER_LEASE)).startswith("second:"), 10, "the second")
+        _parked_run(ctx, until_s=0.5, run_id="r2")
+        wait_until(lambda: ctx.redis.llen(Stage.TRAIN.value) == 2, 5, "the second watcher's wake")
+        assert ctx.dispatcher.owner("r2") not in (None, WATCHER)
+    finally:
+        stop_first.set()
+        stop_second.set()
+
+
+def test_a_cancel_wakes_a_parked_run_at_once(ctx: context.Context, redis_url: str) -> None:
+    from service.runs import Fleet, cancel
+
+    ctx.redis.set(WATCHER_LEASE, "w", px=30_000)  # a watcher looks (not this test's business here)
+    _parked_run(ctx, until_s=300)
+    cancel(Fleet(ctx.settings, redis_url, ctx.redis, ctx.ledger, ctx.dispatcher), "r1")
+    assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its task, which sees the flag and tears it down
+    assert ctx.dispatcher.parking.parked() == {}
 
 
 @pytest.fixture
