@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 import yaml
+from celery import Celery
 
 from broker.constants import Stage
 from broker.ledger import Draft, Ledger
@@ -116,6 +117,17 @@ def ledger_run(run_id: str, section: SectionBase, state: RunState = RunState.QUE
         state=state,
         **fields,
     )
+
+
+class RecordingApp(Celery):
+    """A Celery app whose send_task records instead of sending (what a dispatcher sends is the test's)."""
+
+    def __init__(self) -> None:
+        super().__init__("recorder", set_as_current=False)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.sent.append((name, kwargs))
 
 
 def train_job(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from broker import events
 from broker.constants import Stage, tick_key
@@ -17,7 +15,7 @@ from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import EventType, RunQueued, StageStarted, TrainStep
 from core.errors import AlreadyExists, NotFound
 from jobs.sections import ProviderName
-from tests.factories import job_spec
+from tests.factories import RecordingApp, job_spec
 
 
 def make_run(run_id: str = "r1") -> Run:
@@ -113,19 +111,8 @@ def test_consumer_group_redelivers_unacked_after_restart(redis_client: redis.Red
     assert again.read(block_ms=100) == []  # pending done, nothing new
 
 
-class _Recorder(Celery):
-    """A Celery app whose send_task records instead of sending (the dispatcher's handover is what we test)."""
-
-    def __init__(self) -> None:
-        super().__init__("recorder", set_as_current=False)
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        self.sent.append((name, kwargs))
-
-
 def test_dispatcher_keeps_one_chain_per_run(redis_client: redis.Redis[str]) -> None:
-    app = _Recorder()
+    app = RecordingApp()
     dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
     assert dispatcher.send(Stage.PROVISION, "r1", after=None)
     assert not dispatcher.send(Stage.PROVISION, "r1", after=None)  # someone owns it

@@ -11,18 +11,18 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
 from broker.dispatch import Dispatcher
-from broker.models import Run, RunState
+from broker.models import RunState
 from broker.parking import WATCHER, Watch
 from core.settings import Settings
+from jobs.sections import LocalSection
 from providers.tokens import NodeTokens
+from tests.factories import RecordingApp, ledger_run
 from tests.fakes import FakeRunPod
 from tests.fakes.replay import EMITTED
 from tests.integration.clouds import API_KEY, job_for
@@ -34,23 +34,12 @@ TRAIN_S = 14.0  # long enough that a task a second would show: 14 train tasks an
 RECEIVED = re.compile(r"Task (trainfleet\.\w+)\[[0-9a-f]+\] received")
 
 
-class _Recorder(Celery):
-    """A Celery app whose send_task records instead of sending."""
-
-    def __init__(self) -> None:
-        super().__init__("recorder", set_as_current=False)
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        self.sent.append((name, kwargs))
-
-
 def _watch(until_s: float = 60.0) -> Watch:
     return Watch(stage=Stage.TRAIN, until=time.time() + until_s, job="r1-1-train", relay=True)
 
 
 def test_a_run_parks_only_while_a_watcher_looks_and_is_woken_once(redis_client: redis.Redis[str]) -> None:
-    app = _Recorder()
+    app = RecordingApp()
     dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
     assert dispatcher.send(Stage.TRAIN, "r1", after=None)
     task = app.sent[0][1]["task_id"]
@@ -74,7 +63,7 @@ def test_a_run_parks_only_while_a_watcher_looks_and_is_woken_once(redis_client: 
 
 
 def test_the_watcher_renews_what_it_holds_and_lets_go_of_the_rest(redis_client: redis.Redis[str]) -> None:
-    app = _Recorder()
+    app = RecordingApp()
     dispatcher = Dispatcher(app, redis_client, stall_after_s=30)
     redis_client.set(WATCHER_LEASE, "w", px=10_000)
     for run_id in ("r1", "r2"):
@@ -100,21 +89,7 @@ def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> Ite
 
 def _parked_run(ctx: context.Context, until_s: float, run_id: str = "r1") -> Watch:
     """A run in TRAINING, parked by its task on `until_s` from now (no job: only its deadline wakes it)."""
-    spec = {
-        "train": {"base_model": "m", "datasets": [{"path": "/d.jsonl"}]},
-        "provider": "local",
-        "section": {},
-    }
-    run = Run(
-        run_id=run_id,
-        provider="local",
-        source="t",
-        spec=spec,
-        run_dir="/r",
-        output_dir="/r/o",
-        state=RunState.TRAINING,
-    )
-    ctx.ledger.create_run(run, [])
+    ctx.ledger.create_run(ledger_run(run_id, LocalSection(), RunState.TRAINING), [])
     ctx.redis.set(tick_key(run_id), "its-task", px=30_000)  # the task that parks it
     watch = Watch(stage=Stage.TRAIN, until=time.time() + until_s)
     assert ctx.dispatcher.park(run_id, "its-task", watch)
