@@ -1,14 +1,12 @@
 """Parked runs (broker.parking, workers.watcher): a run that waits on its node costs no Celery task until
-something happens; the watcher relays its progress meanwhile, hands it back to its stage's task once, and
-a run is never parked without a watcher to look at it."""
+something happens; the watcher hands it back to its stage's task once, another watcher takes over when it
+dies, and a run is never parked without a watcher to look at it. (A whole run parked, relayed by the
+watcher: tests/integration/test_replay_nodes.py.)"""
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,17 +19,9 @@ from broker.models import RunState
 from broker.parking import WATCHER, Watch
 from core.settings import Settings
 from jobs.sections import LocalSection
-from providers.tokens import NodeTokens
 from tests.factories import RecordingApp, ledger_run
-from tests.fakes import FakeRunPod
-from tests.fakes.replay import EMITTED
-from tests.integration.clouds import API_KEY, job_for
-from tests.integration.fleetproc import events_of, fleet, fleet_env, wait_until
+from tests.integration.fleetproc import wait_until
 from workers import context, watcher
-
-SECTION = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
-TRAIN_S = 14.0  # long enough that a task a second would show: 14 train tasks and more
-RECEIVED = re.compile(r"Task (trainfleet\.\w+)\[[0-9a-f]+\] received")
 
 
 def _watch(until_s: float = 60.0) -> Watch:
@@ -138,39 +128,3 @@ def test_a_cancel_wakes_a_parked_run_at_once(ctx: context.Context, redis_url: st
     cancel(Fleet(ctx.settings, redis_url, ctx.redis, ctx.ledger, ctx.dispatcher), "r1")
     assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its task, which sees the flag and tears it down
     assert ctx.dispatcher.parking.parked() == {}
-
-
-@pytest.fixture
-def replay_cloud(tmp_path: Path) -> Iterator[FakeRunPod]:
-    with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="replay") as fake:
-        fake.nodes.replayer.train_s = TRAIN_S  # type: ignore[attr-defined]
-        yield fake
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(180)
-def test_a_training_run_costs_a_few_tasks_and_its_progress_comes_as_it_happens(
-    home: Path, replay_cloud: FakeRunPod, tmp_path: Path
-) -> None:
-    env = fleet_env(home, RUNPOD_API_BASE_URL=replay_cloud.url, RUNPOD_API_KEY=API_KEY)
-    done = fleet(env, "run", str(job_for(tmp_path, SECTION)), "--json", timeout=150)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    view = json.loads(done.stdout)
-    assert view["state"] == "SUCCEEDED"
-
-    received: Counter[str] = Counter()
-    for log in (home / "logs").glob("worker-*.log"):
-        received.update(RECEIVED.findall(log.read_text(errors="replace")))
-    # Polling sent a train task a second (about 14 here); parked, the train stage is sent, then woken.
-    assert received[Stage.TRAIN.task_name] <= 3, received
-    assert sum(received[s.task_name] for s in Stage) <= 20, received
-    # The watcher relayed the trainer's lines while it trained, each within a tick or two of the node.
-    evs = events_of(home, view["run_id"])
-    # Its node was terminated, seen gone in the shared list (no list call of its own), and forgotten.
-    (gone,) = [e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"]
-    assert replay_cloud.state()["instances"] == [] and NodeTokens(home).get(gone) is None
-    steps = [e for e in evs if e["type"] == "train.step"]
-    assert len(steps) >= 5
-    lags = [e["time"] - e["data"][EMITTED] for e in steps]
-    assert max(lags) < 5, lags
-    assert steps[-1]["time"] - steps[0]["time"] > TRAIN_S / 2  # as it happened, not all at the end
