@@ -7,7 +7,8 @@ a run whose last look has not come back yet (a slow node) is not looked at again
 slow node never holds up the others. A look reads:
 - a Ray job the run waits for: the job's info; when the run trains, the trainer's new progress lines are
   relayed as events as the train task would (the same offset transaction, fenced by WATCHER's claim),
-  and its info is asked only when its log stood still (one call a tick per node while it prints);
+  and its info is asked only when its log stood still or said the job is done (one call a tick per
+  node while it prints);
 - instances it waits for: their states as the provider lists them (the shared list, providers.listing).
 It sends the stage's task (`Dispatcher.wake`) when the job ended, a state changed, a look failed (the
 stage's own error handling then sees it), or the Watch's deadline came. Nothing else acts on a parked
@@ -139,7 +140,8 @@ class Watcher:
                 relayed = _RELAYS[known.watch.stage](self.ctx, known.run, known.client, job)
             if relayed is not known.run:
                 known.run = relayed
-                return False  # it prints: it runs (its end is for a look at a log that stands still)
+                if not _said_done(relayed, known.watch):
+                    return False  # it prints: it runs (its end is for a look at a log that stands still)
         info = known.client.info(job)
         ended = info is None or info.status.is_terminal()
         if ended and known.watch.relay:  # its last lines now, not after its task's turn in the queue
@@ -154,6 +156,12 @@ class Watcher:
             if found is None or found.state.value != state:
                 return True
         return False
+
+
+def _said_done(run: Run, watch: Watch) -> bool:
+    """Whether the job's relayed lines said it is done (the trainer's result, the fetch's FETCHED): its
+    info is asked at once, not a tick later."""
+    return run.progress.finished if watch.stage == Stage.TRAIN else run.progress.fetched == watch.job
 
 
 def start_watcher(ctx: context.Context, holder: str) -> threading.Event:
