@@ -108,7 +108,7 @@ class Dispatcher:
     def park(self, run_id: str, after: str, watch: Watch) -> bool:
         """Hand the run from task `after` to the watcher until `watch` comes (broker.parking). False when
         no watcher looks (the caller polls instead) or `after` no longer owns the run."""
-        return self.parking.watched() and self.parking.park(run_id, after, watch)
+        return self.parking.park(run_id, after, watch)
 
     def wake(self, stage: Stage, run_id: str) -> bool:
         """The watcher sends a parked run's stage task (if the run is still parked: one wake wins)."""

@@ -20,9 +20,10 @@ from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
 
 WATCHER = "watcher"  # a parked run's tick key holds this, not a task's id
 
-# KEYS[1] tick key, KEYS[2] PARKED; ARGV: expected owner, WATCHER, ttl ms, run id, the Watch as JSON
+# KEYS[1] tick key, KEYS[2] PARKED, KEYS[3] WATCHER_LEASE; ARGV: expected owner, WATCHER, ttl ms, run id,
+# the Watch as JSON. Parks only while a watcher holds the lease.
 _PARK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
   return 1
@@ -63,14 +64,11 @@ class Parking:
         self._park = client.register_script(_PARK)
         self._renew = client.register_script(_RENEW)
 
-    def watched(self) -> bool:
-        """Whether a watcher is looking (holds the lease): a step parks only then."""
-        return bool(self.client.exists(WATCHER_LEASE))
-
     def park(self, run_id: str, owner: str, watch: Watch) -> bool:
-        """Hand the run from task `owner` to the watcher; False (nothing changed) if `owner` lost it."""
+        """Hand the run from task `owner` to the watcher; False (nothing changed) if no watcher holds the
+        lease or `owner` lost the run."""
         args = [owner, WATCHER, self.ttl_ms, run_id, watch.model_dump_json()]
-        return bool(self._park(keys=[tick_key(run_id), PARKED], args=args))
+        return bool(self._park(keys=[tick_key(run_id), PARKED, WATCHER_LEASE], args=args))
 
     def parked(self) -> dict[str, Watch]:
         return {run_id: Watch.model_validate_json(raw) for run_id, raw in self.client.hgetall(PARKED).items()}

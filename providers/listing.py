@@ -37,7 +37,6 @@ from pydantic import BaseModel, TypeAdapter
 from broker.constants import listing_key
 
 WAIT_POLL_S = 0.05
-KEPT_AT_LEAST_S = 4 * WAIT_POLL_S
 STALE_S = 10.0  # an old list is still kept this long: served while the next is being asked (not waited on)
 R = TypeVar("R", bound=BaseModel)
 
@@ -133,7 +132,7 @@ class SharedListing(Generic[R]):
         began = time.time()
         found = list(ask())
         text = self._adapter.dump_json(found, by_alias=True).decode()
-        kept_s = max(cache.max_age_s, KEPT_AT_LEAST_S) + STALE_S  # young for max_age_s, then stale
+        kept_s = cache.max_age_s + STALE_S  # young for max_age_s, then stale (and long enough for waiters)
         requests = -(-len(found) // self.page_rows) if self.page_rows else 1
         spacing_s = cache.spacing_s * max(1, requests)  # a paged list spends a request's spacing per page
         store.put(key, f"{began!r}\n{text}", kept_s, spacing_s - (time.time() - began))

@@ -33,7 +33,7 @@ KEEP_MAX_S = 24 * 3600  # the longest a failed run's node is kept for debugging
 def terminate_instance(ctx: context.Context, run: Run, fresh: bool = True) -> list[Draft]:
     """Terminate the run's instances (every node of its attempt: a cluster goes as one) and confirm those
     gone (`fresh`: by the vendor's list asked after the terminate, else by the fleet's shared list, which
-    may show one a moment longer: `confirm` then says when it went); returns the events that say so. One
+    may show one a moment longer: `end_nodes` then says when it went); returns the events that say so. One
     failed call does not spare the others: each is recorded TERMINATING first, so the reaper retries what
     this could not end; the first error is raised after."""
     if run.instance is None:

@@ -40,9 +40,7 @@ def step(ctx: context.Context, run: Run) -> Next:
         data = fetched(client.logs(sid)) or PrepareFetched()
 
         def done(r: Run) -> list[Draft]:
-            said = [] if r.progress.fetched == sid else [data]  # the watcher may have relayed it
-            r.progress.fetched = sid
-            return [*said, *enter_next(r, Stage.PREPARE)]
+            return [*_once(r, sid, data), *enter_next(r, Stage.PREPARE)]  # the watcher may have relayed it
 
         ctx.ledger.update_run(run.run_id, done)
         return Next.onward(Stage.PREPARE)
@@ -64,14 +62,15 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
     run waits on the job), so it is not held until the prepare task's turn; recorded once."""
     if run.progress.fetched == sid or (data := fetched(client.logs(sid))) is None:
         return run
+    return ctx.ledger.update_run(run.run_id, lambda r: _once(r, sid, data))
 
-    def record(r: Run) -> list[Draft]:
-        if r.progress.fetched == sid:
-            return []
-        r.progress.fetched = sid
-        return [data]
 
-    return ctx.ledger.update_run(run.run_id, record)
+def _once(run: Run, sid: str, data: PrepareFetched) -> list[Draft]:
+    """The fetch job `sid`'s prepare.fetched event, unless the run recorded it already."""
+    if run.progress.fetched == sid:
+        return []
+    run.progress.fetched = sid
+    return [data]
 
 
 @app.task(name=Stage.PREPARE.task_name, bind=True, **RETRY_POLICY)

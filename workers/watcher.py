@@ -136,8 +136,7 @@ class Watcher:
         if known.client is None:
             known.client = node(self.ctx, known.run)
         if known.watch.relay:
-            with fenced(known.run.run_id, WATCHER):
-                relayed = _RELAYS[known.watch.stage](self.ctx, known.run, known.client, job)
+            relayed = self._relay(known, known.client, job)
             if relayed is not known.run:
                 known.run = relayed
                 if not _said_done(relayed, known.watch):
@@ -145,9 +144,13 @@ class Watcher:
         info = known.client.info(job)
         ended = info is None or info.status.is_terminal()
         if ended and known.watch.relay:  # its last lines now, not after its task's turn in the queue
-            with fenced(known.run.run_id, WATCHER):
-                known.run = _RELAYS[known.watch.stage](self.ctx, known.run, known.client, job)
+            known.run = self._relay(known, known.client, job)
         return ended
+
+    def _relay(self, known: _Parked, client: NodeClient, job: str) -> Run:
+        """The job's new lines as events, as its stage's task would relay them (under WATCHER's claim)."""
+        with fenced(known.run.run_id, WATCHER):
+            return _RELAYS[known.watch.stage](self.ctx, known.run, client, job)
 
     def _nodes_changed(self, known: _Parked) -> bool:
         provider = self.ctx.provider(known.run.provider)
