@@ -4,15 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
+# No bytecode at install time (minutes of CPU for torch and axolotl): Python compiles what it imports, once.
+PIP_FLAGS ?= --no-compile
 
 .PHONY: setup node-env axolotl-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 setup: $(BIN)/python
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
-	@$(MAKE) --no-print-directory node-env
-	@$(MAKE) --no-print-directory axolotl-env
+	$(BIN)/pip install -q $(PIP_FLAGS) --upgrade pip
+	$(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)"
+	$(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]"
+	@$(MAKE) --no-print-directory -j2 node-env axolotl-env
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
 
 $(BIN)/python:
@@ -28,9 +29,9 @@ node-env:
 	@mkdir -p $(dir $(NODE_CONSTRAINTS))
 	$(BIN)/python -m pip freeze --exclude-editable > $(NODE_CONSTRAINTS)
 	test -x $(NODE_VENV)/bin/python || $(PYTHON) -m venv $(NODE_VENV)
-	$(NODE_VENV)/bin/pip install -q --upgrade pip
-	$(NODE_VENV)/bin/pip install -q "$(TORCH)" -c $(NODE_CONSTRAINTS)
-	$(NODE_VENV)/bin/pip install -q -r trainer/requirements-node.txt -c $(NODE_CONSTRAINTS)
+	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
+	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" -c $(NODE_CONSTRAINTS)
+	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r trainer/requirements-node.txt -c $(NODE_CONSTRAINTS)
 	@echo "node env done: $(NODE_VENV)/bin/python"
 
 # The local nodes' environment for axolotl jobs, as axolotl's image has it: axolotl at the fleet's default
@@ -42,9 +43,9 @@ RAY_PIN = $(shell $(BIN)/python -c "from providers.bootstrap import node_pins; p
 
 axolotl-env:
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
-	$(AXOLOTL_VENV)/bin/pip install -q --upgrade pip
-	$(AXOLOTL_VENV)/bin/pip install -q "$(TORCH)"
-	$(AXOLOTL_VENV)/bin/pip install -q "axolotl==$(AXOLOTL_VERSION)" "$(RAY_PIN)" "$(TORCH)"
+	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
+	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
+	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "axolotl==$(AXOLOTL_VERSION)" "$(RAY_PIN)" "$(TORCH)"
 	@echo "axolotl env done: $(AXOLOTL_VENV)/bin/python (axolotl $(AXOLOTL_VERSION))"
 
 lint:

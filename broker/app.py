@@ -14,6 +14,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK, Stage
+from core import redisurl
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -42,7 +43,8 @@ def celery_url(redis_url: str) -> str:
 
 def configure(settings: Settings, redis_url: str) -> Celery:
     """Point the app at Redis and set its delivery rules (idempotent)."""
-    redis_url = celery_url(redis_url)
+    sentinel = urlsplit(redis_url).scheme == redisurl.SENTINEL_SCHEME
+    redis_url, master = redisurl.kombu_url(redis_url) if sentinel else (celery_url(redis_url), {})
     if app.conf.broker_url not in (None, redis_url):
         # Another Redis than before (a process that connects to a second fleet: tests do). The app keeps
         # the pools it made for the first one and would go on sending there: drop them (not close them:
@@ -50,7 +52,7 @@ def configure(settings: Settings, redis_url: str) -> Celery:
         app._pool = None
         app.amqp._producer_pool = None
     limits = time_limits(settings)
-    transport = {"visibility_timeout": visibility_timeout_s(settings)}
+    transport = {"visibility_timeout": visibility_timeout_s(settings), **master}
     app.conf.update(
         broker_url=redis_url,
         broker_transport_options=transport,

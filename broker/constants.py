@@ -74,6 +74,7 @@ def tick_key(run_id: str) -> str:
 # Parked runs (broker.parking): run id -> what it waits for; the lease of the one watcher looking at them.
 PARKED = f"{PREFIX}:parked"
 WATCHER_LEASE = f"{PREFIX}:lock:watcher"
+NODE_SECRETS = f"{PREFIX}:node-secrets"  # hash: a node's tokens (providers.tokens), sealed (providers.sealed)
 
 
 def worker_key(hostname: str) -> str:

@@ -78,6 +78,10 @@ class CredentialsMissing(FleetError):
     failure = FailureReason.AUTH_FAILED
 
 
+class SealMismatch(CredentialsMissing):
+    """A node's secret in the fleet's Redis was sealed under another seal key than this machine's."""
+
+
 class ProviderError(FleetError):
     """A provider call failed."""
 

@@ -22,8 +22,9 @@ from pydantic import SecretStr
 
 from core.errors import ConfigError, Problem
 
-FLEET_CREDENTIALS = ("HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN")
-"""Credentials of the fleet itself, whichever providers there are (the Hub, W&B, the Discord bot)."""
+FLEET_CREDENTIALS = ("HF_TOKEN", "WANDB_API_KEY", "FLEET_DISCORD_BOT_TOKEN", "FLEET_SEAL_KEY")
+"""Credentials of the fleet itself, whichever providers there are (the Hub, W&B, the Discord bot, the key
+that seals the nodes' tokens in Redis: providers.sealed)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from core import redisurl
 from core.errors import ConfigError, Problem
 from core.sshkey import SshPublicKey, parse_ssh_public_key
 
@@ -44,13 +45,18 @@ class Settings(BaseModel):
 
     redis_url: str | None = Field(
         None,
-        description="Redis for the broker, ledger and events (redis://:password@host:port/db, rediss://, or "
-        "unix:///path.sock?db=0; a secret: its password is never shown); unset: the embedded redis-server, "
-        "private to its owner on a unix socket (service.embedded).",
+        description="Redis for the broker, ledger and events (redis://:password@host:port/db, rediss://, "
+        "unix:///path.sock?db=0, or redis+sentinel://[:password@]host:port[,host:port]/master[/db]; a "
+        "secret: its password is never shown); unset: the embedded redis-server on a unix socket.",
     )
     home: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("trainfleet")),
         description="Where the fleet keeps its data: embedded Redis, run directories, local nodes.",
+    )
+    runs_dir: Path = Field(
+        default_factory=lambda data: Path(data["home"]) / "runs",
+        description="The run directories (job files, shipped files, results); unset: <home>/runs. Workers "
+        "on several machines share one (NFS, a volume), mounted at the same path on each.",
     )
     default_provider: str = Field("local", description="Provider of a job without a provider section.")
     runpod_api_base_url: str = Field(
@@ -287,10 +293,7 @@ class Settings(BaseModel):
         (its password)."""
         if not value:
             return None
-        if value.partition("://")[0] not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                "must be redis://[:password@]host[:port]/db, rediss://... (TLS) or unix:///path/redis.sock?db=0"
-            )
+        redisurl.check(value)
         return value
 
     @field_validator("ssh_public_key", mode="before")
@@ -329,10 +332,6 @@ class Settings(BaseModel):
     def provider_api_timeouts(self) -> tuple[float, float]:
         """requests' (connect, read) timeout of a provider API call."""
         return self.api_connect_timeout_s, self.provider_api_timeout_s
-
-    @property
-    def runs_dir(self) -> Path:
-        return self.home / "runs"
 
     @property
     def nodes_dir(self) -> Path:

@@ -25,6 +25,7 @@ from service.flower_guard import FlowerServe, Guard, allowed_hosts
 def register(cli: typer.Typer) -> None:
     """Add these commands to the `fleet` app."""
     cli.command()(flower)
+    cli.command("seal-key")(seal_key)
 
 
 def flower(
@@ -90,3 +91,21 @@ def announce(auth: FlowerAuth) -> None:
         err.print(
             f"flower: user {auth.user}; the password is in {auth.source}", markup=False, highlight=False
         )
+
+
+def seal_key() -> None:
+    """Print this machine's seal key (made now if it has none): the key that seals the nodes' tokens in the
+    fleet's Redis. Set it as FLEET_SEAL_KEY on every other machine whose workers share this fleet."""
+    from core.secrets import load_secrets
+    from providers.sealed import SEAL_KEY
+    from providers.sealed import seal_key as key_of
+
+    settings = settings_or_exit()
+    configured = load_secrets(known=[SEAL_KEY]).get(SEAL_KEY)
+    try:
+        key, source = key_of(configured.get_secret_value() if configured else None, settings.home)
+    except ValueError:
+        err.print(f"{SEAL_KEY} is set but is not a seal key", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    err.print(f"the seal key from {source}; a secret: keep it as you keep the cloud keys", highlight=False)
+    print(key.decode())

@@ -31,6 +31,7 @@ from core.settings import (
 )
 from jobs.sections import ProviderName, SectionBase
 from providers.listing import ListingCache
+from providers.sealed import SecretStore
 from trainer.config import AxolotlConfig, FleetKeys, TrainerName
 
 INSTANCE_PREFIX = "tf-"
@@ -173,6 +174,7 @@ class ProviderContext:
     runpod_proxy_url: str = DEFAULT_RUNPOD_PROXY_URL  # RunPod's HTTPS proxy: {pod_id}, {port}
     runpod_proxy_ca_file: Path | None = None  # the authorities trusted for that proxy (None: the system's)
     listings: ListingCache | None = None  # instance lists shared by the fleet's processes (None: not shared)
+    node_secrets: SecretStore | None = None  # the nodes' tokens, sealed in Redis (None: the home's files)
 
     def image(self, section_image: str | None, software: NodeSoftware) -> str:
         """The image a rented node starts: its section's, else the default for what it runs."""

@@ -3,13 +3,19 @@ names it reads (`CREDENTIAL_NAMES`) and the API base URLs it hands them (`api_ur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import redis
+
 from core.errors import ConfigError, CredentialsMissing, Problem
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
 from core.settings import AS_IS, Settings
 from jobs.sections import ProviderName
 from providers.base import Provider, ProviderContext
+from providers.listing import ListingCache, RedisListings
 from providers.local.provider import LocalProvider
 from providers.runpod.provider import RunPodProvider
+from providers.sealed import SEAL_KEY, FileStore, SealedStore, seal_key
 from providers.vastai.provider import VastAIProvider
 
 PROVIDERS: dict[ProviderName, type[Provider]] = {
@@ -69,6 +75,26 @@ def provider_context(settings: Settings, secrets: Secrets | None = None) -> Prov
         runpod_proxy_ca_file=settings.runpod_proxy_ca_file,
         ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
     )
+
+
+def shared_context(
+    settings: Settings, client: redis.Redis[str], secrets: Secrets | None = None
+) -> ProviderContext:
+    """The providers' context of a process that has the fleet's Redis: the instance lists every process
+    shares (providers.listing) and the nodes' tokens sealed in Redis (providers.sealed), so that any worker,
+    on any machine, can reach a node another made. ConfigError when FLEET_SEAL_KEY is not a seal key."""
+    context = provider_context(settings, secrets)
+    configured = context.credentials.get(SEAL_KEY)
+    try:
+        key, source = seal_key(configured.get_secret_value() if configured else None, settings.home)
+    except ValueError:
+        why = "not a seal key: 32 url-safe base64-encoded bytes, as `fleet seal-key` prints one"
+        raise ConfigError("secrets", [Problem(SEAL_KEY, why)]) from None
+    local = FileStore(settings.home / "secrets" / "nodes")
+    context = replace(context, node_secrets=SealedStore(client, key, local, source))
+    if settings.provider_list_max_age_s <= 0:
+        return context
+    return replace(context, listings=ListingCache(RedisListings(client), settings.provider_list_max_age_s))
 
 
 def provider_name(name: str) -> ProviderName:

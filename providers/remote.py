@@ -70,7 +70,7 @@ class RemoteProvider(Provider, Generic[S, R]):
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        self.tokens = NodeTokens(context.home)
+        self.tokens = NodeTokens(context.home, context.node_secrets)
         self.api_url = context.urls.get(self.name, self.default_api_url)
         creds = sorted(context.credentials.items())
         keys = [value.get_secret_value() for key, value in creds if key in self.credential_names]

@@ -11,7 +11,7 @@ from broker.models import InstanceState
 from broker.payloads import InstanceTerminated, InstanceTerminating
 from core.errors import FleetError, NotFound
 from providers.base import NodeInstance, Provider
-from providers.registry import configured_providers, provider_context
+from providers.registry import configured_providers
 from service.runs import Fleet
 
 
@@ -41,7 +41,7 @@ class Row:
 
 
 def _providers(fleet: Fleet) -> list[Provider]:
-    return configured_providers(provider_context(fleet.settings))
+    return configured_providers(fleet.provider_context())
 
 
 def live_instances(fleet: Fleet) -> list[Row]:

@@ -14,7 +14,7 @@ from typing import Any
 from broker.models import Instance
 from core.errors import NodeError, NotFound
 from providers.base import INSTANCE_PREFIX, Provider, SshAccess
-from providers.registry import get_provider, provider_context
+from providers.registry import get_provider
 from service.runs import Fleet
 
 
@@ -65,7 +65,7 @@ def run_node(fleet: Fleet, ident: str) -> Instance:
 
 
 def _provider(fleet: Fleet, record: Instance) -> Provider:
-    return get_provider(record.provider.value, provider_context(fleet.settings))
+    return get_provider(record.provider.value, fleet.provider_context())
 
 
 def ssh_command(fleet: Fleet, ident: str) -> SshCommand:

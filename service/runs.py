@@ -18,11 +18,13 @@ from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import Run
 from broker.payloads import GitOrigin, RunCancelRequested, RunQueued
+from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, OverBudget, Problem
 from core.settings import Settings
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
-from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context
+from providers.base import ProviderContext
+from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context, shared_context
 from service.embedded import ensure_redis
 from trainer.config import AxolotlConfig
 
@@ -40,7 +42,7 @@ class Fleet:
     @classmethod
     def connect(cls, settings: Settings) -> Fleet:
         url = settings.redis_url or ensure_redis(settings.home)
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redisurl.connect(url, decode_responses=True)
         app = broker_app.configure(settings, url)
         return cls(
             settings,
@@ -49,6 +51,10 @@ class Fleet:
             Ledger(client, settings.events_maxlen),
             Dispatcher(app, client, settings.stall_after_s),
         )
+
+    def provider_context(self) -> ProviderContext:
+        """What providers get in this process: with the lists and the nodes' tokens the fleet shares."""
+        return shared_context(self.settings, self.redis)
 
 
 ID_DRAWS = 50

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import redis
 
 from broker.app import app
 from broker.dispatch import Dispatcher
 from broker.ledger import Ledger
+from core import redisurl
 from core.settings import Settings
 from providers.base import Provider, ProviderContext
-from providers.listing import ListingCache, RedisListings
-from providers.registry import get_provider, provider_context
+from providers.registry import get_provider, shared_context
 
 
 @dataclass
@@ -38,22 +38,15 @@ _context: Context | None = None
 def init(settings: Settings, redis_url: str) -> Context:
     """Build this process's context (the CLI calls it before it starts a worker or beat)."""
     global _context
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redisurl.connect(redis_url, decode_responses=True)
     _context = Context(
         settings=settings,
         redis=client,
         ledger=Ledger(client, settings.events_maxlen),
         dispatcher=Dispatcher(app, client, settings.stall_after_s),
-        provider_context=_shared(provider_context(settings), client, settings.provider_list_max_age_s),
+        provider_context=shared_context(settings, client),
     )
     return _context
-
-
-def _shared(context: ProviderContext, client: redis.Redis[str], max_age_s: float) -> ProviderContext:
-    """The providers' context with the instance lists every worker process shares (providers.listing)."""
-    if max_age_s <= 0:
-        return context
-    return replace(context, listings=ListingCache(RedisListings(client), max_age_s))
 
 
 def get() -> Context:

@@ -20,6 +20,7 @@ from celery import signals
 
 from broker.app import app, configure
 from broker.constants import QUEUES, WORKERS_PREFIX, Stage, worker_key
+from core import redisurl
 from core.settings import Settings
 
 HEARTBEAT_S = 5
@@ -66,7 +67,7 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
     configure(settings, redis_url)
     context.init(settings, redis_url)
     hostname = f"fleet-{os.getpid()}@{socket.gethostname()}"
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redisurl.connect(redis_url, decode_responses=True)
     stopper: dict[str, threading.Event] = {}
 
     @signals.worker_process_init.connect(weak=False)

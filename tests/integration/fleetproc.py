@@ -72,12 +72,12 @@ def fleet_json(env: dict[str, str], *args: str, timeout: float = 300) -> Any:
 
 
 class Worker:
-    """`fleet up` in the background: one worker on every queue plus beat."""
+    """`fleet up` in the background (one worker on every queue plus beat), or the `fleet` command `args`."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
         self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet", "up"],
+            [sys.executable, "-m", "fleet", *(args or ("up",))],
             env=env,
             cwd=REPO,
             stdout=self._log,

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.constants import Stage
-from providers.tokens import NodeTokens
+from broker.constants import NODE_SECRETS, Stage
 from tests.fakes import FakeRunPod
 from tests.fakes.nodes import Boot
 from tests.fakes.replay import EMITTED, JOURNAL, OUTPUT_FILES, Recording
 from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
-from tests.integration.fleetproc import events_of, fleet, fleet_env
+from tests.integration.fleetproc import events_of, fleet, fleet_env, redis_of
 
 pytestmark = pytest.mark.integration
 SECTION = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
@@ -86,9 +85,9 @@ def test_a_run_on_a_replay_node_goes_through_every_stage(
     assert [row["kind"] for row in journal] == ["check", "fetch", "train", "pack"]
     state = fake_state(url)
     assert state["instances"] == [] and state["requests"]["create"] == 1
-    # Seen gone in the shared list (no list call of its own), and its token files forgotten.
+    # Seen gone in the shared list (no list call of its own), and its tokens (sealed in Redis) forgotten.
     (gone,) = [e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"]
-    assert NodeTokens(home).get(gone) is None
+    assert not [f for f in redis_of(home).hkeys(NODE_SECRETS) if f.startswith(gone)]
 
 
 def test_a_replay_node_answers_only_with_its_token(replay_cloud: FakeRunPod) -> None:
