@@ -3,8 +3,9 @@ or Redis Sentinel, `redis+sentinel://[:password@]host:port[,host:port...]/master
 the name they watch the master under): every client asks the sentinels where the master is now, and asks
 again after a failover. The password is the master's; the sentinels are asked without one.
 
-Redis Cluster is refused: the fleet's scripts each touch a run's keys and the fleet-wide ones (the parked
-runs, the lease keys) in one atomic call, which a cluster allows only within one hash slot.
+Redis Cluster is refused: Celery's Redis transport (kombu) does not speak it, and the fleet's scripts each
+touch a run's keys and the fleet-wide ones (the parked runs, the lease keys) in one atomic call, which a
+cluster allows only within one hash slot.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def check(url: str) -> None:
     scheme = url.partition("://")[0]
     if "cluster" in scheme:
         raise ValueError(
-            "Redis Cluster is not supported: the fleet's scripts touch several keys at once; use one Redis, "
-            "or Redis Sentinel for failover (" + FORMS + ")"
+            "Redis Cluster is not supported (Celery's Redis transport does not speak it, and the fleet's "
+            "scripts change several keys at once): use one Redis, with Sentinel for failover (" + FORMS + ")"
         )
     if scheme not in SCHEMES:
         raise ValueError("must be " + FORMS)
