@@ -6,11 +6,14 @@ laptop would."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from cryptography.fernet import Fernet
 
 from broker.constants import NODE_SECRETS, Stage
@@ -41,6 +44,23 @@ def received(log: Path) -> Counter[str]:
     return Counter(RECEIVED.findall(log.read_text(errors="replace")))
 
 
+@contextlib.contextmanager
+def two_groups(env_a: dict[str, str], env_b: dict[str, str], logs: Path) -> Iterator[redis.Redis[str]]:
+    """Machine A's worker group on the provision queue, machine B's on the others (logs in `logs`), both
+    serving before this yields a client on their Redis; both stopped after."""
+    groups = [
+        Worker(env_a, logs / "a.log", "worker", "-Q", FIRST.value),
+        Worker(env_b, logs / "b.log", "worker", "-Q", ",".join(s.value for s in REST)),
+    ]
+    try:
+        client = ledger_of(env_a)
+        wait_until(lambda: not missing_queues(client), 60, "both groups' queues")
+        yield client
+    finally:
+        for group in groups:
+            group.stop()
+
+
 @pytest.mark.timeout(240)
 def test_two_worker_groups_with_homes_of_their_own_share_the_runs(home: Path, tmp_path: Path) -> None:
     shared_runs = tmp_path / "shared-runs"  # an NFS mount or a volume, at the same path on each machine
@@ -55,19 +75,10 @@ def test_two_worker_groups_with_homes_of_their_own_share_the_runs(home: Path, tm
         }
         a, b, laptop = home, tmp_path / "machine-b", tmp_path / "laptop"
         env_a, env_b, env_laptop = (fleet_env(h, **common) for h in (a, b, laptop))
-        groups = [
-            Worker(env_a, tmp_path / "a.log", "worker", "-Q", FIRST.value),
-            Worker(env_b, tmp_path / "b.log", "worker", "-Q", ",".join(s.value for s in REST)),
-        ]
-        try:
-            client = ledger_of(env_a)
-            wait_until(lambda: not missing_queues(client), 60, "both groups' queues")
+        with two_groups(env_a, env_b, tmp_path) as client:
             (queued,) = fleet_json(env_laptop, "enqueue", str(job_for(tmp_path, SECTION)))
             view = wait_for_end(env_laptop, queued["run_id"], timeout=150)
             leftover = client.hgetall(NODE_SECRETS)
-        finally:
-            for group in groups:
-                group.stop()
         state = fake_state(cloud.url)
 
     assert view["state"] == "SUCCEEDED", view
@@ -114,18 +125,9 @@ def test_a_machine_with_another_seal_key_fails_the_run_by_name_and_gives_the_nod
         }
         env_a = fleet_env(home, **common, FLEET_SEAL_KEY=Fernet.generate_key().decode())
         env_b = fleet_env(tmp_path / "machine-b", **common)  # forgot FLEET_SEAL_KEY: makes one of its own
-        groups = [
-            Worker(env_a, tmp_path / "a.log", "worker", "-Q", FIRST.value),
-            Worker(env_b, tmp_path / "b.log", "worker", "-Q", ",".join(s.value for s in REST)),
-        ]
-        try:
-            client = ledger_of(env_a)
-            wait_until(lambda: not missing_queues(client), 60, "both groups' queues")
+        with two_groups(env_a, env_b, tmp_path):
             (queued,) = fleet_json(env_a, "enqueue", str(job_for(tmp_path, SECTION)))
             view = wait_for_end(env_a, queued["run_id"], timeout=150)
             wait_until(lambda: fake_state(cloud.url)["instances"] == [], 30, "the pod to be given back")
-        finally:
-            for group in groups:
-                group.stop()
     assert view["state"] == "FAILED" and view["failure_reason"] == FailureReason.AUTH_FAILED.value, view
     assert "FLEET_SEAL_KEY" in view["failure_message"], view["failure_message"]
