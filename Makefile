@@ -4,16 +4,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
 TORCH  ?= torch==2.13.0
-# No bytecode at install time (minutes of CPU for torch and axolotl): Python compiles what it imports, once.
+# No bytecode while pip installs (one core); `make bytecode` compiles the three venvs after, on every core.
+# Needed: where PYTHONDONTWRITEBYTECODE is set (this CI), Python never writes what it compiles on import.
 PIP_FLAGS ?= --no-compile
 
-.PHONY: setup node-env axolotl-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup node-env axolotl-env bytecode lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(PIP_FLAGS) --upgrade pip
 	$(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)"
 	$(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]"
 	@$(MAKE) --no-print-directory -j2 node-env axolotl-env
+	@$(MAKE) --no-print-directory bytecode
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
 
 $(BIN)/python:
@@ -48,6 +50,10 @@ axolotl-env:
 	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "axolotl==$(AXOLOTL_VERSION)" "$(RAY_PIN)" "$(TORCH)"
 	@echo "axolotl env done: $(AXOLOTL_VENV)/bin/python (axolotl $(AXOLOTL_VERSION))"
 
+bytecode:
+	-@$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib $(NODE_VENV)/lib $(AXOLOTL_VENV)/lib
+	@echo "bytecode done"
+
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -59,8 +65,11 @@ format:
 typecheck:
 	$(BIN)/mypy
 
+# Unit and security tests two at a time (they leave a core idle otherwise); the integration and fault
+# tests, which start fleets, Ray heads and trainers of their own, one at a time.
 test:
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=5 -n 2 tests/unit tests/security
+	$(BIN)/pytest -q --durations=15 tests/integration tests/faults
 
 test-unit:
 	$(BIN)/pytest -q tests/unit
