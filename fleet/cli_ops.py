@@ -104,8 +104,8 @@ def seal_key() -> None:
     configured = load_secrets(known=[SEAL_KEY]).get(SEAL_KEY)
     try:
         key, source = key_of(configured.get_secret_value() if configured else None, settings.home)
-    except ValueError:
-        err.print(f"{SEAL_KEY} is set but is not a seal key", style="red", markup=False, highlight=False)
+    except ConfigError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
     err.print(f"the seal key from {source}; a secret: keep it as you keep the cloud keys", highlight=False)
     print(key.decode())

@@ -85,11 +85,7 @@ def shared_context(
     on any machine, can reach a node another made. ConfigError when FLEET_SEAL_KEY is not a seal key."""
     context = provider_context(settings, secrets)
     configured = context.credentials.get(SEAL_KEY)
-    try:
-        key, source = seal_key(configured.get_secret_value() if configured else None, settings.home)
-    except ValueError:
-        why = "not a seal key: 32 url-safe base64-encoded bytes, as `fleet seal-key` prints one"
-        raise ConfigError("secrets", [Problem(SEAL_KEY, why)]) from None
+    key, source = seal_key(configured.get_secret_value() if configured else None, settings.home)
     local = FileStore(settings.home / "secrets" / "nodes")
     context = replace(context, node_secrets=SealedStore(client, key, local, source))
     if settings.provider_list_max_age_s <= 0:

@@ -21,10 +21,18 @@ import redis
 from cryptography.fernet import Fernet, InvalidToken
 
 from broker.constants import NODE_SECRETS
-from core.errors import SealMismatch
+from core.errors import ConfigError, Problem, SealMismatch
 
 SEAL_KEY = "FLEET_SEAL_KEY"
 KEY_FILE = "seal.key"  # under <home>/secrets/, when FLEET_SEAL_KEY is not set
+
+
+def checked(field: str) -> str:
+    """`field` when it can name a secret (an instance name, perhaps with a suffix); else ValueError. Both
+    stores check, so that no name reaches outside the directory or hash it belongs in."""
+    if not field or "/" in field or field.startswith("."):
+        raise ValueError(f"not an instance name: {field!r}")
+    return field
 
 
 class SecretStore(Protocol):
@@ -48,9 +56,7 @@ class FileStore:
         self.dir = directory
 
     def path(self, field: str) -> Path:
-        if "/" in field or field.startswith("."):
-            raise ValueError(f"not an instance name: {field!r}")
-        return self.dir / field
+        return self.dir / checked(field)
 
     def get(self, field: str) -> str | None:
         try:
@@ -82,7 +88,7 @@ class SealedStore:
         self.key_source = key_source
 
     def get(self, field: str) -> str | None:
-        sealed = self.client.hget(NODE_SECRETS, field)
+        sealed = self.client.hget(NODE_SECRETS, checked(field))
         if sealed is None:
             return self.legacy.get(field)
         try:
@@ -95,17 +101,17 @@ class SealedStore:
             ) from None
 
     def add(self, field: str, value: str) -> str:
-        self.client.hsetnx(NODE_SECRETS, field, self._seal(value))
+        self.client.hsetnx(NODE_SECRETS, checked(field), self._seal(value))
         return self.get(field) or value
 
     def put(self, field: str, value: str) -> None:
-        self.client.hset(NODE_SECRETS, field, self._seal(value))
+        self.client.hset(NODE_SECRETS, checked(field), self._seal(value))
 
     def drop(self, fields: Iterable[str]) -> None:
-        names = list(fields)
+        """Drop the fields from Redis (the legacy files are this machine's: NodeTokens.forget drops them)."""
+        names = [checked(field) for field in fields]
         if names:
             self.client.hdel(NODE_SECRETS, *names)
-        self.legacy.drop(names)
 
     def _seal(self, value: str) -> str:
         return self.fernet.encrypt(value.encode()).decode()
@@ -113,15 +119,23 @@ class SealedStore:
 
 def seal_key(configured: str | None, home: Path) -> tuple[bytes, str]:
     """The fleet's seal key and where it came from: `configured` (FLEET_SEAL_KEY), else the home's key file,
-    made now if there is none. ValueError when the configured key is not a Fernet key."""
+    made now if there is none. ConfigError, naming where the key came from, when it is not a Fernet key."""
     if configured:
-        key = configured.strip().encode()
-        Fernet(key)  # ValueError: not 32 url-safe base64-encoded bytes
-        return key, SEAL_KEY
+        return _usable(configured.strip().encode(), SEAL_KEY), SEAL_KEY
     path = home / "secrets" / KEY_FILE
-    with contextlib.suppress(FileExistsError):
-        write_private(path, Fernet.generate_key().decode(), exclusive=True)
-    return path.read_text().strip().encode(), str(path)
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):
+            write_private(path, Fernet.generate_key().decode(), exclusive=True)
+    return _usable(path.read_text().strip().encode(), str(path)), str(path)
+
+
+def _usable(key: bytes, source: str) -> bytes:
+    try:
+        Fernet(key)  # ValueError: not 32 url-safe base64-encoded bytes
+    except ValueError:
+        why = "not a seal key: 32 url-safe base64-encoded bytes, as `fleet seal-key` prints one"
+        raise ConfigError("secrets", [Problem(source, why)]) from None
+    return key
 
 
 def write_private(path: Path, text: str, exclusive: bool = False) -> None:

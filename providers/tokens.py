@@ -65,7 +65,7 @@ class NodeTokens:
 
     def ensure(self, name: str) -> str:
         """The instance's token, made now if it has none yet (a relaunch after a crash reuses it)."""
-        return self.store.add(_field(name), secrets.token_hex(32))
+        return self.store.add(name, secrets.token_hex(32))
 
     def join(self, name: str, head: str) -> str:
         """The token of a worker node that joins `head`'s cluster: the head's own (Ray's token auth lets
@@ -74,14 +74,14 @@ class NodeTokens:
         if token is None:
             raise KeyError(f"no token for the head {head!r}")
         if self.get(name) != token:
-            self.store.put(_field(name), token)
+            self.store.put(name, token)
         if self.head_of(name) != head:
             self.store.put(name + HEAD_SUFFIX, head)
         return token
 
     def ensure_jupyter(self, name: str) -> str:
         """The token of the node's JupyterLab, made now if it has none yet (a relaunch reuses it)."""
-        return self.store.add(_field(name) + JUPYTER_SUFFIX, secrets.token_urlsafe(32))
+        return self.store.add(name + JUPYTER_SUFFIX, secrets.token_urlsafe(32))
 
     def jupyter(self, name: str) -> str | None:
         """The node's JupyterLab token; None when it was created without one."""
@@ -92,7 +92,7 @@ class NodeTokens:
         cert, key = self.get(name + CERT_SUFFIX), self.get(name + KEY_SUFFIX)
         if cert is None or key is None:
             cert, key = self_signed(name)
-            self.store.put(_field(name) + KEY_SUFFIX, key)
+            self.store.put(name + KEY_SUFFIX, key)
             self.store.put(name + CERT_SUFFIX, cert)
         return cert, key
 
@@ -102,7 +102,7 @@ class NodeTokens:
         cert = self.get(name + CERT_SUFFIX)
         if cert is None:
             return None
-        field = _field(name) + CERT_SUFFIX
+        field = name + CERT_SUFFIX
         if self.local.get(field) != cert.strip():
             self.local.put(field, cert)
         return self.local.path(field)
@@ -112,15 +112,10 @@ class NodeTokens:
         return self.get(name + HEAD_SUFFIX)
 
     def get(self, name: str) -> str | None:
-        return self.store.get(_field(name))
+        return self.store.get(name)
 
     def forget(self, name: str) -> None:
-        fields = [_field(name), *(name + suffix for suffix in SUFFIXES)]
+        fields = [name, *(name + suffix for suffix in SUFFIXES)]
         self.store.drop(fields)
-        self.local.drop(fields)
-
-
-def _field(name: str) -> str:
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"not an instance name: {name!r}")
-    return name
+        if self.store is not self.local:
+            self.local.drop(fields)  # files kept before the fleet sealed its tokens in Redis

@@ -84,7 +84,7 @@ def test_the_seal_key_is_the_configured_one_else_made_once_in_the_home(tmp_path:
     assert seal_key(None, tmp_path) == (made, source)  # kept, not made again
     given = Fernet.generate_key()
     assert seal_key(given.decode(), tmp_path) == (given, SEAL_KEY)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match=SEAL_KEY):
         seal_key("not-a-key", tmp_path)
 
 
