@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.constants import PARKED
 from broker.models import InstanceState, RunState
 from tests.factories import light_job_file
 from tests.fakes import FakeDiscord
@@ -48,10 +49,14 @@ def test_worker_killed_in_every_stage(case: Case, tmp_path: Path) -> None:
     worker = fleet.worker()
     run_id = fleet.enqueue(job)
     case.expect(run_id, RunState.SUCCEEDED)
+    parked_at_kill = 0  # kills while the run waited parked: the next worker's watcher wakes it, no kick
     for n, (label, kind, where) in enumerate(KILL_POINTS, start=1):
         fleet.wait_event(run_id, kind, where=where)  # type: ignore[arg-type]
+        parked = fleet.redis.hexists(PARKED, run_id)
         fleet.kill(worker, label)
-        case.notes[f"kill {n}"] = f"{label}, run {fleet.run(run_id).state.value} at the kill"
+        parked_at_kill += parked
+        state = fleet.run(run_id).state.value + " parked" * parked
+        case.notes[f"kill {n}"] = f"{label}, run {state} at the kill"
         worker = fleet.worker()
     case.check()
 
@@ -64,7 +69,9 @@ def test_worker_killed_in_every_stage(case: Case, tmp_path: Path) -> None:
     assert kinds.count("run.succeeded") == 1
     steps = [e["data"]["step"] for e in evs if e["type"] == "train.step"]
     assert steps == sorted(set(steps))  # each step relayed once, in order
-    assert kinds.count("run.kicked") >= len(KILL_POINTS) - 1  # the reaper took over dead chains
+    # The reaper took over the dead chains (a chain whose last task was acked before the kill may be
+    # redelivered by Celery instead: one kill's slack); a parked run's chain was the dead watcher's.
+    assert kinds.count("run.kicked") + parked_at_kill >= len(KILL_POINTS) - 1, (parked_at_kill, kinds)
     # The push took effect once: the repo's creation and one upload commit.
     (repo,) = fleet.hub.state()["repos"]
     assert repo["id"] == REPO_ID and len(repo["commits"]) == 2, repo["commits"]
