@@ -25,6 +25,7 @@ from core.errors import ConfigError, Problem, SealMismatch
 
 SEAL_KEY = "FLEET_SEAL_KEY"
 KEY_FILE = "seal.key"  # under <home>/secrets/, when FLEET_SEAL_KEY is not set
+OPENED_MAX = 4096  # secrets a process keeps opened (a fleet's live nodes have a few each)
 
 
 def checked(field: str) -> str:
@@ -86,19 +87,27 @@ class SealedStore:
         self.fernet = Fernet(key)
         self.legacy = legacy
         self.key_source = key_source
+        self._opened: dict[str, str] = {}  # sealed value -> its secret: each is opened once per process
+        # (a look at a node reads its token every tick; Redis is still asked, so a drop is seen at once)
 
     def get(self, field: str) -> str | None:
         sealed = self.client.hget(NODE_SECRETS, checked(field))
         if sealed is None:
             return self.legacy.get(field)
+        if (opened := self._opened.get(sealed)) is not None:
+            return opened
         try:
-            return self.fernet.decrypt(sealed.encode()).decode()
+            opened = self.fernet.decrypt(sealed.encode()).decode()
         except InvalidToken:
             raise SealMismatch(
                 f"the secret {field!r} in the fleet's Redis was sealed under another seal key than this "
                 f"machine's ({self.key_source}): give every machine of the fleet the same {SEAL_KEY} "
                 f"(set it on each, or copy <home>/secrets/{KEY_FILE} from the machine that made it)"
             ) from None
+        if len(self._opened) >= OPENED_MAX:
+            self._opened.clear()
+        self._opened[sealed] = opened
+        return opened
 
     def add(self, field: str, value: str) -> str:
         self.client.hsetnx(NODE_SECRETS, checked(field), self._seal(value))

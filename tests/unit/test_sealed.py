@@ -97,3 +97,16 @@ def test_a_configured_seal_key_that_is_none_is_a_config_error_naming_it(
     with pytest.raises(ConfigError, match=SEAL_KEY) as refused:
         shared_context(Settings(home=tmp_path), redis_client, secrets)
     assert "hunter2" not in str(refused.value)
+
+
+def test_a_secret_opened_once_is_still_read_from_redis_each_time(
+    redis_client: redis.Redis[str], tmp_path: Path
+) -> None:
+    """Each process opens a sealed value once; Redis is asked every time, so a new value or a drop is seen."""
+    store = SealedStore(redis_client, Fernet.generate_key(), FileStore(tmp_path / "nodes"), SEAL_KEY)
+    store.put("tf-r1-1-0", "first")
+    assert store.get("tf-r1-1-0") == "first" and store.get("tf-r1-1-0") == "first"
+    store.put("tf-r1-1-0", "second")  # sealed anew: another value in Redis
+    assert store.get("tf-r1-1-0") == "second"
+    store.drop(["tf-r1-1-0"])
+    assert store.get("tf-r1-1-0") is None
