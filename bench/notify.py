@@ -4,8 +4,13 @@ Two `fleet notify` processes post as the bot, each into its own fake Discord (te
 served from this process) and each from its own database of one embedded redis-server. Two producer
 threads move the same runs through the real Ledger (tests.factories.Script) at the same steady rate while
 the notifiers run, so an event waits only for its notifier. One side's fake answers every `--every`-th
-message create and edit with a 429 (Retry-After `--retry-after` s, with Via, as Discord's), which
-discord.py waits out and retries; the other side gets none.
+message create, edit and thread start with a 429 (Retry-After `--retry-after` s, with Via, as Discord's),
+which discord.py waits out and retries; the other side gets none.
+
+As the bot the notifier gives each run a thread of its own (its own rate-limit buckets, bot.notifier), so
+a 429 in one run's thread holds up that run only: `with_429_other_runs` are the latencies, on the 429
+side, of the runs whose own thread met none (each run's first event left out: it waits on the channel's
+route, shared by every run, for the message its thread starts from).
 
 An event's latency runs from its `time` (set as the ledger writes it) to the moment the fake recorded what
 it caused: for an event with a message of its own (a result, a failure, a W&B link), that message's
@@ -53,7 +58,7 @@ from tests.integration.fleetproc import fleet_env  # noqa: E402
 
 TOKEN = "bench-bot-token"
 CHANNEL = 423456789012345678
-OPS = ("create_message", "edit_message")
+OPS = ("create_message", "edit_message", "start_thread")  # every request a run makes
 ENDLESS = 10**6  # `times` of the 429 rules: they never run out
 Step = Callable[[Script], None]
 
@@ -143,24 +148,36 @@ def _at(version: dict[str, Any]) -> float:
     return datetime.fromisoformat(version["at"]).timestamp()
 
 
-def latencies(side: Side) -> list[float]:
-    """Seconds from each run event to what it caused on the fake Discord (see the module docstring)."""
-    messages = side.fake.state()["channels"].get(str(CHANNEL), [])
+def latencies(side: Side) -> tuple[list[float], list[float]]:
+    """Seconds from each run event to what it caused on the fake Discord (see the module docstring): all
+    events, and those of runs whose own thread met no 429 (each run's first event left out: it waits on
+    the channel's route, which every run shares, for the message its thread starts from)."""
+    state = side.fake.state()
+    own = [t for t, thread in state["threads"].items() if thread["parent_id"] == str(CHANNEL)]
+    messages = [m for channel in (str(CHANNEL), *own) for m in state["channels"].get(channel, [])]
+    hit = {f["channel"] for f in state["faults_served"]}
+    hit_runs = {state["threads"][t]["name"].split(" · ")[0] for t in own if t in hit}
     posted = {m["created"]["content"]: _at(m["created"]) for m in messages if m["created"]["content"]}
     status: dict[str, list[float]] = {}
     for m in messages:
         if m["embeds"]:
             run_id = m["embeds"][0]["title"].split(" · ")[0]
             status.setdefault(run_id, []).extend(_at(v) for v in [m["created"], *m["edits"]])
-    out = []
+    every, spared, seen = [], [], set()
     for _sid, fields in side.client.xrange(EVENTS_STREAM):
         event = Event.model_validate_json(fields["event"])
         text = separate_message(event) if event.type in SEPARATE else None
         if text is not None:
-            out.append(posted[text] - event.time)
+            took = posted[text] - event.time
         elif event.run_id is not None:
-            out.append(min(t for t in status[event.run_id] if t >= event.time) - event.time)
-    return out
+            took = min(t for t in status[event.run_id] if t >= event.time) - event.time
+        else:
+            continue
+        every.append(took)
+        if event.run_id not in hit_runs and event.run_id in seen:
+            spared.append(took)
+        seen.add(event.run_id)
+    return every, spared
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -223,7 +240,12 @@ def measure(args: argparse.Namespace, work: Path, redis_url: str) -> dict[str, A
             for side in sides:
                 side.client.close()
         counts = {side.name: sum(side.fake.state()["requests"].get(op, 0) for op in OPS) for side in sides}
-    return {"latencies": result, "requests": counts, "injected": sum(ENDLESS - r.times for r in rules)}
+    return {
+        "latencies": {name: every for name, (every, _spared) in result.items()},
+        "spared": result["with_429"][1],
+        "requests": counts,
+        "injected": sum(ENDLESS - r.times for r in rules),
+    }
 
 
 def main() -> None:
@@ -254,11 +276,16 @@ def main() -> None:
     for name, row in table.items():
         count, requests = len(got["latencies"][name]), got["requests"][name]
         print(f"{name:<10} {count:>7} {requests:>9} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
+    spared = figures(got["spared"]) if got["spared"] else {}
     print(f"429s injected on the with_429 side: {got['injected']}")
+    print(f"with_429, runs whose own thread met no 429 ({len(got['spared'])} events): {spared}")
     result = {
         "events": len(got["latencies"]["no_429"]),
         "rate_per_s": args.rate,
+        "runs": args.runs,
+        "width": args.width,
         **table,
+        "with_429_other_runs": spared,
         "injected_429": got["injected"],
         "retry_after_s": args.retry_after,
     }

@@ -2,16 +2,26 @@
 
 It reads `tf:events` through its own consumer group (`notifier`), so it sees every event whatever else
 reads the stream. Per run it keeps ONE status message, edited in place; a few events (a failure, a
-result, a W&B link, an instance kept, a reaper kill) also get a message of their own. The posts and the
-edits are two Discord routes, each with its own limits: a batch goes out in two lanes side by side, one
-request at a time in each, so a 429 waited out on one route delays only that lane.
+result, a W&B link, an instance kept, a reaper kill) also get a message of their own.
 
-Delivery is at least once. A batch is handled, then acked; an error from Discord stops the batch without
-an ack, and the entries come again (pending first). Status edits render the run as the ledger holds it
-now, so repeating one is harmless. A separate message is posted, THEN marked sent under
-`tf:notify:sent:<event id>`, then acked; a repeat whose key exists is skipped. A crash between a post and
-its `sent` key: as the bot, the post carries a nonce derived from the event id and Discord answers the
-repeat with the first message; through a webhook (no nonce there) that one message is posted again.
+As the bot, each run has a thread of its own in the channel, started from a message that names the run;
+the status message and the run's own messages go into the thread. Discord limits message creates and edits
+per channel, and a thread is a channel: so each run has its own rate-limit buckets, and a 429 answered in
+one run's thread (its Retry-After waited out by discord.py) holds up that run only. Through a webhook (which
+cannot start threads in a text channel) every run shares the channel, and the webhook's buckets.
+
+Each run's events go through a lane of their own (bot.lanes), lanes side by side: in order within a run,
+the events that came while its lane was busy handled together (one status edit for ten steps). A run
+whose status message exists gets its own messages first, then the edit; a new run gets its status message
+first. Entries are acked per run as its lane finishes them, so a slow run never holds up another's acks.
+
+Delivery is at least once. An error from Discord stops that run's lane without an ack: its entries (and
+any that come for it meanwhile) stay pending, and come again, in order, after `backoff_s`. Status edits
+render the run as the ledger holds it now, so repeating one is harmless. A separate message is posted, THEN
+marked sent under `tf:notify:sent:<event id>`, then acked; a repeat whose key exists is skipped. A crash
+between a post and its `sent` key: as the bot, the post carries a nonce derived from the event id and
+Discord answers the repeat with the first message (the thread's first message too; starting the thread
+again finds the first); through a webhook (no nonce there) that one message is posted again.
 """
 
 from __future__ import annotations
@@ -20,21 +30,32 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+import time
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 
 import discord
 import discord.http
 import redis
 import requests
 
-from bot.render import CONTENT_MAX, SEPARATE, Scrubber, fit_embed, separate_message, status_embed, truncate
+from bot.lanes import Lanes
+from bot.render import (
+    CONTENT_MAX,
+    SEPARATE,
+    Scrubber,
+    fit_embed,
+    separate_message,
+    status_embed,
+    thread_name,
+    truncate,
+)
 from bot.sinks import DiscordDown, Sink, WebhookSink
-from broker.constants import NOTIFIER_GROUP, notify_sent_key, notify_status_key
+from broker.constants import NOTIFIER_GROUP, notify_sent_key, notify_status_key, notify_thread_key
 from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
+from broker.models import Run
 from broker.payloads import Event, WandbRun
 from core.errors import ConfigError, NotFound, Problem
 from core.secrets import Secrets
@@ -43,6 +64,9 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 SENT_TTL_S = 7 * 24 * 3600
+LANES = 64  # runs whose messages go out at once (each on its own thread's routes, as the bot)
+MAX_IN_FLIGHT = 2000  # entries read but not handled yet: reading waits beyond this
+NO_THREAD = "0"  # under notify_thread_key: the run's messages stay in the channel
 _WEBHOOK_PATH = re.compile(r"/api(?:/v\d+)?/webhooks/(\d+)/([^/?#]+)")
 
 
@@ -73,6 +97,7 @@ class Notifier:
         block_ms: int = 500,
         batch: int = 100,
         backoff_s: float = 2.0,
+        lanes: int = LANES,
     ) -> None:
         self.client = client
         self.ledger = Ledger(client)
@@ -82,6 +107,14 @@ class Notifier:
         self.block_ms, self.batch, self.backoff_s = block_ms, batch, backoff_s
         self.ack_enabled = True  # tests turn it off to act out a crash between posting and acking
         self.last_error: str | None = None
+        self.lanes: Lanes[tuple[str, Event]] = Lanes(self._lane, lanes, "notify")
+        self._lock = threading.Lock()
+        self._in_flight: set[str] = set()  # stream ids read and not handled yet (a redelivery skips them)
+        self._stopped: dict[str, str] = {}  # run (or "" for fleet events) -> why its lane stopped
+        self._handled = 0
+        # One request at a time per route of the channel itself (posts, edits, thread starts: every run's): a
+        # burst of lanes there would cross its limits before discord.py learned them. A thread is its run's.
+        self._posts, self._edits, self._starts = threading.Lock(), threading.Lock(), threading.Lock()
 
     @classmethod
     def from_settings(
@@ -100,68 +133,130 @@ class Notifier:
 
     # -- the loop ----------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event) -> None:
-        """Handle batches until `stop` is set; after a failed batch wait `backoff_s` (the entries stay)."""
+        """Read and hand out events until `stop` is set, without waiting for the lanes (a slow run holds
+        up only itself); runs whose lane stopped on an error get their entries again after `backoff_s`."""
+        stopped_at: float | None = None
         while not stop.is_set():
-            self.process_once()
-            if self.last_error is not None:
-                stop.wait(self.backoff_s)
+            with self._lock:
+                stopped = bool(self._stopped)
+            if stopped and stopped_at is None:
+                stopped_at = time.monotonic()
+            if stopped_at is not None and time.monotonic() - stopped_at >= self.backoff_s:
+                self._again()
+                stopped_at = None
+            if not self.lanes.wait(below=MAX_IN_FLIGHT, timeout=1.0):
+                continue
+            self._dispatch(self.consumer.read(count=self.batch, block_ms=self.block_ms))
+        self.lanes.wait(timeout=10.0)  # what is under way goes out; the rest stays pending for next time
+        self.lanes.close()
 
     def process_once(self) -> int:
-        """Read one batch (blocking up to `block_ms`), relay it, ack it; returns how many events were
-        handled. When Discord fails, nothing of the batch is acked and 0 is returned: the entries come
-        again on the next call, and `last_error` says why (`run_forever` then backs off)."""
+        """Read one batch (blocking up to `block_ms`), relay it and wait until it is handled; returns how
+        many events were handled. When Discord failed a run's messages, `last_error` says why and that
+        run's entries stay pending (not acked): they come again, first, on the next call."""
         self.last_error = None
-        entries = self.consumer.read(count=self.batch, block_ms=self.block_ms)
-        if not entries:
-            return 0
+        self._dispatch(self.consumer.read(count=self.batch, block_ms=self.block_ms))
+        self.lanes.wait()
+        with self._lock:
+            handled, self._handled = self._handled, 0
+            self.last_error = next(iter(self._stopped.values()), None)
+        if self.last_error is not None:
+            self._again()
+        return handled
+
+    def _dispatch(self, entries: list[tuple[str, Event]]) -> None:
+        """Each entry to its run's lane; skipped: one being handled (a redelivery came early) and those of
+        a run whose lane stopped (left pending, they come again in order)."""
+        for sid, event in entries:
+            key = event.run_id or ""
+            with self._lock:
+                if sid in self._in_flight or key in self._stopped:
+                    continue
+                self._in_flight.add(sid)
+            self.lanes.add(key, (sid, event))
+
+    def _again(self) -> None:
+        """Read this consumer's pending entries again from the first: the stopped runs' go round again."""
+        with self._lock:
+            self._stopped.clear()
+        self.consumer.redeliver()
+
+    def _lane(self, run_id: str, entries: list[tuple[str, Event]]) -> None:
+        """One run's entries, handled in order: then acked; on an error left pending, the lane stopped."""
+        sids = [sid for sid, _event in entries]
         try:
-            self._handle([event for _sid, event in entries])
-        except DiscordDown as exc:
-            log.warning("discord refused a batch of %d events (%s); it will be retried", len(entries), exc)
-            self.last_error = str(exc)
-            self.consumer.redeliver()
-            return 0
-        if self.ack_enabled:
-            self.consumer.ack(*(sid for sid, _event in entries))
-        return len(entries)
-
-    # -- one batch ---------------------------------------------------------------------------------
-    def _handle(self, events: list[Event]) -> None:
-        """A batch in two lanes, one per Discord route, side by side: the posts (a new run's status
-        message, then the messages of their own, in event order) and the edits (each run's status message,
-        once however many of its events came). A 429 that discord.py waits out on one route holds up only
-        its lane; within a lane one request at a time, so a route's limit is never crossed. The batch fails
-        (DiscordDown) when either lane did."""
-        wandb_urls: dict[str, str] = {}
-        runs: list[str] = []
-        for event in events:
-            if event.run_id and event.run_id not in runs:
-                runs.append(event.run_id)
-            if isinstance(event.data, WandbRun) and event.run_id and event.data.url:
-                wandb_urls[event.run_id] = event.data.url
-        posts: list[Callable[[], None]] = []
-        edits: list[Callable[[], None]] = []
-        for run_id in runs:
-            lane = edits if self.client.exists(notify_status_key(run_id)) else posts
-            lane.append(partial(self._update_status, run_id, wandb_urls.get(run_id)))
-        posts += [partial(self._post_separate, event) for event in events if event.type in SEPARATE]
-        if not edits or not posts:
-            _in_order(posts or edits)
+            self._handle(run_id, [event for _sid, event in entries])
+        except Exception as exc:
+            if isinstance(exc, DiscordDown):
+                log.warning("discord refused run %s's messages (%s); they will be retried", run_id, exc)
+            else:
+                log.exception("run %s's messages failed; they will be retried", run_id)
+            with self._lock:
+                self._stopped[run_id] = str(exc) or type(exc).__name__
+                self._in_flight.difference_update(sids)
+                for sid, _event in self.lanes.drop(run_id):
+                    self._in_flight.discard(sid)
             return
-        with ThreadPoolExecutor(1, thread_name_prefix="notify-edits") as pool:
-            edited = pool.submit(_in_order, edits)
-            try:
-                _in_order(posts)
-            finally:
-                error = edited.exception()
-        if error is not None:
-            raise error
+        if self.ack_enabled:
+            self.consumer.ack(*sids)
+        with self._lock:
+            self._in_flight.difference_update(sids)
+            self._handled += len(sids)
 
-    def _update_status(self, run_id: str, wandb_url: str | None) -> None:
+    # -- one run's events --------------------------------------------------------------------------
+    def _handle(self, run_id: str, events: list[Event]) -> None:
+        """A run's status message first when it has none yet, else after its messages of their own (an
+        edit never holds up a post); events of no run (fleet-wide) get only their own messages."""
+        wandb_url = next(
+            (e.data.url for e in reversed(events) if isinstance(e.data, WandbRun) and e.data.url), None
+        )
+        separate = [event for event in events if event.type in SEPARATE]
+        if not run_id:
+            for event in separate:
+                self._post_separate(event, None)
+            return
         try:
             run = self.ledger.get_run(run_id)
         except NotFound:
-            return  # a run removed from the ledger has nothing to show
+            run = None  # a run removed from the ledger: its messages of their own still go out
+        thread = self._thread(run) if run is not None else self._known_thread(run_id)
+        fresh = run is not None and not self.client.exists(notify_status_key(run_id))
+        if fresh and run is not None:
+            self._update_status(run, wandb_url, thread)
+        for event in separate:
+            self._post_separate(event, thread)
+        if not fresh and run is not None:
+            self._update_status(run, wandb_url, thread)
+
+    def _known_thread(self, run_id: str) -> int | None:
+        known = self.client.get(notify_thread_key(run_id))
+        return int(known) if known and known != NO_THREAD else None
+
+    def _thread(self, run: Run) -> int | None:
+        """The run's thread (started now from a message naming the run, when the sink can and it has none
+        yet); None: its messages go into the channel."""
+        if not self.sink.threads:
+            return None
+        known = self.client.get(notify_thread_key(run.run_id))
+        if known is not None:
+            return int(known) if known != NO_THREAD else None
+        name = self.scrub(thread_name(run))
+        try:
+            with self._posts:
+                starter = self.sink.post(content=name, key=f"thread:{run.run_id}")
+        except discord.NotFound as exc:  # the channel itself is gone
+            raise DiscordDown(str(exc)) from exc
+        with self._starts:  # a route of its own: the next run's message goes out meanwhile
+            thread = self.sink.start_thread(starter, name)
+        if thread is None:
+            log.warning(
+                "run %s: no thread (the bot may not start threads here); it posts in the channel", run.run_id
+            )
+        self.client.set(notify_thread_key(run.run_id), str(thread or NO_THREAD), ex=SENT_TTL_S * 4)
+        return thread
+
+    def _update_status(self, run: Run, wandb_url: str | None, thread: int | None) -> None:
+        run_id = run.run_id
         instance = self.ledger.get_instance(run.instance) if run.instance else None
         cost = run_cost(self.ledger, run)
         embed = discord.Embed.from_dict(
@@ -170,27 +265,38 @@ class Notifier:
         known = self.client.get(notify_status_key(run_id))
         if known is not None:
             try:
-                self.sink.edit(int(known), embed)
+                with self._route(thread, self._edits):
+                    self.sink.edit(int(known), embed, thread)
                 return
             except discord.NotFound:
                 log.warning("status message of run %s is gone; posting a new one", run_id)
         try:
-            message_id = self.sink.post(embed=embed, key=f"status:{run_id}:{known}")
-        except discord.NotFound as exc:  # the channel itself is gone (or the webhook deleted)
-            raise DiscordDown(str(exc)) from exc
+            with self._route(thread, self._posts):
+                message_id = self.sink.post(embed=embed, key=f"status:{run_id}:{known}", thread=thread)
+        except discord.NotFound as exc:  # the run's thread is gone, or the channel (or the webhook)
+            raise self._gone(run_id, thread, exc) from exc
         self.client.set(notify_status_key(run_id), str(message_id), ex=SENT_TTL_S * 4)
 
-    def _post_separate(self, event: Event) -> None:
+    def _post_separate(self, event: Event, thread: int | None) -> None:
         text = separate_message(event)
         if text is None or self.client.exists(notify_sent_key(event.id)):
             return
         try:
-            self.sink.post(content=truncate(self.scrub(text), CONTENT_MAX), key=event.id)
+            with self._route(thread, self._posts):
+                self.sink.post(content=truncate(self.scrub(text), CONTENT_MAX), key=event.id, thread=thread)
         except discord.NotFound as exc:
-            raise DiscordDown(str(exc)) from exc
+            raise self._gone(event.run_id or "", thread, exc) from exc
         self.client.set(notify_sent_key(event.id), "1", ex=SENT_TTL_S)
 
+    def _route(self, thread: int | None, channel: threading.Lock) -> AbstractContextManager[object]:
+        """A run's thread is its own; the channel's route (`channel`: its lock) is taken in turn."""
+        return nullcontext() if thread is not None else channel
 
-def _in_order(work: list[Callable[[], None]]) -> None:
-    for piece in work:
-        piece()
+    def _gone(self, run_id: str, thread: int | None, exc: discord.NotFound) -> DiscordDown:
+        """Where a post went is gone. A run's thread (someone deleted it): the run's messages go to the
+        channel from now on, with a new status message there. The channel: retried until it is back."""
+        if thread is not None:
+            log.warning("run %s: its thread is gone; its messages go to the channel", run_id)
+            self.client.set(notify_thread_key(run_id), NO_THREAD, ex=SENT_TTL_S * 4)
+            self.client.delete(notify_status_key(run_id))
+        return DiscordDown(str(exc))

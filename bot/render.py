@@ -19,6 +19,7 @@ from service.sweeps import table_lines
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
 TITLE_MAX = 256
+THREAD_NAME_MAX = 100  # a channel name, as a thread's is
 DESCRIPTION_MAX = 4096
 FIELD_NAME_MAX = 256
 FIELD_VALUE_MAX = 1024
@@ -126,6 +127,11 @@ def status_embed(
         "color": COLOURS.get(run.state, RUNNING_COLOUR),
         "fields": fields,
     }
+
+
+def thread_name(run: Run) -> str:
+    """The name of a run's thread (and the text of the message it starts from): the status title."""
+    return truncate(f"{run.run_id} · {run.source}", THREAD_NAME_MAX)
 
 
 def fit_embed(embed: EmbedData) -> EmbedData:

@@ -1,9 +1,11 @@
 """Where the notifier's messages go: a webhook, or a channel through the bot's own connection.
 
 Both speak through discord.py, which honours Discord's per-route rate limits and 429 Retry-After itself.
-They differ in one thing that matters for at-least-once delivery: a bot message can carry a nonce with
-`enforce_nonce`, so Discord returns the earlier message instead of posting the same one twice; a
-webhook cannot, so a crash between a webhook post and its `sent` mark repeats that one message.
+They differ in two things. A bot message can carry a nonce with `enforce_nonce`, so Discord returns the
+earlier message instead of posting the same one twice; a webhook cannot, so a crash between a webhook post
+and its `sent` mark repeats that one message. And the bot can start a thread from a message: a channel of
+the run's own, so its own rate-limit buckets (Discord limits message creates and edits per channel); a
+webhook cannot start one in a text channel, so its runs share the channel (and the webhook's buckets).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import hashlib
 import threading
 from collections.abc import Coroutine
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import aiohttp
 import discord
@@ -21,6 +23,10 @@ import requests
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 120  # discord.py waits out 429s itself; this only bounds a hung connection
 NONCE_MAX = 25  # Discord's limit on a message nonce
+THREAD_EXISTS = 160004  # Discord's error code: this message has a thread already
+ARCHIVE_AFTER_MIN: Final = (
+    10080  # a run's thread is archived after a week without messages (a message reopens it)
+)
 
 
 class DiscordDown(Exception):
@@ -52,43 +58,73 @@ def nonce_of(key: str) -> str:
 
 
 class Sink(Protocol):
-    """Posts and edits messages in one channel. Both raise `discord.NotFound` for a message that is gone,
-    `DiscordDown` for anything else that failed."""
+    """Posts and edits messages in one channel, or in a thread of it (`thread`: its id). Both raise
+    `discord.NotFound` for a message that is gone, `DiscordDown` for anything else that failed."""
 
     secret: str  # what must never appear in a message (the webhook's token); "" when none
+    threads: bool  # whether it can start threads (`start_thread`)
 
-    def post(self, *, content: str | None = None, embed: discord.Embed | None = None, key: str) -> int:
+    def post(
+        self,
+        *,
+        content: str | None = None,
+        embed: discord.Embed | None = None,
+        key: str,
+        thread: int | None = None,
+    ) -> int:
         """Post a message; `key` identifies it, so a sink that can dedupe posts it at most once."""
         ...
 
-    def edit(self, message_id: int, embed: discord.Embed) -> None: ...
+    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None: ...
+
+    def start_thread(self, message_id: int, name: str) -> int | None:
+        """Start a thread from the channel's message `message_id` (a second start finds the first); the
+        thread's id (Discord gives it the message's), or None when the sink may not start threads here."""
+        ...
 
 
 class WebhookSink:
     """A channel webhook, through discord.py's `SyncWebhook` (requests)."""
 
+    threads = False  # a webhook posts into a thread, yet cannot start one in a text channel
+
     def __init__(self, webhook: discord.SyncWebhook) -> None:
         self.webhook = webhook
         self.secret = webhook.token or ""
 
-    def post(self, *, content: str | None = None, embed: discord.Embed | None = None, key: str) -> int:
+    def post(
+        self,
+        *,
+        content: str | None = None,
+        embed: discord.Embed | None = None,
+        key: str,
+        thread: int | None = None,
+    ) -> int:
         with discord_errors():
             message = self.webhook.send(
                 content or "",
                 embed=embed or discord.utils.MISSING,
                 wait=True,
                 allowed_mentions=discord.AllowedMentions.none(),
+                thread=discord.Object(thread) if thread else discord.utils.MISSING,
             )
         return message.id
 
-    def edit(self, message_id: int, embed: discord.Embed) -> None:
+    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
         with discord_errors():
-            self.webhook.edit_message(message_id, embed=embed)
+            self.webhook.edit_message(
+                message_id, embed=embed, thread=discord.Object(thread) if thread else discord.utils.MISSING
+            )
+
+    def start_thread(self, message_id: int, name: str) -> int | None:
+        return None
 
 
 class BotSink:
     """A channel, as the bot: the client's own HTTP session and rate limiter, driven from another thread
     (the notifier's) onto the client's event loop."""
+
+    threads = True
 
     def __init__(self, client: discord.Client, channel_id: int, loop: asyncio.AbstractEventLoop) -> None:
         self.client, self.channel_id, self.loop = client, channel_id, loop
@@ -98,8 +134,15 @@ class BotSink:
         with discord_errors():
             return asyncio.run_coroutine_threadsafe(coro, self.loop).result(REQUEST_TIMEOUT_S)
 
-    def post(self, *, content: str | None = None, embed: discord.Embed | None = None, key: str) -> int:
-        channel = self.client.get_partial_messageable(self.channel_id)
+    def post(
+        self,
+        *,
+        content: str | None = None,
+        embed: discord.Embed | None = None,
+        key: str,
+        thread: int | None = None,
+    ) -> int:
+        channel = self.client.get_partial_messageable(thread or self.channel_id)
         message = self._call(
             channel.send(
                 content,
@@ -110,9 +153,24 @@ class BotSink:
         )
         return message.id
 
-    def edit(self, message_id: int, embed: discord.Embed) -> None:
-        message = self.client.get_partial_messageable(self.channel_id).get_partial_message(message_id)
-        self._call(message.edit(embed=embed))
+    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
+        channel = self.client.get_partial_messageable(thread or self.channel_id)
+        self._call(channel.get_partial_message(message_id).edit(embed=embed))
+
+    def start_thread(self, message_id: int, name: str) -> int | None:
+        async def start() -> int | None:
+            try:
+                await self.client.http.start_thread_with_message(
+                    self.channel_id, message_id, name=name, auto_archive_duration=ARCHIVE_AFTER_MIN
+                )
+            except discord.Forbidden:
+                return None  # no right to start threads here: the run stays in the channel
+            except discord.HTTPException as exc:
+                if exc.code != THREAD_EXISTS:
+                    raise
+            return message_id
+
+        return self._call(start())
 
 
 class RestClient:

@@ -92,8 +92,13 @@ def listing_key(provider: str, account: str) -> str:
 
 
 def notify_status_key(run_id: str) -> str:
-    """The id of a run's status message in the notifier's channel."""
+    """The id of a run's status message (in the run's thread, or in the notifier's channel)."""
     return f"{PREFIX}:notify:status:{run_id}"
+
+
+def notify_thread_key(run_id: str) -> str:
+    """The id of a run's thread in the notifier's channel (the id of the message it was started from)."""
+    return f"{PREFIX}:notify:thread:{run_id}"
 
 
 def notify_sent_key(event_id: str) -> str:

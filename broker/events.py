@@ -73,23 +73,27 @@ class EventConsumer:
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        self._pending_done = False
+        self._pending_after: str | None = "0"  # where reading the pending entries goes on; None: done
 
     def read(self, count: int = 100, block_ms: int = 1000) -> list[tuple[str, Event]]:
-        if not self._pending_done:
-            reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
+        """This consumer's pending entries first (each once, in order, `count` at a time), then new ones."""
+        if self._pending_after is not None:
+            reply = self.client.xreadgroup(
+                self.group, self.consumer, {self.stream: self._pending_after}, count=count
+            )
             entries = reply[0][1] if reply else []
             if entries:
+                self._pending_after = entries[-1][0]
                 return _decode(entries)
-            self._pending_done = True
+            self._pending_after = None
         reply = self.client.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
         )
         return _decode(reply[0][1]) if reply else []
 
     def redeliver(self) -> None:
-        """Read this consumer's pending entries again first (after a batch that was not acked)."""
-        self._pending_done = False
+        """Read this consumer's pending entries again from the first (after some were not acked)."""
+        self._pending_after = "0"
 
     def ack(self, *stream_ids: str) -> None:
         if stream_ids:

@@ -67,7 +67,8 @@ def up() -> None:
 def notify() -> None:
     """Post the fleet's events to Discord (foreground, until Ctrl-C): as the bot into
     FLEET_DISCORD_CHANNEL_ID when FLEET_DISCORD_BOT_TOKEN is set, else through FLEET_DISCORD_WEBHOOK_URL.
-    One status message per run, edited in place, and a message for each result, failure and link."""
+    One status message per run, edited in place, and a message for each result, failure and link; as the bot,
+    in a thread of the run's own (one line per run in the channel)."""
     import requests
 
     from bot.app import bot_token

@@ -10,7 +10,9 @@ using the (id, token) that `fake.add_webhook(channel_id)` returns; their request
 Served (under /api/v10): GET users/@me; GET oauth2/applications/@me; PUT applications/{app}/commands and
 applications/{app}/guilds/{g}/commands (the registered slash commands, kept per scope); POST/GET
 channels/{c}/messages (a message with `enforce_nonce` and a nonce seen in that channel returns the earlier
-message, as Discord does); GET/PATCH
+message, as Discord does); POST channels/{c}/threads and channels/{c}/messages/{m}/threads (a public thread:
+a channel of its own, with its own rate-limit buckets, whose id is the starting message's when there is one;
+one started without a message leaves Discord's "thread created" notice, type 18, in its parent); GET/PATCH
 channels/{c}/messages/{m}; GET/POST webhooks/{id}/{token} (`?wait=true` returns the message);
 GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback. Each
 interaction's followups record `ephemeral` as Discord decides it (the first one after a deferral is as
@@ -20,13 +22,14 @@ message). Bot routes need `Authorization: Bot <token>`, webhook routes the webho
 token in the path; otherwise 401 in Discord's error shape.
 
 Operations (request counts, fault rules): get_me, get_application, put_commands, create_message,
-list_messages, get_message, edit_message, get_webhook, execute_webhook, get_webhook_message,
+list_messages, get_message, edit_message, start_thread, get_webhook, execute_webhook, get_webhook_message,
 edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
 Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
 adapters retry a 429 only when Via is present), "500", and "hang" (the request is carried out, then its
 answer is withheld for `hold` seconds and the connection closed: a client killed meanwhile has posted
 without knowing; `state()["held"]` counts them). A rule answers the next `times` requests of its
-operation, or with `"every": n` every n-th one (the others pass it by). Control: GET /_fake/state, POST
+operation, or with `"every": n` every n-th one (the others pass it by); with `"channel": id`, only those
+in that channel or thread (or to that webhook). Control: GET /_fake/state, POST
 /_fake/faults (a list).
 
 Rate limits (tests/fakes/discord_limits.py), off unless given: `FakeDiscord(rate_limits={"create_message":
@@ -61,17 +64,20 @@ FAULT_KINDS = frozenset({"429", "500", "hang"})
 DISCORD_EPOCH_MS = 1420070400000
 BOT_USER_ID = "100000000000000001"
 APPLICATION_ID = "100000000000000002"
+GUILD_ID = "100000000000000003"  # the guild of every channel here
 _API = ("api", "v10")
 
 
 @dataclass
 class DiscordFault(FaultRule):
     """Discord's scripted misbehaviours: `via` (a 429's Via header), `hold` (how long a "hang" withholds its
-    answer), `every` (only every n-th request of the operation is hit)."""
+    answer), `every` (only every n-th request of the operation is hit), `channel` (only requests in that
+    channel, or thread, or to that webhook: the bucket's major parameter)."""
 
     via: bool = True
     hold: float = 5.0
     every: int = 1
+    channel: str | None = None
     seen: int = field(default=0, init=False)  # requests of the operation this rule has seen (for `every`)
 
     KINDS: ClassVar[frozenset[str]] = FAULT_KINDS
@@ -141,6 +147,7 @@ class _Message:
     edits: list[dict[str, Any]] = field(default_factory=list)
     created: dict[str, Any] = field(default_factory=dict)
     nonce: str | None = None
+    type: int = 0  # 18: the notice of a thread started without a message
 
     def __post_init__(self) -> None:
         self.created = {"content": self.content, "embeds": self.embeds, "at": self.timestamp}
@@ -149,7 +156,7 @@ class _Message:
         """The message object Discord returns (enough for discord.py to build a Message)."""
         out: dict[str, Any] = {
             "id": self.id,
-            "type": 0,
+            "type": self.type,
             "channel_id": self.channel_id,
             "content": self.content,
             "embeds": self.embeds,
@@ -177,6 +184,7 @@ class _Message:
             "embeds": self.embeds,
             "attachments": [a["filename"] for a in self.attachments],
             "webhook_id": self.webhook_id,
+            "type": self.type,
             "created": self.created,
             "edits": list(self.edits),
         }
@@ -268,7 +276,10 @@ class FakeDiscord(Served):
         self.faults: list[DiscordFault] = []
         self.limits = RateLimits(rate_limits)
         self.held = 0  # requests handled whose answer a "hang" fault withheld
+        self.served: list[dict[str, str]] = []  # each fault served: its op, kind and channel (major)
         self.channels: dict[str, list[_Message]] = {}
+        self.threads: dict[str, dict[str, Any]] = {}  # thread id -> Discord's channel object of the thread
+        self.deleted: set[str] = set()  # channels (threads) deleted: Unknown Channel from then on
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
@@ -392,6 +403,14 @@ class FakeDiscord(Served):
         )
         return payload
 
+    def delete_channel(self, channel_id: str) -> None:
+        """Delete a channel or thread, as a moderator might: its messages go with it, and requests to it
+        are answered 404 Unknown Channel."""
+        with self.lock:
+            self.deleted.add(str(channel_id))
+            self.channels.pop(str(channel_id), None)
+            self.threads.pop(str(channel_id), None)
+
     def add_attachment(self, filename: str, data: bytes) -> str:
         """Serve `data` at a CDN-like URL on the fake; returns that URL."""
         aid = self.snowflake()
@@ -407,19 +426,21 @@ class FakeDiscord(Served):
 
     def state(self) -> dict[str, Any]:
         """Messages per channel in order (with edit history), interactions, request counts per operation,
-        how many requests came over a rate limit, how many rate-limit windows were used up and how many
-        answers a "hang" fault withheld."""
+        how many requests came over a rate limit, how many rate-limit windows were used up, how many
+        answers a "hang" fault withheld and each fault served (op, kind, channel)."""
         with self.lock:
             snapshot: dict[str, Any] = json.loads(
                 json.dumps(
                     {
                         "channels": {c: [m.public() for m in ms] for c, ms in self.channels.items()},
+                        "threads": self.threads,
                         "interactions": self.interactions,
                         "commands": self.commands,
                         "requests": dict(self.requests),
                         "over_limit": self.limits.over_limit,
                         "windows_filled": self.limits.windows_filled,
                         "held": self.held,
+                        "faults_served": self.served,
                     }
                 )
             )
@@ -435,13 +456,14 @@ class FakeDiscord(Served):
         op, handler, authorized = self._route(request)
         with self.lock:
             self.requests[op] = self.requests.get(op, 0) + 1
-        fault = self._take_fault(op)
+        # The bucket's major parameter: the channel, webhook or interaction id after /api/v10/<kind>/.
+        major = seg[3] if len(seg) > 3 else ""
+        fault = self._take_fault(op, major)
         if fault is not None and fault.kind != "hang":
             return self._fault_reply(fault, op)
         if not authorized:
             return _error(401, "401: Unauthorized")
-        # The bucket's major parameter: the channel, webhook or interaction id after /api/v10/<kind>/.
-        verdict = self.limits.take(op, seg[3] if len(seg) > 3 else "")
+        verdict = self.limits.take(op, major)
         if verdict is not None and not verdict.allowed:
             return _rate_limited(verdict.retry_after, verdict.headers, via=True)
         try:
@@ -467,16 +489,17 @@ class FakeDiscord(Served):
             return Reply(200, {"queued": len(self.faults)})
         return Reply(404, {"error": "no such control endpoint"})
 
-    def _take_fault(self, op: str) -> DiscordFault | None:
+    def _take_fault(self, op: str, major: str) -> DiscordFault | None:
         with self.lock:
             for fault in self.faults:
-                if fault.op in (op, "*"):
+                if fault.op in (op, "*") and fault.channel in (None, major):
                     fault.seen += 1
                     if fault.seen % fault.every:
                         continue
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
+                    self.served.append({"op": op, "kind": fault.kind, "channel": major})
                     return fault
         return None
 
@@ -514,6 +537,8 @@ class FakeDiscord(Served):
             return "get_application", lambda _: Reply(200, self._application()), bot
         if rest[:1] == ["applications"] and rest[-1] == "commands" and len(rest) in (3, 5) and m == "PUT":
             return "put_commands", self._put_commands, bot and rest[1] == APPLICATION_ID
+        if rest[:1] == ["channels"] and rest[-1] == "threads" and len(rest) in (3, 5) and m == "POST":
+            return "start_thread", self._start_thread, bot and (len(rest) == 3 or rest[2] == "messages")
         if len(rest) in (3, 4) and rest[0] == "channels" and rest[2] == "messages":
             if len(rest) == 3:
                 return (
@@ -630,6 +655,8 @@ class FakeDiscord(Served):
     def _create(self, r: DRequest) -> Reply:
         data, files = r.payload()
         channel_id, nonce = r.segments[3], data.get("nonce")
+        if channel_id in self.deleted:
+            return _error(404, "Unknown Channel", 10003)
         with self.lock:  # one lock for the lookup and the store: two racing repeats yield one message
             if nonce is not None and data.get("enforce_nonce"):
                 earlier = next((m for m in self.channels.get(channel_id, []) if m.nonce == str(nonce)), None)
@@ -638,6 +665,48 @@ class FakeDiscord(Served):
             msg = self._store(channel_id, data, files, None)
             msg.nonce = None if nonce is None else str(nonce)
         return Reply(200, msg.wire())
+
+    def _start_thread(self, r: DRequest) -> Reply:
+        """A public thread in channel c: from message m (the thread's id is m's), or without one (Discord
+        then leaves a notice, type 18, whose content is the thread's name, in the parent)."""
+        data, _ = r.payload()
+        parent, rest = r.segments[3], r.segments[2:]
+        name = str(data.get("name") or "")
+        if not 1 <= len(name) <= 100:
+            return _error(400, "Invalid Form Body: name must be 1 to 100 characters", 50035)
+        with self.lock:
+            if len(rest) == 5:
+                if not any(msg.id == rest[3] for msg in self.channels.get(parent, [])):
+                    return _error(404, "Unknown Message", 10008)
+                thread_id = rest[3]
+                if thread_id in self.threads:
+                    return _error(400, "A thread has already been created for this message", 160004)
+            else:
+                thread_id = self.snowflake()
+            thread = {
+                "id": thread_id,
+                "type": int(data.get("type") or 11),
+                "guild_id": GUILD_ID,
+                "parent_id": parent,
+                "owner_id": BOT_USER_ID,
+                "name": name,
+                "rate_limit_per_user": 0,
+                "message_count": 0,
+                "member_count": 1,
+                "flags": 0,
+                "thread_metadata": {
+                    "archived": False,
+                    "auto_archive_duration": int(data.get("auto_archive_duration") or 1440),
+                    "archive_timestamp": _now_iso(),
+                    "locked": False,
+                },
+            }
+            self.threads[thread_id] = thread
+            self.channels.setdefault(thread_id, [])
+        if len(rest) == 3:
+            notice = self._store(parent, {"content": name}, [], None)
+            notice.type = 18
+        return Reply(201, thread)
 
     def _execute(self, r: DRequest) -> Reply:
         data, files = r.payload()
@@ -667,6 +736,8 @@ class FakeDiscord(Served):
         return _error(404, "404: Not Found", 10008) if msg is None else Reply(200, msg.wire())
 
     def _edit(self, r: DRequest) -> Reply:
+        if r.segments[2] == "channels" and r.segments[3] in self.deleted:
+            return _error(404, "Unknown Channel", 10003)
         msg = self._find(r)
         if msg is None:
             return _error(404, "Unknown Message", 10008)

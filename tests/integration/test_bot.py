@@ -413,7 +413,15 @@ def test_train_from_discord_end_to_end(
     found: dict[str, Any] = {}
 
     def posted(run_id: str) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = fake_discord.state()["channels"].get(str(NOTIFY_CHANNEL), [])
+        """The run's messages: in its thread, started in the notifier's channel from a message naming it."""
+        state = fake_discord.state()
+        (thread,) = [t for t, th in state["threads"].items() if th["name"].startswith(f"{run_id} · ")] or [
+            None
+        ]
+        if thread is None:
+            return []
+        assert state["threads"][thread]["parent_id"] == str(NOTIFY_CHANNEL)
+        messages: list[dict[str, Any]] = state["channels"].get(thread, [])
         return [m for m in messages if run_id in json.dumps(m["created"])]
 
     async def scenario(h: Harness) -> None:
@@ -442,7 +450,7 @@ def test_train_from_discord_end_to_end(
     assert _states(status) == ["QUEUED", "PROVISIONING", "PREPARING", "TRAINING", "FINALIZING", "SUCCEEDED"]
     result = others[-1]
     assert result["content"].startswith(f"✅ Run {found['view']['run_id']} succeeded: eval_loss")
-    # Posted beside the status message's last edit (the notifier's two lanes), after its creation.
+    # Posted before the status message's last edit (a run's own messages go first), after its creation.
     assert result["created"]["at"] >= status["created"]["at"]
     assert not any(m["embeds"] for m in others), "one status message per run"
 

@@ -246,3 +246,44 @@ def test_command_line_serves_until_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
+
+
+def test_threads_from_a_message_once_and_without_one_with_a_notice(fake_discord: FakeDiscord) -> None:
+    """A thread started from a message has the message's id (a second start is refused with Discord's
+    code 160004); one started without a message leaves a notice (type 18) in its parent. A thread is a
+    channel: messages go into it by its id."""
+
+    async def scenario() -> tuple[int, str, str]:
+        client = discord.Client(intents=discord.Intents.none())
+        try:
+            await client.http.static_login(TOKEN)
+            with discord.http.handle_message_parameters(content="run r1") as params:
+                starter = await client.http.send_message(CHANNEL, params=params)
+            thread = await client.http.start_thread_with_message(
+                CHANNEL, starter["id"], name="r1 · job.yaml", auto_archive_duration=10080
+            )
+            with pytest.raises(discord.HTTPException) as again:
+                await client.http.start_thread_with_message(
+                    CHANNEL, starter["id"], name="r1 · job.yaml", auto_archive_duration=10080
+                )
+            with pytest.raises(discord.NotFound):
+                await client.http.start_thread_with_message(
+                    CHANNEL, "1", name="nothing", auto_archive_duration=60
+                )
+            with discord.http.handle_message_parameters(content="in the thread") as params:
+                await client.http.send_message(thread["id"], params=params)
+            bare = await client.http.start_thread_without_message(
+                CHANNEL, name="r2", auto_archive_duration=60, type=11
+            )
+            assert thread["id"] == starter["id"] and thread["parent_id"] == str(CHANNEL)
+            return again.value.code, thread["id"], bare["id"]
+        finally:
+            await client.close()
+
+    code, thread_id, bare_id = asyncio.run(scenario())
+    assert code == 160004
+    state = fake_discord.state()
+    assert [m["content"] for m in state["channels"][thread_id]] == ["in the thread"]
+    assert [(m["content"], m["type"]) for m in _messages(fake_discord)] == [("run r1", 0), ("r2", 18)]
+    assert sorted(state["threads"]) == sorted([thread_id, bare_id])
+    assert state["requests"]["start_thread"] == 4

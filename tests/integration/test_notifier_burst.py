@@ -14,18 +14,19 @@ mid-way at any moment: 30 runs succeed (9 events: W&B link and result posted), 3
 W&B link and failure), 10 fail while queued (2: failure), 30 stay queued (1). 130 events deserve a
 message of their own; every run has one status message.
 
-The kill lands at the worst moment, on purpose: the fake carries out the KILL_AT-th message create (about
-halfway), then withholds its answer ("hang"), and the notifier is SIGKILLed while it waits. That message
-exists, yet the dead notifier never marked it sent nor acked its batch; the restarted one reads its
+The kill lands at the worst moment, on purpose: the fake carries out the KILL_AT-th message create (a third
+of the way), then withholds its answer ("hang"), and the notifier is SIGKILLed while it waits. That message
+exists, yet the dead notifier never marked it sent nor acked its entries; the restarted one reads its
 pending entries again and posts it again, and only the nonce makes Discord answer with the first message
 (a kill that landed anywhere else would catch a missing nonce only now and then). The second test acts
 out the same for a whole batch, in process.
 
-What is checked: each of the 130 messages is in the channel exactly once (and nothing else is); one status
-message per run, whose versions (creation, then edits) never go back in the run's state order and end at
-the run's final state; per run, its messages in event order; 0 requests over the limits, yet windows
+What is checked: each of the 130 messages is posted exactly once (and nothing else is), in its run's
+thread (one per run; in the channel only the message each thread starts from); one status message per
+run, whose versions (creation, then edits) never go back in the run's state order and end at the run's
+final state; per run, its messages in event order; 0 requests over the limits, yet windows
 filled; every injected 429 served and retried inside discord.py (no batch was refused); no pending
-entries in the group. It takes about 13 s here, most of it ~480 requests at 50 per second per bucket.
+entries in the group. It takes about 8 s here (runs side by side, each thread its own buckets).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +54,7 @@ from broker.constants import EVENTS_STREAM
 from broker.constants import NOTIFIER_GROUP as GROUP
 from broker.constants import notify_sent_key as sent_key
 from broker.constants import notify_status_key as status_key
+from broker.constants import notify_thread_key as thread_key
 from broker.ledger import Ledger
 from broker.models import RunState
 from broker.payloads import Event
@@ -60,12 +64,12 @@ from tests.integration.fleetproc import fleet_env
 
 TOKEN = "burst-bot-token"
 CHANNEL = 323456789012345678
-KILL_AT = 120  # of the ~240 create requests: the one the notifier is killed in, after the fake did it
+KILL_AT = 120  # of the ~330 create requests: the one the notifier is killed in, after the fake did it
 LIMITS = {"create_message": (5, 0.1), "edit_message": (5, 0.1)}  # Discord's 5 per 5 s, 50x faster
 INJECTED = [
     {"op": "create_message", "kind": "hang", "every": KILL_AT, "hold": 20},  # first: it sees every create
     {"op": "create_message", "kind": "429", "times": 8, "every": 11, "retry_after": 0.05},
-    {"op": "edit_message", "kind": "429", "times": 8, "every": 9, "retry_after": 0.05},
+    {"op": "edit_message", "kind": "429", "times": 8, "every": 6, "retry_after": 0.05},
 ]
 SUCCEED = [f"ok{i:02d}" for i in range(30)]
 FAIL_TRAINING = [f"tf{i:02d}" for i in range(30)]
@@ -101,9 +105,24 @@ def stream(client: redis.Redis[str]) -> list[Event]:
     return [Event.model_validate_json(fields["event"]) for _sid, fields in client.xrange(EVENTS_STREAM)]
 
 
+def threads(fake: FakeDiscord) -> dict[str, str]:
+    """The runs' threads in CHANNEL: run id (the thread's name starts with it) -> thread id."""
+    return {
+        thread["name"].split(" · ")[0]: thread_id
+        for thread_id, thread in fake.state()["threads"].items()
+        if thread["parent_id"] == str(CHANNEL)
+    }
+
+
 def messages(fake: FakeDiscord) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = fake.state()["channels"].get(str(CHANNEL), [])
-    return found
+    """What was posted for the runs: every message in CHANNEL's threads."""
+    state = fake.state()
+    return [
+        message
+        for thread_id, thread in state["threads"].items()
+        if thread["parent_id"] == str(CHANNEL)
+        for message in state["channels"].get(thread_id, [])
+    ]
 
 
 def texts(fake: FakeDiscord) -> list[str]:
@@ -208,15 +227,34 @@ def test_burst_with_429s_and_a_kill_midway_posts_each_event_once_in_order(
 
     posted = texts(fake)
     assert Counter(posted) == Counter(text for _run, text in wanted)  # each once, nothing else
-    for run_id in RUNS:
+    # One thread per run, started from one message naming it; in the channel nothing else.
+    starters = [m["content"] for m in fake.state()["channels"][str(CHANNEL)]]
+    assert sorted(starters) == sorted(f"{run_id} · job.yaml" for run_id in RUNS)
+    by_run = threads(fake)
+    assert sorted(by_run) == sorted(RUNS)
+    for run_id, thread_id in by_run.items():  # each run's messages in its own thread, in event order
         own = [text for run, text in wanted if run == run_id]
-        assert [t for t in posted if t in own] == own, f"{run_id}'s messages out of order"
+        shown = [m["created"]["content"] for m in fake.state()["channels"][thread_id]]
+        assert [t for t in shown if t] == own, f"{run_id}'s messages out of order or elsewhere"
     assert_statuses(redis_client, fake)
     limits = fake.state()
     assert limits["over_limit"] == 0 and limits["windows_filled"] > 0  # reached the limits, never crossed
     assert fake.faults == [], "not every injected 429 was served"
     assert "refused a batch" not in log_path.read_text()  # the 429s were retried by discord.py itself
     assert redis_client.xpending(EVENTS_STREAM, GROUP)["pending"] == 0
+
+
+@contextmanager
+def as_bot(
+    fake: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Iterator[Notifier]:
+    """A notifier posting into CHANNEL as the bot (its own REST client), in this process."""
+    monkeypatch.setattr(discord.http.Route, "BASE", f"{fake.url}/api/v10")
+    rest = RestClient(TOKEN)
+    try:
+        yield Notifier(redis_client, rest.sink(CHANNEL), consumer="c1", block_ms=20, **options)
+    finally:
+        rest.close()
 
 
 def test_a_crash_after_posting_as_the_bot_repeats_nothing(
@@ -229,21 +267,63 @@ def test_a_crash_after_posting_as_the_bot_repeats_nothing(
     script.to_training("r1")
     script.succeed("r1")
     with FakeDiscord(token=TOKEN) as fake:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{fake.url}/api/v10")
-        crashed = RestClient(TOKEN)
-        try:
-            first = Notifier(redis_client, crashed.sink(CHANNEL), consumer="c1", block_ms=20)
+        with as_bot(fake, redis_client, monkeypatch) as first:
             first.ack_enabled = False
             assert first.process_once() == 7
-        finally:
-            crashed.close()
-        redis_client.delete(status_key("r1"), *redis_client.keys(sent_key("*")))
-        assert len(messages(fake)) == 3  # the status message, the W&B link, the result
-        again = RestClient(TOKEN)
-        try:
-            assert Notifier(redis_client, again.sink(CHANNEL), consumer="c1", block_ms=20).process_once() == 7
-        finally:
-            again.close()
-        assert fake.state()["requests"]["create_message"] == 6  # each post was sent again...
-        assert len(messages(fake)) == 3  # ...and answered with the first message
+        redis_client.delete(status_key("r1"), thread_key("r1"), *redis_client.keys(sent_key("*")))
+        assert len(messages(fake)) == 3  # the status message, the W&B link, the result, in r1's thread
+        with as_bot(fake, redis_client, monkeypatch) as again:
+            assert again.process_once() == 7
+        requests = fake.state()["requests"]
+        assert requests["create_message"] == 8 and requests["start_thread"] == 2  # each sent again...
+        assert len(messages(fake)) == 3 and len(threads(fake)) == 1  # ...and answered with the first
+        assert len(fake.state()["channels"][str(CHANNEL)]) == 1  # the thread's one starting message
         assert redis_client.xpending(EVENTS_STREAM, GROUP)["pending"] == 0
+
+
+def test_a_429_in_one_runs_thread_holds_up_that_run_only(
+    redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the bot, each run posts in a thread of its own: a channel, so rate-limit buckets of its own. A 429
+    with a 3 s Retry-After in r1's thread delays r1's failure message by those 3 s; r2's goes out at once."""
+    script = Script(redis_client)
+    script.create("r1")
+    script.create("r2")
+    with FakeDiscord(token=TOKEN) as fake:
+        with as_bot(fake, redis_client, monkeypatch) as notifier:
+            assert notifier.process_once() == 2
+            slow = threads(fake)["r1"]
+            fake.add_faults([{"op": "create_message", "kind": "429", "channel": slow, "retry_after": 3.0}])
+            script.fail("r1", "boom")
+            script.fail("r2", "boom")
+            began = time.time()
+            assert notifier.process_once() > 0 and notifier.last_error is None
+        state = fake.state()
+    assert fake.faults == []  # the 429 was served, in r1's thread
+    after = {}
+    for run_id, thread_id in threads(fake).items():
+        (failed,) = [m for m in state["channels"][thread_id] if m["content"].startswith(f"❌ Run {run_id}")]
+        after[run_id] = datetime.fromisoformat(failed["created"]["at"]).timestamp() - began
+    assert after["r1"] >= 2.9, after  # waited out its Retry-After
+    assert after["r2"] < 1.0, after  # not behind r1's wait
+
+
+def test_a_deleted_thread_sends_the_runs_messages_to_the_channel(
+    redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone deletes a run's thread: the next post there is refused (Unknown Channel); the run's messages,
+    that one again first, then go to the channel itself, with a new status message there."""
+    script = Script(redis_client)
+    script.create("r1")
+    with FakeDiscord(token=TOKEN) as fake:
+        with as_bot(fake, redis_client, monkeypatch, backoff_s=0) as notifier:
+            assert notifier.process_once() == 1
+            fake.delete_channel(threads(fake)["r1"])
+            script.fail("r1", "boom")
+            assert notifier.process_once() == 0 and "Unknown Channel" in (notifier.last_error or "")
+            assert notifier.process_once() > 0 and notifier.last_error is None
+        channel = fake.state()["channels"][str(CHANNEL)]
+    assert channel[0]["content"] == "r1 · job.yaml"  # the deleted thread's starting message stays
+    assert channel[1]["embeds"] and state_of(channel[1]["embeds"]) == RunState.FAILED  # a new status
+    assert channel[2]["content"].startswith("❌ Run r1 failed")
+    assert len(channel) == 3
