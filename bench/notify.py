@@ -8,9 +8,9 @@ message create, edit and thread start with a 429 (Retry-After `--retry-after` s,
 which discord.py waits out and retries; the other side gets none.
 
 As the bot the notifier gives each run a thread of its own (its own rate-limit buckets, bot.notifier), so
-a 429 in one run's thread holds up that run only: `with_429_other_runs` are the latencies, on the 429
-side, of the runs whose own thread met none (each run's first event left out: it waits on the channel's
-route, shared by every run, for the message its thread starts from).
+a 429 in one run's thread holds up that run only. On the 429 side, `with_429_after_first` leaves out each
+run's first event (it waits on the channel's routes, every run's, for the message its thread starts from
+and the thread), and `with_429_other_runs` keeps of those only the runs whose own thread met no 429.
 
 An event's latency runs from its `time` (set as the ledger writes it) to the moment the fake recorded what
 it caused: for an event with a message of its own (a result, a failure, a W&B link), that message's
@@ -148,10 +148,10 @@ def _at(version: dict[str, Any]) -> float:
     return datetime.fromisoformat(version["at"]).timestamp()
 
 
-def latencies(side: Side) -> tuple[list[float], list[float]]:
+def latencies(side: Side) -> tuple[list[float], list[float], list[float]]:
     """Seconds from each run event to what it caused on the fake Discord (see the module docstring): all
-    events, and those of runs whose own thread met no 429 (each run's first event left out: it waits on
-    the channel's route, which every run shares, for the message its thread starts from)."""
+    events; all but each run's first (which waits on the channel's routes, every run's, for its thread);
+    and of those, the ones of runs whose own thread met no 429."""
     state = side.fake.state()
     own = [t for t, thread in state["threads"].items() if thread["parent_id"] == str(CHANNEL)]
     messages = [m for channel in (str(CHANNEL), *own) for m in state["channels"].get(channel, [])]
@@ -163,7 +163,7 @@ def latencies(side: Side) -> tuple[list[float], list[float]]:
         if m["embeds"]:
             run_id = m["embeds"][0]["title"].split(" · ")[0]
             status.setdefault(run_id, []).extend(_at(v) for v in [m["created"], *m["edits"]])
-    every, spared, seen = [], [], set()
+    every, later, spared, seen = [], [], [], set()
     for _sid, fields in side.client.xrange(EVENTS_STREAM):
         event = Event.model_validate_json(fields["event"])
         text = separate_message(event) if event.type in SEPARATE else None
@@ -174,10 +174,12 @@ def latencies(side: Side) -> tuple[list[float], list[float]]:
         else:
             continue
         every.append(took)
-        if event.run_id not in hit_runs and event.run_id in seen:
-            spared.append(took)
+        if event.run_id in seen:
+            later.append(took)
+            if event.run_id not in hit_runs:
+                spared.append(took)
         seen.add(event.run_id)
-    return every, spared
+    return every, later, spared
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -241,8 +243,9 @@ def measure(args: argparse.Namespace, work: Path, redis_url: str) -> dict[str, A
                 side.client.close()
         counts = {side.name: sum(side.fake.state()["requests"].get(op, 0) for op in OPS) for side in sides}
     return {
-        "latencies": {name: every for name, (every, _spared) in result.items()},
-        "spared": result["with_429"][1],
+        "latencies": {name: every for name, (every, _later, _spared) in result.items()},
+        "later": result["with_429"][1],
+        "spared": result["with_429"][2],
         "requests": counts,
         "injected": sum(ENDLESS - r.times for r in rules),
     }
@@ -277,14 +280,17 @@ def main() -> None:
         count, requests = len(got["latencies"][name]), got["requests"][name]
         print(f"{name:<10} {count:>7} {requests:>9} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
     spared = figures(got["spared"]) if got["spared"] else {}
+    later = figures(got["later"]) if got["later"] else {}
     print(f"429s injected on the with_429 side: {got['injected']}")
-    print(f"with_429, runs whose own thread met no 429 ({len(got['spared'])} events): {spared}")
+    print(f"with_429, all but each run's first event ({len(got['later'])} events): {later}")
+    print(f"... of runs whose own thread met no 429 ({len(got['spared'])} events): {spared}")
     result = {
         "events": len(got["latencies"]["no_429"]),
         "rate_per_s": args.rate,
         "runs": args.runs,
         "width": args.width,
         **table,
+        "with_429_after_first": later,
         "with_429_other_runs": spared,
         "injected_429": got["injected"],
         "retry_after_s": args.retry_after,

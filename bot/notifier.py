@@ -64,7 +64,7 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 SENT_TTL_S = 7 * 24 * 3600
-LANES = 64  # runs whose messages go out at once (each on its own thread's routes, as the bot)
+LANES = 256  # runs handled at once (a lane waiting on the channel holds a thread: room for a burst)
 MAX_IN_FLIGHT = 2000  # entries read but not handled yet: reading waits beyond this
 NO_THREAD = "0"  # under notify_thread_key: the run's messages stay in the channel
 _WEBHOOK_PATH = re.compile(r"/api(?:/v\d+)?/webhooks/(\d+)/([^/?#]+)")
