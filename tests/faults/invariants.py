@@ -112,17 +112,19 @@ def settle(case: Case) -> list[str]:
 # -- I1 ---------------------------------------------------------------------------------------------
 def heads_per_name(home: Path) -> dict[str, int]:
     """How many `ray start --head` processes run now for each local head name under `home` (a second head
-    started under one name shares the first one's temp dir, so both are found)."""
+    started under one name shares the first one's temp dir, so both are found). A process whose parent is
+    one of them is not counted: Ray starts its own processes with a `preexec_fn`, so each child is, from
+    fork to exec, a copy of `ray start` with the same command line."""
     heads = LocalHeads(home / "nodes")
     temp_dirs = {}
     for name in heads.names():
         meta = heads.read(name)
         if meta is not None:
             temp_dirs[f"--temp-dir={meta.temp_dir}"] = name
-    counts: Counter[str] = Counter()
     if not temp_dirs:
         return {}
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    found: dict[int, tuple[str, int]] = {}  # pid -> (name, parent pid)
+    for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
@@ -132,7 +134,8 @@ def heads_per_name(home: Path) -> dict[str, int]:
         if "start" in cmdline and "--head" in cmdline:
             for arg in cmdline:
                 if arg in temp_dirs:
-                    counts[temp_dirs[arg]] += 1
+                    found[proc.pid] = (temp_dirs[arg], proc.info["ppid"])
+    counts = Counter(name for name, parent in found.values() if found.get(parent, ("",))[0] != name)
     return dict(counts)
 
 
