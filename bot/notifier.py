@@ -219,14 +219,19 @@ class Notifier:
             run = self.ledger.get_run(run_id)
         except NotFound:
             run = None  # a run removed from the ledger: its messages of their own still go out
-        thread = self._thread(run) if run is not None else self._known_thread(run_id)
-        fresh = run is not None and not self.client.exists(notify_status_key(run_id))
-        if fresh and run is not None:
-            self._update_status(run, wandb_url, thread)
+        if run is None:
+            thread = self._known_thread(run_id)
+            for event in separate:
+                self._post_separate(event, thread)
+            return
+        thread = self._thread(run)
+        status = self.client.get(notify_status_key(run_id))  # its status message's id, once it has one
+        if status is None:
+            self._update_status(run, wandb_url, thread, None)
         for event in separate:
             self._post_separate(event, thread)
-        if not fresh and run is not None:
-            self._update_status(run, wandb_url, thread)
+        if status is not None:
+            self._update_status(run, wandb_url, thread, status)
 
     def _known_thread(self, run_id: str) -> int | None:
         known = self.client.get(notify_thread_key(run_id))
@@ -237,9 +242,8 @@ class Notifier:
         yet); None: its messages go into the channel."""
         if not self.sink.threads:
             return None
-        known = self.client.get(notify_thread_key(run.run_id))
-        if known is not None:
-            return int(known) if known != NO_THREAD else None
+        if self.client.exists(notify_thread_key(run.run_id)):
+            return self._known_thread(run.run_id)
         name = self.scrub(thread_name(run))
         try:
             with self._posts:
@@ -255,14 +259,14 @@ class Notifier:
         self.client.set(notify_thread_key(run.run_id), str(thread or NO_THREAD), ex=SENT_TTL_S * 4)
         return thread
 
-    def _update_status(self, run: Run, wandb_url: str | None, thread: int | None) -> None:
+    def _update_status(self, run: Run, wandb_url: str | None, thread: int | None, known: str | None) -> None:
+        """Edit the run's status message `known` (its id), or post one when it has none (or it is gone)."""
         run_id = run.run_id
         instance = self.ledger.get_instance(run.instance) if run.instance else None
         cost = run_cost(self.ledger, run)
         embed = discord.Embed.from_dict(
             fit_embed(self.scrub.deep(status_embed(run, instance, wandb_url, cost)))
         )
-        known = self.client.get(notify_status_key(run_id))
         if known is not None:
             try:
                 with self._route(thread, self._edits):

@@ -24,9 +24,8 @@ T = TypeVar("T")
 REQUEST_TIMEOUT_S = 120  # discord.py waits out 429s itself; this only bounds a hung connection
 NONCE_MAX = 25  # Discord's limit on a message nonce
 THREAD_EXISTS = 160004  # Discord's error code: this message has a thread already
-ARCHIVE_AFTER_MIN: Final = (
-    10080  # a run's thread is archived after a week without messages (a message reopens it)
-)
+# A run's thread is archived after a week without messages (a message reopens it).
+ARCHIVE_AFTER_MIN: Final = 10080
 
 
 class DiscordDown(Exception):
@@ -55,6 +54,11 @@ class discord_errors:
 def nonce_of(key: str) -> str:
     """A message nonce (at most 25 characters) derived from a stable key such as an event id."""
     return hashlib.sha256(key.encode()).hexdigest()[:NONCE_MAX]
+
+
+def _in(thread: int | None) -> Any:
+    """discord.py's `thread=` argument of a webhook call: the thread, or none (the channel)."""
+    return discord.Object(thread) if thread else discord.utils.MISSING
 
 
 class Sink(Protocol):
@@ -106,15 +110,13 @@ class WebhookSink:
                 embed=embed or discord.utils.MISSING,
                 wait=True,
                 allowed_mentions=discord.AllowedMentions.none(),
-                thread=discord.Object(thread) if thread else discord.utils.MISSING,
+                thread=_in(thread),
             )
         return message.id
 
     def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
         with discord_errors():
-            self.webhook.edit_message(
-                message_id, embed=embed, thread=discord.Object(thread) if thread else discord.utils.MISSING
-            )
+            self.webhook.edit_message(message_id, embed=embed, thread=_in(thread))
 
     def start_thread(self, message_id: int, name: str) -> int | None:
         return None
