@@ -85,6 +85,10 @@ class SealMismatch(CredentialsMissing):
 class ProviderError(FleetError):
     """A provider call failed."""
 
+    made_nothing = False
+    """On a failed launch: whether it surely made nothing, so a create may be asked again at once (the
+    vendor said no, or the launch failed before its create call). False: the instance may exist."""
+
 
 class ProviderUnavailable(ProviderError):
     """The provider's API is down, rate limited or timed out; try again later (after `retry_after`

@@ -8,11 +8,13 @@ its client), read one, and destroy one.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
-from core.errors import NoCapacity, NodeError, ProviderError, ProvisioningFailed
+from core.errors import NoCapacity, NodeError, ProviderError, ProviderUnavailable, ProvisioningFailed
 from providers.base import (
     INSTANCE_PREFIX,
     JUPYTER_PORT,
@@ -50,6 +52,34 @@ class RentalSection(Protocol):
 
 S = TypeVar("S", bound=RentalSection)
 R = TypeVar("R", bound=BaseModel)
+E = TypeVar("E", bound=ProviderError)
+
+
+def made_nothing(error: E) -> E:
+    """`error`, marked as a launch's that surely made nothing (a create may be asked again at once)."""
+    error.made_nothing = True
+    return error
+
+
+@contextmanager
+def before_create() -> Iterator[None]:
+    """A launch's work before its create call: a provider error raised here made nothing."""
+    try:
+        yield
+    except ProviderError as exc:
+        made_nothing(exc)
+        raise
+
+
+def refused(error: ProviderError) -> bool:
+    """Whether a failed create call surely made nothing: the vendor said no (no capacity, a bad request
+    or key), or asked to be called later (a 429 saying when). A timeout, a 5xx or an answer that could not
+    be read may still have made the instance."""
+    if isinstance(error, ProviderUnavailable):
+        return error.retry_after is not None
+    return True
+
+
 """The cloud's record of one instance (RunPodPod, VastInstance)."""
 
 
@@ -138,18 +168,24 @@ class RemoteProvider(Provider, Generic[S, R]):
             raise ProvisioningFailed(f"{self.name} provider got a {type(request.section).__name__} section")
         section = cast(S, request.section)
         require_ours(request.name)
-        best = self.choose(section).best
+        with before_create():
+            best = self.choose(section).best
         if best is None:
             wanted = f"{section.gpu} x{section.gpu_count}"
-            raise NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
+            raise made_nothing(
+                NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
+            )
         try:
             return self._create(request, section, best)
         finally:
             self.listing.changed()  # made, or maybe made: the next look asks the vendor
 
     def _created_anyway(self, name: str, error: ProviderError) -> NodeInstance:
-        """After a failed create call: the create may have happened although the call failed, and whatever
-        exists under the name is ours, so return it; else raise `error`."""
+        """After a failed create call. A clear no (`refused`): raise `error`, marked as having made nothing.
+        Else the create may have happened although the call failed, and whatever exists under the name is
+        ours, so return it; else raise `error` (or the lookup's own error): the instance may yet show."""
+        if refused(error):
+            raise made_nothing(error) from None
         existing = self._get(name, fresh=True)
         if existing is not None:
             return existing

@@ -15,7 +15,7 @@ from broker.ledger import Draft
 from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
-from core.errors import FailureReason, FleetError, NodeLost, ProviderUnavailable, StageFailed
+from core.errors import FailureReason, FleetError, NodeLost, ProviderError, StageFailed
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
@@ -124,9 +124,9 @@ def _bring_up(
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:
             found = provider.launch(request)
-        except FleetError as exc:
-            if _refused(exc):
-                ctx.ledger.update_instance(name, create_called_at=None)  # a clear no: nothing was made
+        except ProviderError as exc:
+            if exc.made_nothing:  # a clear no, or no create was asked: a create may be asked again now
+                ctx.ledger.update_instance(name, create_called_at=None)
             raise
         crash_point(CrashPoint.AFTER_CREATE_CALL)
         ctx.ledger.update_instance(
@@ -173,14 +173,6 @@ def _joined(ctx: context.Context, run: Run, endpoint: NodeEndpoint) -> bool:
 
         ctx.ledger.update_run(run.run_id, note)
     return len(alive) >= run.num_nodes
-
-
-def _refused(exc: FleetError) -> bool:
-    """Whether a failed create call surely made nothing: the vendor said no (no capacity, a bad request or
-    key), or asked to be called later (429). A timeout or a 5xx may still have made the instance."""
-    if isinstance(exc, ProviderUnavailable):
-        return exc.retry_after is not None
-    return True
 
 
 def _emit(ctx: context.Context, run: Run, payload: Draft) -> None:

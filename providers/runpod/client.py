@@ -59,6 +59,8 @@ class RunPodAPIError(Exception):
     status: int
     message: str
     retry_after: float | None = None
+    unread: bool = False
+    """RunPod answered, but not as expected: what was asked may have been done all the same."""
 
     def __str__(self) -> str:
         return f"RunPod API {self.status or 'unreachable'}: {self.message}"
@@ -109,7 +111,8 @@ class RunPodClient:
         try:
             return answer.model_validate(data if isinstance(data, dict) else {})
         except ValidationError as exc:
-            raise RunPodAPIError(reply.status_code, f"unexpected answer: {_problems(exc)}") from None
+            problems = _problems(exc)
+            raise RunPodAPIError(reply.status_code, f"unexpected answer: {problems}", unread=True) from None
 
     def gpu_types(self, gpu_count: int) -> list[RunPodGpuType]:
         return self.call(GPU_TYPES, {"lowest": {"gpuCount": gpu_count}}, GpuTypesData).gpu_types or []
@@ -131,7 +134,7 @@ class RunPodClient:
 def _made(pod: RunPodPod | None) -> RunPodPod:
     """The pod a deploy mutation made; an answer without one is an error (the pod may exist all the same)."""
     if pod is None:
-        raise RunPodAPIError(200, "the answer names no pod")
+        raise RunPodAPIError(200, "the answer names no pod", unread=True)
     return pod
 
 

@@ -54,7 +54,7 @@ from providers.bootstrap import (
 )
 from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, Priced, choose
-from providers.remote import RemoteProvider
+from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import PodSpec, RunPodPod
 from trainer.progress import NODE_ROOT_ENV
@@ -82,7 +82,7 @@ def translate(exc: RunPodAPIError) -> ProviderError:
     """RunPod's answer as one of the fleet's errors (which say whether retrying can help)."""
     if exc.status in (401, 403):
         return AuthFailed(f"RunPod refused the API key (HTTP {exc.status}): {exc.message}")
-    if exc.status == 0 or exc.status == 429 or exc.status >= 500:
+    if exc.status == 0 or exc.status == 429 or exc.status >= 500 or exc.unread:
         return ProviderUnavailable(str(exc), retry_after=exc.retry_after)
     if NO_CAPACITY_MARK in exc.message.lower():
         return NoCapacity(f"RunPod: {exc.message}")
@@ -140,13 +140,25 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     # lifecycle ------------------------------------------------------------------------------------
     def _create(self, request: LaunchRequest, section: RunPodSection, best: Priced) -> NodeInstance:
+        with before_create():  # a worker's spec looks up its head: a failed look made nothing
+            spec = self._launch_spec(request, section, best)
+        try:
+            if best.bid_per_gpu is not None:
+                pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
+            else:
+                pod = self.client.deploy_on_demand(spec)
+        except RunPodAPIError as exc:
+            return self._created_anyway(request.name, translate(exc))
+        return self._instance(pod, probe=False)
+
+    def _launch_spec(self, request: LaunchRequest, section: RunPodSection, best: Priced) -> PodSpec:
+        """The create call's pod spec: the node's environment, its token, the image and command."""
         env = {
             **request.node_env(section.env),
             RUNPOD_URL_ENV: self.api_url,  # where the pod's failsafe terminates it (a fake's in tests)
             **failsafe_env(None, request.heartbeat_timeout_s),  # the deadline is RunPod's terminateAfter
-            **node_setup_env(
-                request.software
-            ),  # what the image lacks of the node's software, installed at boot
+            # what the image lacks of the node's software, installed at boot
+            **node_setup_env(request.software),
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
         if section.network_volume_id or section.volume_in_gb > 0:
@@ -168,14 +180,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         if not section.starts_from_template:
             spec["imageName"] = self.context.image(section.image, request.software)
             spec["dockerArgs"] = shlex.join(command)
-        try:
-            if best.bid_per_gpu is not None:
-                pod = self.client.rent_interruptable({**spec, "bidPerGpu": best.bid_per_gpu})
-            else:
-                pod = self.client.deploy_on_demand(spec)
-        except RunPodAPIError as exc:
-            return self._created_anyway(request.name, translate(exc))
-        return self._instance(pod, probe=False)
+        return spec
 
     def _pod_spec(
         self, name: str, section: RunPodSection, env: dict[str, str], token: str, secure: bool

@@ -89,8 +89,8 @@ def translate(exc: requests.RequestException) -> ProviderError:
     if isinstance(exc, requests.ConnectionError):
         return ProviderUnavailable(f"vast.ai unreachable: {type(exc).__name__}")
     response = exc.response
-    if response is None:
-        return ProviderError(f"vast.ai request failed: {type(exc).__name__}")
+    if response is None:  # no answer that could be read: the request may have been carried out
+        return ProviderUnavailable(f"vast.ai request failed: {type(exc).__name__}")
     status = response.status_code
     code, message = _vendor_message(response)
     if status in (401, 403):
@@ -230,9 +230,8 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             f"-p {JOBS_PORT}:{JOBS_PORT}": "1",
             VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
             **failsafe_env(deadline, request.heartbeat_timeout_s),
-            **node_setup_env(
-                request.software
-            ),  # what the image lacks of the node's software, installed at boot
+            # what the image lacks of the node's software, installed at boot
+            **node_setup_env(request.software),
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
         if JUPYTER_TOKEN_ENV in env:
@@ -252,6 +251,9 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             )
         except requests.RequestException as exc:
             return self._created_anyway(request.name, translate(exc))
+        except (KeyError, TypeError, ValueError):  # an answer without the new instance's id: maybe made
+            unread = ProviderUnavailable("vast.ai's answer to the create names no instance")
+            return self._created_anyway(request.name, unread)
         if SSH_KEY_ENV in env:
             self._attach_key(ident, env[SSH_KEY_ENV])
         return NodeInstance(

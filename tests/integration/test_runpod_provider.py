@@ -110,6 +110,30 @@ def test_error_after_create_leaves_exactly_one_instance(fake: FakeRunPod, tmp_pa
     assert fake.state()["instances"] == [] and provider.get("tf-r2-1") is None
 
 
+def test_a_launch_says_whether_it_surely_made_nothing(fake: FakeRunPod, tmp_path: Path) -> None:
+    """A failed launch's error says whether a create may be asked again at once (made_nothing) or the pod
+    may exist (the provision stage then looks it up by name before any other create)."""
+    provider = provider_for(fake, tmp_path)
+    fake.add_faults([{"op": "search", "kind": "500"}])  # before any create call: nothing made
+    with pytest.raises(ProviderUnavailable) as search:
+        provider.launch(LaunchRequest("tf-r5-1", "r5", SECTION))
+    assert search.value.made_nothing and fake.state()["requests"].get("create", 0) == 0
+    # A 429 saying when: a clear no, told as such even though the list would fail now (no lookup needed).
+    fake.add_faults([{"op": "create", "kind": "429", "retry_after": 1}, {"op": "list", "kind": "500"}])
+    with pytest.raises(ProviderUnavailable) as limited:
+        provider.launch(LaunchRequest("tf-r5-1", "r5", SECTION))
+    assert limited.value.made_nothing and limited.value.retry_after == 1
+    assert fake.state()["requests"].get("list", 0) == 0
+    # A 500 may have made the pod: looked up by name (the lookup meets the list's 500 still queued), so
+    # the error says it may exist; and again with the lookup answered: not there (yet).
+    for looks in (1, 2):
+        fake.add_faults([{"op": "create", "kind": "500"}])
+        with pytest.raises(ProviderUnavailable) as unclear:
+            provider.launch(LaunchRequest("tf-r5-1", "r5", SECTION))
+        assert not unclear.value.made_nothing and fake.state()["requests"]["list"] == looks
+    assert fake.state()["instances"] == []
+
+
 def test_a_duplicate_under_one_name_is_terminated(fake: FakeRunPod, tmp_path: Path) -> None:
     provider = provider_for(fake, tmp_path)
     provider.launch(LaunchRequest("tf-r3-1", "r3", SECTION))
