@@ -14,7 +14,14 @@ from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
-from core.errors import NoCapacity, NodeError, ProviderError, ProviderUnavailable, ProvisioningFailed
+from core.errors import (
+    AuthFailed,
+    NoCapacity,
+    NodeError,
+    ProviderError,
+    ProviderUnavailable,
+    ProvisioningFailed,
+)
 from providers.base import (
     INSTANCE_PREFIX,
     JUPYTER_PORT,
@@ -72,12 +79,12 @@ def before_create() -> Iterator[None]:
 
 
 def refused(error: ProviderError) -> bool:
-    """Whether a failed create call surely made nothing: the vendor said no (no capacity, a bad request
-    or key), or asked to be called later (a 429 saying when). A timeout, a 5xx or an answer that could not
-    be read may still have made the instance."""
+    """Whether a failed create call surely made nothing: the vendor said no capacity or refused the key,
+    or asked to be called later (a 429 saying when). A timeout, a 5xx, an answer that could not be read or
+    any other error (RunPod answers some of its own failures as a GraphQL error) may still have made it."""
     if isinstance(error, ProviderUnavailable):
         return error.retry_after is not None
-    return True
+    return isinstance(error, (NoCapacity, AuthFailed))
 
 
 """The cloud's record of one instance (RunPodPod, VastInstance)."""
