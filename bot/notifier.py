@@ -235,15 +235,16 @@ class Notifier:
 
     def _known_thread(self, run_id: str) -> int | None:
         known = self.client.get(notify_thread_key(run_id))
-        return int(known) if known and known != NO_THREAD else None
+        return _thread_id(known) if known else None
 
     def _thread(self, run: Run) -> int | None:
         """The run's thread (started now from a message naming the run, when the sink can and it has none
         yet); None: its messages go into the channel."""
         if not self.sink.threads:
             return None
-        if self.client.exists(notify_thread_key(run.run_id)):
-            return self._known_thread(run.run_id)
+        known = self.client.get(notify_thread_key(run.run_id))
+        if known is not None:
+            return _thread_id(known)
         name = self.scrub(thread_name(run))
         try:
             with self._posts:
@@ -304,3 +305,8 @@ class Notifier:
             self.client.set(notify_thread_key(run_id), NO_THREAD, ex=SENT_TTL_S * 4)
             self.client.delete(notify_status_key(run_id))
         return DiscordDown(str(exc))
+
+
+def _thread_id(known: str) -> int | None:
+    """A run's stored thread: its id, or None where its messages go into the channel (NO_THREAD)."""
+    return int(known) if known != NO_THREAD else None

@@ -59,6 +59,7 @@ class RentalSection(Protocol):
 
 S = TypeVar("S", bound=RentalSection)
 R = TypeVar("R", bound=BaseModel)
+"""The cloud's record of one instance (RunPodPod, VastInstance)."""
 E = TypeVar("E", bound=ProviderError)
 
 
@@ -85,9 +86,6 @@ def refused(error: ProviderError) -> bool:
     if isinstance(error, ProviderUnavailable):
         return error.retry_after is not None
     return isinstance(error, (NoCapacity, AuthFailed))
-
-
-"""The cloud's record of one instance (RunPodPod, VastInstance)."""
 
 
 class RemoteProvider(Provider, Generic[S, R]):

@@ -238,14 +238,16 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             env[f"-p {JUPYTER_PORT}:{JUPYTER_PORT}"] = "1"
         # A bid is per machine on vast.ai: the per-GPU bid (never above the cap) times the GPUs.
         price = best.price_per_hour if best.bid_per_gpu is not None else None
-        try:
+        offer_id, image = int(best.candidate.offer_id), self.context.image(section.image, request.software)
+        onstart = start_script(self.name, tls=True)
+        try:  # only the call and the reading of its answer: a KeyError etc. below is the answer's
             ident = self.client.create_instance(
-                int(best.candidate.offer_id),
+                offer_id,
                 label=request.name,
-                image=self.context.image(section.image, request.software),
+                image=image,
                 disk_gb=section.container_disk_in_gb,
                 env=env,
-                onstart=start_script(self.name, tls=True),
+                onstart=onstart,
                 price=price,
                 ssh=SSH_KEY_ENV in env,
             )
