@@ -91,6 +91,12 @@ def listing_key(provider: str, account: str) -> str:
     return f"{PREFIX}:listing:{provider}:{account}"
 
 
+def node_check_key(digest: str) -> str:
+    """A readiness check that passed, kept for nodes whose software has the fingerprint `digest` (a hash
+    of the provider's software key and the check's command line: workers.readiness)."""
+    return f"{PREFIX}:nodecheck:{digest}"
+
+
 def notify_status_key(run_id: str) -> str:
     """The id of a run's status message (in the run's thread, or in the notifier's channel)."""
     return f"{PREFIX}:notify:status:{run_id}"

@@ -243,6 +243,14 @@ class Provider(ABC):
     def endpoint(self, name: str) -> NodeEndpoint:
         """How to reach the instance's Ray head (raises NodeError when it has none yet)."""
 
+    def software_key(self, name: str) -> str | None:
+        """A fingerprint of the software instance `name` trains with, where this provider can tell it without
+        the node (a local head: its interpreter, the packages installed beside it, its environment), so a
+        readiness check that passed on an earlier node with the same key holds for it (workers.readiness
+        remembers it). None, the default, where only a check on the node can tell: a rented node is a new
+        machine each time, its image's tag no promise of what is in it."""
+        return None
+
     def endpoint_at(self, name: str, url: str | None) -> NodeEndpoint:
         """How to reach the instance's Ray head at `url`, where an earlier `endpoint` found it (the ledger
         keeps it; None or empty: not known yet, so `endpoint`): an instance's address does not change while it

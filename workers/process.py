@@ -87,6 +87,9 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
             stop.set()
 
     argv = ["worker", "-Q", ",".join(queues), "-c", str(concurrency), "-n", hostname, "--loglevel", "INFO"]
+    # No mingle (a second's wait at start to sync revoked task ids: the fleet revokes none) and no gossip
+    # (workers watching each other: the fleet's own heartbeat keys say who serves what: start_heartbeat).
+    argv += ["--without-mingle", "--without-gossip"]
     if beat:
         argv += ["-B", "--scheduler", BEAT_SCHEDULER]  # (the worker's -S is its state db, not this)
     app.worker_main(argv)

@@ -3,15 +3,21 @@ its head, run by the interpreter that will train, has found that it can train (t
 and Ray as the fleet's, torch, transformers and peft importable, and the GPUs its section asks for. A node
 that fails it is terminated at once (even one a job would keep for debugging) and the run fails
 NODE_BROKEN with what is missing, before any training. What the node's start script installed because its
-image lacked it comes back with the check, as the `node.setup` event."""
+image lacked it comes back with the check, as the `node.setup` event.
+
+A check that passed is remembered (REMEMBER_S) for nodes whose provider can tell their software without
+them (Provider.software_key: a local head's interpreter, packages and environment): the next such node
+with the same key and the same check is ready without one (`node.ready` says `remembered`). A rented node
+is checked every time."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import shlex
 import sys
 
-from broker.constants import Stage
+from broker.constants import Stage, node_check_key
 from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import EventType, NodeCheck, NodeReady, NodeSetup
@@ -24,6 +30,7 @@ from workers.node_job import node_record, node_software, submit_once
 from workers.stage import Next, enter_next
 
 CHECK_JOB = "check"  # the check's key in run.ray_jobs
+REMEMBER_S = 24 * 3600  # how long a passed check holds for later nodes with the same software
 FLEET_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -43,6 +50,9 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     client = NodeClient(endpoint, NodeTimeouts.of(ctx.settings))
     sid = f"{run.run_id}-{run.attempt}-{CHECK_JOB}"
     command = entrypoint(run.spec.head_gpu_count, node_software(ctx, run))  # checked on the head
+    memory = _memory(ctx, run, head, command)
+    if memory is not None and run.ray_jobs.get(CHECK_JOB) != sid and (known := ctx.redis.get(memory)):
+        return _ready(ctx, run, head, NodeCheck.model_validate_json(known), [ready], remembered=True)
     info = submit_once(ctx, run, client, CHECK_JOB, sid, lambda: client.submit(sid, command, {}), [ready])
     if info is None:
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
@@ -66,14 +76,32 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     check = NodeCheck.model_validate(
         {k: v for k, v in record.items() if k not in ("kind", "problems", "setup", "missing")}
     )
+    if memory is not None:
+        ctx.redis.set(memory, check.model_dump_json(), ex=REMEMBER_S)
+    return _ready(ctx, run, head, check, [said] if isinstance(said, NodeSetup) else [])
+
+
+def _ready(
+    ctx: context.Context, run: Run, head: str, check: NodeCheck, drafts: list[Draft], remembered: bool = False
+) -> Next:
+    """The node passed (or, `remembered`, one with its software did): on to prepare."""
     ctx.ledger.update_instance(head, check=check)
 
     def go(r: Run) -> list[Draft]:
-        drafts: list[Draft] = [said] if isinstance(said, NodeSetup) else []
-        return [*drafts, NodeReady(instance=head, check=check), *enter_next(r, Stage.PROVISION)]
+        ready = NodeReady(instance=head, check=check, remembered=remembered)
+        return [*drafts, ready, *enter_next(r, Stage.PROVISION)]
 
     ctx.ledger.update_run(run.run_id, go)
     return Next.onward(Stage.PROVISION)
+
+
+def _memory(ctx: context.Context, run: Run, head: str, command: str) -> str | None:
+    """Where a passed check of `command` is kept for the head's software; None when the provider cannot
+    tell its software without the node (every rented one)."""
+    key = ctx.provider(run.provider).software_key(head)
+    if not key:
+        return None
+    return node_check_key(hashlib.sha256(f"{key}\0{command}".encode()).hexdigest())
 
 
 def _broken(head: str, why: str) -> StageFailed:

@@ -43,6 +43,9 @@ class NodeReady(Payload):
     type = EventType.NODE_READY
     instance: str
     check: NodeCheck
+    remembered: bool = Field(
+        False, description="The check passed on an earlier node with the same software (workers.readiness)."
+    )
 
 
 class RaySubmitted(Payload):

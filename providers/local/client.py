@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env
+from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env, kept_env, software_key
 
 PORT_NAMES = (
     "port",
@@ -55,6 +55,7 @@ class HeadMeta:
     pid: int = 0
     terminated_at: float | None = None
     head: str | None = None  # the head whose cluster this node joined; None for a head
+    software: str = ""  # environment.software_key of what it runs ("" where none can be told)
 
     @property
     def dashboard_url(self) -> str:
@@ -272,6 +273,7 @@ class LocalHeads:
         bin_dir = (
             python or self.python
         ).parent  # not resolved: a venv's bin/python is a link to the base Python
+        meta.software = software_key(python or self.python, {**kept_env(os.environ), **env}, num_gpus)
         if head is None:
             role = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
         else:
@@ -337,8 +339,11 @@ class LocalHeads:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 
-    def stop(self, name: str, grace_s: float = 2.0) -> None:
-        """End every process of the head (SIGTERM, then SIGKILL after a grace period); idempotent."""
+    def stop(self, name: str, grace_s: float = 0.5) -> None:
+        """End every process of the head (SIGTERM, then SIGKILL after a grace period); idempotent. Most
+        of a head's processes are gone 0.4 s after SIGTERM; its GCS, autoscaler monitor and `ray start`
+        take 4 s more to end on their own, which only held up the run's end (as a rented node's power-off,
+        a terminate gives nothing on the node a chance to save its state)."""
         meta = self.read(name)
         if meta is None:
             return

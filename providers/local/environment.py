@@ -8,7 +8,10 @@ name), and the head's settings last.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 # What a local node keeps of the fleet's environment: who and where it runs (user, home, locale, time zone,
 # temporary files), the GPUs it may use, the Hugging Face caches and endpoint, the way out (proxies, CA
@@ -65,3 +68,25 @@ def head_env(environ: Mapping[str, str], env: Mapping[str, str], own: Mapping[st
     then `env` (the node's: the job's validated `env`, its credentials, the values a fake cloud gives its
     nodes), then `own`, the head's settings, last so that nothing before overrides them."""
     return {**kept_env(environ), **env, **own}
+
+
+def software_key(python: Path, env: Mapping[str, str], num_gpus: int) -> str:
+    """A fingerprint of what a local node trains with (providers.base.Provider.software_key): its interpreter,
+    the packages installed beside it (each site-packages directory's entries and when it last changed:
+    an install or removal changes both), the GPUs it is given and its environment (a credential by its name
+    only). "" when `python` is not a virtual environment's: a system Python's packages live where this does
+    not look, so each of its nodes is checked."""
+    root = python.parent.parent  # <venv>/bin/python, not resolved: that is the base Python
+    try:
+        parts = [str(python), str(python.resolve()), (root / "pyvenv.cfg").read_text()]
+        sites = sorted(root.glob("lib*/python*/site-packages"))
+        for site in sites:
+            parts += [str(site), str(site.stat().st_mtime_ns), *sorted(os.listdir(site))]
+    except OSError:
+        return ""
+    if not sites:
+        return ""
+    parts.append(f"gpus={num_gpus}")
+    for name, value in sorted(env.items()):
+        parts.append(name if any(word in name.upper() for word in _CREDENTIAL_WORDS) else f"{name}={value}")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -75,6 +75,10 @@ class LocalProvider(Provider):
             return axolotl_python(self.context.axolotl_python)
         return self.heads.python
 
+    def software_key(self, name: str) -> str | None:
+        meta = self.heads.read(name)
+        return (meta.software or None) if meta is not None else None
+
     def get(self, name: str) -> NodeInstance | None:
         meta = self.heads.read(name)
         if meta is None or meta.terminated_at is not None:

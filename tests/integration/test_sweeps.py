@@ -225,6 +225,12 @@ def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Pa
         most = max(most, running)
     assert most == 2, spans
 
+    # The first two nodes ran the readiness check; the two after them, local heads with the same
+    # interpreter, packages and environment, were ready on what it found (workers.readiness).
+    ready = [[e["data"] for e in events_of(home, row["run_id"]) if e["type"] == "node.ready"] for row in rows]
+    assert sorted(r["remembered"] for (r,) in ready) == [False, False, True, True], ready
+    assert all(r["check"]["executable"] == ready[0][0]["check"]["executable"] for (r,) in ready)
+
     # The table as people read it: the best run's row is marked.
     shown = fleet_cli(env, "status", sweep_id)
     assert shown.returncode == 0, shown.stderr
