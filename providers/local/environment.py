@@ -42,6 +42,7 @@ NODE_ENV_KEPT = frozenset(
 )
 NODE_ENV_KEPT_PREFIXES = ("LC_", "HF_", "TRANSFORMERS_")
 _CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY")  # HF_TOKEN, HF_TOKEN_PATH... stay out
+GPU_DRIVER = Path("/proc/driver/nvidia/version")  # the NVIDIA driver's version, where one is loaded
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 # Ray turns `--node-ip-address=127.0.0.1` into this machine's address, and then its GCS, raylet, agents and
@@ -73,9 +74,9 @@ def head_env(environ: Mapping[str, str], env: Mapping[str, str], own: Mapping[st
 def software_key(python: Path, env: Mapping[str, str], num_gpus: int) -> str:
     """A fingerprint of what a local node trains with (providers.base.Provider.software_key): its interpreter,
     the packages installed beside it (each site-packages directory's entries and when it last changed:
-    an install or removal changes both), the GPUs it is given and its environment (a credential by its name
-    only). "" when `python` is not a virtual environment's: a system Python's packages live where this does
-    not look, so each of its nodes is checked."""
+    an install or removal changes both), the GPUs it is given (and the GPU driver, when it is given any)
+    and its environment (a credential by its name only). "" when `python` is not a virtual environment's:
+    a system Python's packages live where this does not look, so each of its nodes is checked."""
     root = python.parent.parent  # <venv>/bin/python, not resolved: that is the base Python
     try:
         parts = [str(python), str(python.resolve()), (root / "pyvenv.cfg").read_text()]
@@ -87,6 +88,11 @@ def software_key(python: Path, env: Mapping[str, str], num_gpus: int) -> str:
     if not sites:
         return ""
     parts.append(f"gpus={num_gpus}")
+    if num_gpus:  # a driver update can break CUDA with every package as it was
+        try:
+            parts.append(GPU_DRIVER.read_text())
+        except OSError:
+            parts.append("no driver")
     for name, value in sorted(env.items()):
         parts.append(name if any(word in name.upper() for word in _CREDENTIAL_WORDS) else f"{name}={value}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

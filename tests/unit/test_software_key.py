@@ -6,7 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from providers.base import ProviderContext
+from providers.local import environment
 from providers.local.client import HeadMeta
 from providers.local.environment import software_key
 from providers.local.provider import LocalProvider
@@ -73,3 +76,15 @@ def test_the_local_provider_tells_a_heads_key_and_a_cloud_provider_none(tmp_path
     provider.heads._write(HeadMeta("tf-b-1", "/tmp/y", ports, (2, 3), 1, 0, 0.0))  # written before keys
     assert provider.software_key("tf-a-1") == "k1"
     assert provider.software_key("tf-b-1") is None and provider.software_key("tf-none-1") is None
+
+
+def test_a_gpu_driver_update_changes_the_key_of_a_node_with_gpus_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = venv(tmp_path / "v")
+    driver = tmp_path / "version"
+    monkeypatch.setattr(environment, "GPU_DRIVER", driver)
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    cpu, gpu = software_key(python, ENV, 0), software_key(python, ENV, 1)
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10\n")
+    assert software_key(python, ENV, 0) == cpu and software_key(python, ENV, 1) != gpu
