@@ -77,9 +77,17 @@ def state_of(clients: list[redis.Redis[str]], run_id: str) -> str:
         except redis.RedisError as exc:
             return f"unreadable ({type(exc).__name__})"
         if run.failure_reason is not None:
-            return f"{run.state.value} ({run.failure_reason.value}: {run.failure_message[:300]})"
+            return f"{run.state.value} ({run.failure_reason.value}: {clipped(run.failure_message or '')})"
         return run.state.value
     return "missing"
+
+
+def clipped(message: str, head: int = 300, tail: int = 900) -> str:
+    """A failure message short enough for a finding: its start (what failed) and its end (a traceback's
+    last lines say why), without the middle."""
+    if len(message) <= head + tail:
+        return message
+    return f"{message[:head]} [...] {message[-tail:]}"
 
 
 # -- I2 ---------------------------------------------------------------------------------------------
