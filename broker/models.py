@@ -142,6 +142,10 @@ class Run(BaseModel):
     failure_message: str | None = None
     cancel_requested: bool = False
     ray_jobs: dict[str, str] = Field(default_factory=dict, description="stage -> Ray submission id")
+    resent: list[str] = Field(
+        default_factory=list,
+        description="Ray jobs sent again because Ray could not set up their runtime environment (once each).",
+    )
     log_offset: int = Field(0, description="Characters of the train job's log already relayed.")
     progress: RunProgress = Field(default_factory=RunProgress)
     metrics: Metrics = Field(

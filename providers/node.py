@@ -61,6 +61,12 @@ class JobInfo:
     """The entrypoint's exit code, once it exited."""
     seconds: float | None = None
     """How long the job ran (start to end, by the node's clock), once it ended."""
+    never_ran: bool = False
+    """Ray failed it before its command started: it could not set up the job's runtime environment (the
+    trainer package or the job's files from the head's store, unpacked on the node)."""
+
+
+NEVER_RAN_ERRORS = frozenset({"RUNTIME_ENV_SETUP_FAILURE"})  # Ray's JobErrorType values
 
 
 LOOPBACK_NAMES = ("localhost",)
@@ -290,7 +296,10 @@ class NodeClient:
             raise NodeError(f"cannot read job {submission_id}: {exc}") from None
         start, end = info.start_time, info.end_time  # milliseconds
         seconds = round((end - start) / 1000, 3) if start is not None and end is not None else None
-        return JobInfo(JobStatus(str(info.status)), info.message or "", info.driver_exit_code, seconds)
+        never_ran = str(getattr(info, "error_type", None) or "") in NEVER_RAN_ERRORS
+        return JobInfo(
+            JobStatus(str(info.status)), info.message or "", info.driver_exit_code, seconds, never_ran
+        )
 
     def submit(
         self, submission_id: str, entrypoint: str, env: dict[str, str], files: Path | None = None
@@ -315,6 +324,16 @@ class NodeClient:
             raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
         except OSError as exc:
             raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
+
+    def delete(self, submission_id: str) -> None:
+        """Forget an ended job on the node (its id can be submitted again); a job it does not know is gone."""
+        try:
+            self._client.delete_job(submission_id)
+        except RuntimeError as exc:
+            if "does not exist" not in str(exc) and "404" not in str(exc):
+                raise NodeError(f"cannot delete job {submission_id}: {exc}") from None
+        except OSError as exc:
+            raise NodeError(f"cannot delete job {submission_id}: {exc}") from None
 
     def logs(self, submission_id: str) -> str:
         try:

@@ -25,7 +25,7 @@ from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context
 from workers.ending import end_nodes
-from workers.node_job import node, node_env
+from workers.node_job import node, node_env, resend
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next
 
@@ -86,9 +86,12 @@ def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str 
     it runs; StageFailed (with the log's tail) when it failed."""
     client = node(ctx, run)
     sid = f"{run.run_id}-{run.attempt}-{what}"
+    env = node_env(ctx, run)
     info = client.info(sid)
     if info is None:
-        client.submit(sid, entrypoint, node_env(ctx, run))
+        client.submit(sid, entrypoint, env)
+        return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
+    if resend(ctx, run, client, sid, info, lambda: client.submit(sid, entrypoint, env)):
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
         return Next.wait_job(ctx, Stage.FINALIZE, sid)

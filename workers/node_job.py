@@ -4,6 +4,8 @@ credentials the node gets at start, and a client for its Ray head."""
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,10 @@ from pydantic import ValidationError
 
 from broker.ledger import Draft
 from broker.models import Run
-from broker.payloads import PAYLOADS, EventType, Payload
+from broker.payloads import PAYLOADS, EventType, Payload, RunRetrying
 from core.errors import ConfigError, Problem
 from jobs import shipping
-from jobs.redact import redact_job
+from jobs.redact import redact_job, redact_values
 from jobs.secretscan import redacted
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobInfo, NodeClient, NodeTimeouts
@@ -24,6 +26,7 @@ from trainer.config import AnyTrainConfig, TrainJob, as_jsonable
 from workers import context, wandb_plan
 
 log = logging.getLogger("trainfleet.workers")
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def train_job(ctx: context.Context, run: Run) -> TrainJob:
@@ -142,7 +145,49 @@ def submit_once(
     info = client.info(sid)
     if info is None:
         submit()
+    elif resend(ctx, run, client, sid, info, submit):
+        return None
     return info
+
+
+def resend(
+    ctx: context.Context, run: Run, client: NodeClient, sid: str, info: JobInfo, submit: Callable[[], None]
+) -> bool:
+    """Send the Ray job `sid` again when Ray failed it before its command started (it could not set up
+    its runtime environment: a package that did not come out of the head's store, an agent too busy to
+    answer), once: it is forgotten on the node and sent again under the same id, with a `run.retrying`
+    event. False when it ran, or was sent again already (a second such failure is the job's own)."""
+    if not info.never_ran or sid in run.resent:
+        return False
+    stage = run.state.stage
+    assert stage is not None, f"run {run.run_id} sends Ray jobs outside a stage"
+    retrying = RunRetrying(
+        stage=stage,
+        attempt=1,
+        max_failures=2,
+        error="RuntimeEnvSetupError",
+        why=f"Ray job {sid} never ran: {raised(redact_values(info.message, known_secrets(ctx)))}"[:500],
+        retry_in_s=0.0,
+        gives_up_at=round(time.time(), 3),
+    )
+
+    def once(r: Run) -> list[Draft]:
+        if sid in r.resent:
+            return []
+        r.resent.append(sid)
+        return [retrying]
+
+    ctx.ledger.update_run(run.run_id, once)
+    log.warning("run %s: Ray job %s never ran (its runtime environment failed): sent again", run.run_id, sid)
+    client.delete(sid)
+    submit()
+    return True
+
+
+def raised(message: str) -> str:
+    """The last exception a traceback in `message` names (`OSError: ...`), else the whole message."""
+    found = [line for line in message.splitlines() if EXCEPTION_LINE.match(line)]
+    return found[-1] if found else message
 
 
 def node_record(event: EventType, record: Mapping[str, Any]) -> Payload | None:

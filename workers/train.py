@@ -27,7 +27,7 @@ from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
 from workers.ending import node_lost
-from workers.node_job import files_for_node, node, node_env, node_record
+from workers.node_job import files_for_node, node, node_env, node_record, resend
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
 
@@ -51,8 +51,9 @@ def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
     restarts = run.progress.train_restarts
     sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
+    env, files = train_env(ctx, run), files_for_node(ctx, run)
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        client.submit(sid, ENTRYPOINT, train_env(ctx, run), files_for_node(ctx, run))
+        client.submit(sid, ENTRYPOINT, env, files)
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
@@ -62,6 +63,10 @@ def step(ctx: context.Context, run: Run) -> Next:
 
         run = ctx.ledger.update_run(run.run_id, submitted)
     info = client.info(sid)  # read before the logs, so a finished job's log is read whole
+    if info is not None and resend(
+        ctx, run, client, sid, info, lambda: client.submit(sid, ENTRYPOINT, env, files)
+    ):
+        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     run = relay(ctx, run, client, sid)
     if info is None or not info.status.is_terminal():
         return Next.wait_job(ctx, Stage.TRAIN, sid, relay=True)

@@ -1,14 +1,18 @@
 """What the integration tests share: a fleet home of their own, cleaned up (and checked) afterwards; the
-fake Discord."""
+fake Discord; a real Ray head for a module."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import discord.http
 import pytest
 
+from providers.base import NodeEndpoint
+from providers.local.client import HeadMeta, LocalHeads
+from providers.node import jobs_api_answers
 from tests.fakes import FakeDiscord
 from tests.integration.clouds import API_KEY, VAST_KEY, serving
 from tests.integration.fleetproc import cleanup
@@ -43,3 +47,21 @@ def fake_runpod(tmp_path: Path) -> Iterator[str]:
 def fake_vastai(tmp_path: Path) -> Iterator[str]:
     with serving("vastai", tmp_path / "fake", VAST_KEY) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HeadMeta, NodeEndpoint]]:
+    """One real Ray head (token auth) for the module, and how the fleet reaches it."""
+    heads = LocalHeads(tmp_path_factory.mktemp("head") / "nodes")
+    meta = heads.start("module-head", 1, 0, {})
+    endpoint = NodeEndpoint(
+        meta.dashboard_url, meta.dashboard_url, {"Authorization": f"Bearer {heads.token(meta.name)}"}
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not jobs_api_answers(meta.dashboard_url, endpoint.headers):
+            assert time.monotonic() < deadline, f"the head did not come up: {heads.log_tail(meta.name)}"
+            time.sleep(0.5)
+        yield meta, endpoint
+    finally:
+        heads.stop(meta.name)

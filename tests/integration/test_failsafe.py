@@ -23,7 +23,7 @@ from jobs.sections.runpod import RunPodSection
 from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeEndpoint, ProviderContext
 from providers.bootstrap import failsafe_argv
-from providers.local.client import HeadMeta, LocalHeads
+from providers.local.client import HeadMeta
 from providers.node import NodeClient, jobs_api_answers, ping, user_agent
 from providers.runpod.provider import RunPodProvider
 from providers.vastai.provider import VastAIProvider
@@ -33,24 +33,6 @@ pytestmark = pytest.mark.integration
 KEY = "fleet-key-0123456789"
 TIMEOUT_S = 6.0  # the heartbeat timeout of these nodes
 SLACK_S = 5.0  # the failsafe polls every second; this machine is shared
-
-
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HeadMeta, NodeEndpoint]]:
-    """One real Ray head (token auth) for the module, and how the fleet reaches it."""
-    heads = LocalHeads(tmp_path_factory.mktemp("failsafe") / "nodes")
-    meta = heads.start("failsafe-head", 1, 0, {})
-    endpoint = NodeEndpoint(
-        meta.dashboard_url, meta.dashboard_url, {"Authorization": f"Bearer {heads.token(meta.name)}"}
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not jobs_api_answers(meta.dashboard_url, endpoint.headers):
-            assert time.monotonic() < deadline, f"the head did not come up: {heads.log_tail(meta.name)}"
-            time.sleep(0.5)
-        yield meta, endpoint
-    finally:
-        heads.stop(meta.name)
 
 
 @pytest.fixture
