@@ -207,15 +207,20 @@ class LocalHeads:
         resources: Mapping[str, float] | None = None,
         python: Path | None = None,
         joinable: bool = False,
+        fingerprint: bool = False,
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh.
         `resources` are custom Ray resources the node offers (`ray start --resources`); `python` is the
         environment it runs in, when not this one's (a fake cloud's image). A head is loopback-only (see
         LOOPBACK_ONLY) unless `joinable`: other nodes may join its cluster (a fake cloud's head, which
-        stands for a rented node listening on its own network)."""
+        stands for a rented node listening on its own network). With `fingerprint`, its meta keeps the
+        software_key of what it runs (the local provider's heads; a fake cloud's node has none, as a rented
+        one)."""
         token = token or secrets.token_hex(32)
-        return self._launch(name, num_cpus, num_gpus, env, token, None, resources, python, joinable)
+        return self._launch(
+            name, num_cpus, num_gpus, env, token, None, resources, python, joinable, fingerprint
+        )
 
     def join(
         self,
@@ -250,6 +255,7 @@ class LocalHeads:
         resources: Mapping[str, float] | None,
         python: Path | None = None,
         joinable: bool = True,
+        fingerprint: bool = False,
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +279,8 @@ class LocalHeads:
         bin_dir = (
             python or self.python
         ).parent  # not resolved: a venv's bin/python is a link to the base Python
-        meta.software = software_key(python or self.python, {**kept_env(os.environ), **env}, num_gpus)
+        if fingerprint:
+            meta.software = software_key(python or self.python, {**kept_env(os.environ), **env}, num_gpus)
         if head is None:
             role = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
         else:

@@ -63,6 +63,7 @@ class LocalProvider(Provider):
                 section.num_gpus,
                 request.node_env(section.env),
                 python=self._python(request),
+                fingerprint=True,
             )
         except OSError as exc:
             self.heads.stop(request.name)
