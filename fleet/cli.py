@@ -11,27 +11,25 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.live import Live
-from rich.table import Table
 
 from broker import events
 from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
 from core.settings import Settings
-from fleet import cli_nodes, cli_ops, cli_procs, cli_sweep, cli_watch
+from fleet import cli_nodes, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from fleet.live import LiveView
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
 from service.axolotl_check import AxolotlVerdict
 from service.axolotl_check import check as axolotl_verdict
-from service.describe import RUN_VIEWS, describe, run_view, trainer_of
+from service.describe import describe, run_view
 from service.gitwatch import DEFAULT_GLOB
 from service.plan import JobPlan, plan_job
 from service.sweeps import SWEEP_PREFIX
@@ -282,50 +280,9 @@ def status(
         cli_sweep.status(fleet, run_id, as_json)
         return
     if run_id is not None:
-        run = _find(fleet, run_id)
-        if as_json:
-            out.print_json(run_view(fleet, run).model_dump_json())
-            return
-        view = run_view(fleet, run)
-        table = Table(show_header=False, box=None)
-        as_text = view.model_dump(mode="json")
-        for key in (
-            "run_id",
-            "state",
-            "provider",
-            "trainer",
-            "source",
-            "instance",
-            "output_dir",
-            "failure_reason",
-        ):
-            table.add_row(key, str(as_text[key]))
-        if view.origin:
-            table.add_row("origin", cli_watch.origin_text(view.origin))
-        for stage in view.stages:
-            table.add_row(
-                f"stage {stage.name.value}", f"{stage.seconds}s" if stage.seconds is not None else "..."
-            )
-        table.add_row("eval_loss", f"{view.metrics['eval_loss_first']} -> {view.metrics['eval_loss']}")
-        table.add_row("cost", f"${view.cost_usd:.2f}")
-        out.print(table)
+        cli_status.show_run(fleet, _find(fleet, run_id), as_json)
         return
-    runs = fleet.ledger.list_runs(limit)
-    if as_json:
-        out.print_json(RUN_VIEWS.dump_json([run_view(fleet, r) for r in runs]).decode())
-        return
-    table = Table()
-    table.add_column("run", no_wrap=True, min_width=18)
-    for name in ("state", "provider", "trainer", "eval_loss", "age", "source"):
-        table.add_column(name)
-    for r in runs:
-        age = f"{(time.time() - r.created_at) / 60:.0f}m"
-        loss = r.metrics.get("eval_loss")
-        shown = f"{loss:.4g}" if isinstance(loss, float) else "-"
-        state = "WAITING" if r.held and not r.state.is_terminal() else r.state.value  # for a sweep's slot
-        source = f"{r.source} ({r.sweep_id})" if r.sweep_id else r.source
-        table.add_row(r.run_id, state, r.provider, trainer_of(r), shown, age, source)
-    out.print(table)
+    cli_status.show_runs(fleet, fleet.ledger.list_runs(limit), as_json)
 
 
 def _find(fleet: svc.Fleet, run_id: str) -> Run:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter
 
+from broker import events
 from broker.constants import Stage
 from broker.cost import run_cost
 from broker.models import Run, RunProgress, RunState
@@ -17,8 +19,10 @@ from broker.payloads import (
     Metrics,
     PrepareEntry,
     RunSucceeded,
+    TrainEval,
     TrainFinished,
     TrainPending,
+    TrainStep,
 )
 from core.errors import FailureReason
 from jobs.sections import ProviderName
@@ -75,6 +79,13 @@ class StageView(BaseModel):
     seconds: float | None
 
 
+class LossCurve(BaseModel):
+    """A run's losses as its node reported them, in order: a rollback or a resume shows as a step back."""
+
+    train: list[tuple[int, float]] = Field(default_factory=list, description="[step, loss]: train.step")
+    eval: list[tuple[int, float]] = Field(default_factory=list, description="[step, eval_loss]: train.eval")
+
+
 class RunView(BaseModel):
     """A run as `fleet status --json` prints it: the ledger's record, its instances, what it cost so far."""
 
@@ -101,6 +112,10 @@ class RunView(BaseModel):
     progress: RunProgress
     metrics: Metrics
     cost_usd: float
+    duration_s: float = Field(description="From queued to its end, or to now while it runs.")
+    wandb_url: str | None = Field(description="Its W&B run's page, once known.")
+    dashboard_url: str | None = Field(None, description="Its head's Ray dashboard (`fleet status RUN` only).")
+    losses: LossCurve | None = Field(None, description="Its losses so far (`fleet status RUN` only).")
 
 
 RUN_VIEWS = TypeAdapter(list[RunView])
@@ -126,4 +141,35 @@ def run_view(fleet: Fleet, run: Run) -> RunView:
         stages=stages,
         metrics={"eval_loss_first": None, "eval_loss": None, **run.metrics},
         cost_usd=run_cost(fleet.ledger, run),
+        duration_s=round(_ended_at(run) - run.created_at, 1),
+        wandb_url=run.progress.wandb.url if run.progress.wandb is not None else None,
     )
+
+
+def run_detail(fleet: Fleet, run: Run) -> RunView:
+    """A run as `fleet status RUN` shows it: its view, its head's dashboard and its losses so far."""
+    view = run_view(fleet, run)
+    head = fleet.ledger.get_instance(run.instance) if run.instance else None
+    view.dashboard_url = head.dashboard_url if head is not None else None
+    view.losses = loss_curve(fleet, run.run_id)
+    return view
+
+
+def loss_curve(fleet: Fleet, run_id: str) -> LossCurve:
+    """The train and eval losses of a run's train.step and train.eval events, in the order they came."""
+    curve = LossCurve()
+    for _sid, event in events.read_run(fleet.redis, run_id):
+        data = event.data
+        if isinstance(data, TrainStep) and data.loss is not None:
+            curve.train.append((data.step, data.loss))
+        elif isinstance(data, TrainEval) and data.eval_loss is not None and data.step is not None:
+            curve.eval.append((data.step, data.eval_loss))
+    return curve
+
+
+def _ended_at(run: Run) -> float:
+    """When the run ended (its last stage's end, else its last change), or now while it runs."""
+    if not run.state.is_terminal():
+        return time.time()
+    ends = [stage.ended for stage in run.stages if stage.ended is not None]
+    return max(ends) if ends else run.updated_at

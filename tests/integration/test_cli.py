@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -9,10 +11,18 @@ import redis
 from typer.testing import CliRunner
 
 from broker.constants import RUNS_INDEX, Stage
+from broker.ledger import Ledger
+from broker.models import Instance, RunProgress, RunState
+from broker.payloads import TrainEval, TrainStep
+from core.errors import FailureReason
 from fleet.cli import cli
-from tests.factories import EXAMPLE_YAML, copy_example_data
+from fleet.cli_status import spark
+from jobs.sections.local import LocalSection
+from tests.factories import EXAMPLE_YAML, copy_example_data, ledger_run
+from trainer.config import WandbPlan
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
+DASH = "http://127.0.0.1:8265"
 
 
 @pytest.fixture
@@ -115,3 +125,53 @@ def test_no_run_is_queued_over_the_fleets_daily_cap(
         cli, ["enqueue", str(EXAMPLE_YAML)], env={**capped, "FLEET_MAX_DOLLARS_PER_DAY": "4.5"}
     )
     assert result.exit_code == 0, result.output
+
+
+def test_status_shows_a_run_whole_and_the_list_its_time_and_cost(
+    env: dict[str, str], redis_client: redis.Redis[str]
+) -> None:
+    ledger = Ledger(redis_client)
+    why = "train job FAILED: " + "x" * 2500 + "\nValueError: the real cause, at the end"
+    plan = WandbPlan(run_id="w1", project="p", url="https://wandb.ai/team/p/runs/w1")
+    run = ledger_run(
+        "261203-000000-abcdef",
+        LocalSection(),
+        RunState.FAILED,
+        instance="tf-261203-000000-abcdef-1",
+        failure_reason=FailureReason.TRAINING_FAILED,
+        failure_message=why[-2000:],
+        progress=RunProgress(wandb=plan),
+        created_at=time.time() - 125,
+    )
+    ledger.create_run(run, [])
+    ledger.put_instance(
+        Instance(name="tf-261203-000000-abcdef-1", provider="local", run_id=run.run_id, dashboard_url=DASH)
+    )
+    losses = [4.0, 3.5, 3.0, 2.5, 2.0, 1.5, 1.0, 0.5]
+    steps = [TrainStep(step=i + 1, loss=loss) for i, loss in enumerate(losses)]
+    ledger.update_run(run.run_id, lambda r: [*steps, TrainEval(step=8, eval_loss=1.25)])
+
+    shown = CliRunner().invoke(cli, ["status", run.run_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "ValueError: the real cause, at the end" in text  # the message whole, its end too
+    assert "https://wandb.ai/team/p/runs/w1" in text and DASH in text
+    assert "train loss █▇▆▅▄▃▂▁ 4 -> 0.5 (step 8, 8 points)" in text
+    assert "eval loss ▁ 1.25 -> 1.25 (step 8, 1 points)" in text
+    view = json.loads(CliRunner().invoke(cli, ["status", run.run_id, "--json"], env=env).stdout)
+    assert view["losses"]["train"][0] == [1, 4.0] and view["losses"]["eval"] == [[8, 1.25]]
+    assert view["wandb_url"] == plan.url and view["dashboard_url"] == DASH and 120 < view["duration_s"] < 200
+
+    listed = CliRunner().invoke(cli, ["status"], env={**env, "COLUMNS": "200"})
+    header = listed.output.splitlines()[1]
+    assert all(name in header for name in ("time", "cost", "age")), listed.output
+    assert "$0.00" in listed.output and ("2m0" in listed.output or "2m1" in listed.output), listed.output
+
+
+def test_a_sparkline_keeps_its_shape_in_its_width() -> None:
+    assert spark([]) == "" and spark([2.0, 2.0]) == "▁▁"
+    assert spark([3.0, 2.0, 1.0]) == "█▅▁" and spark([1.0, 9.0, 1.0]) == "▁█▁"
+    long = spark([float(i % 10) for i in range(480)], width=48)  # 10 teeth, averaged: flat
+    assert len(long) == 48 and set(long) == {"▁"}
+    spike = spark([1.0] * 200 + [50.0] * 5 + [1.0] * 200, width=40)
+    assert len(spike) == 40 and spike[19:21].count("▁") < 2 and spike[:10] == "▁" * 10

@@ -1,0 +1,102 @@
+"""`fleet status`: one run (its failure in full, links, time, cost, its losses as sparklines) or the list
+of runs (state, time, cost, loss)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from broker.models import Run
+from fleet import cli_watch
+from fleet.cli_common import out
+from service import runs as svc
+from service.describe import RUN_VIEWS, run_detail, run_view, trainer_of
+
+BARS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 48
+
+
+def spark(values: Sequence[float], width: int = SPARK_WIDTH) -> str:
+    """`values` as a line of block characters, the lowest ▁ and the highest █; more than `width` values are
+    averaged in `width` buckets of consecutive values, so a spike stays where it was."""
+    if not values:
+        return ""
+    if len(values) > width:
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges) if b > a]
+    low, high = min(values), max(values)
+    span = high - low
+    top = len(BARS) - 1
+    return "".join(BARS[round((v - low) / span * top) if span > 0 else 0] for v in values)
+
+
+def duration(seconds: float) -> str:
+    """1h02m, 3m05s, 42s."""
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def curve_row(points: Sequence[tuple[int, float]]) -> str:
+    """A loss curve as its sparkline, first and last value and the last step."""
+    if not points:
+        return "-"
+    values = [loss for _step, loss in points]
+    last_step = points[-1][0]
+    return f"{spark(values)}  {values[0]:.4g} -> {values[-1]:.4g} (step {last_step}, {len(points)} points)"
+
+
+def show_run(fleet: svc.Fleet, run: Run, as_json: bool) -> None:
+    view = run_detail(fleet, run)
+    if as_json:
+        out.print_json(view.model_dump_json())
+        return
+    table = Table(show_header=False, box=None)
+    as_text = view.model_dump(mode="json")
+    for key in ("run_id", "state", "provider", "trainer", "source", "instance", "output_dir"):
+        table.add_row(key, str(as_text[key]))
+    if view.failure_reason is not None:
+        table.add_row("failure_reason", view.failure_reason.value)
+        table.add_row("failure_message", Text(view.failure_message or ""))  # whole: a traceback's end is why
+    if view.origin:
+        table.add_row("origin", cli_watch.origin_text(view.origin))
+    for stage in view.stages:
+        took = f"{stage.seconds}s" if stage.seconds is not None else "..."
+        table.add_row(f"stage {stage.name.value}", took)
+    table.add_row("duration", duration(view.duration_s))
+    table.add_row("cost", f"${view.cost_usd:.2f}")
+    for key, url in (("wandb", view.wandb_url), ("dashboard", view.dashboard_url)):
+        if url:
+            table.add_row(key, Text(url))
+    table.add_row("eval_loss", f"{view.metrics['eval_loss_first']} -> {view.metrics['eval_loss']}")
+    if view.losses is not None:
+        table.add_row("train loss", curve_row(view.losses.train))
+        table.add_row("eval loss", curve_row(view.losses.eval))
+    out.print(table, highlight=False)
+
+
+def show_runs(fleet: svc.Fleet, runs: list[Run], as_json: bool) -> None:
+    if as_json:
+        out.print_json(RUN_VIEWS.dump_json([run_view(fleet, r) for r in runs]).decode())
+        return
+    table = Table()
+    table.add_column("run", no_wrap=True, min_width=18)
+    for name in ("state", "provider", "trainer", "eval_loss", "time", "cost", "age", "source"):
+        table.add_column(name, justify="right" if name in ("eval_loss", "time", "cost", "age") else "left")
+    for r in runs:
+        view = run_view(fleet, r)
+        age = f"{(time.time() - r.created_at) / 60:.0f}m"
+        loss = r.metrics.get("eval_loss")
+        shown = f"{loss:.4g}" if isinstance(loss, float) else "-"
+        state = "WAITING" if r.held and not r.state.is_terminal() else r.state.value  # for a sweep's slot
+        source = f"{r.source} ({r.sweep_id})" if r.sweep_id else r.source
+        took, cost = duration(view.duration_s), f"${view.cost_usd:.2f}"
+        table.add_row(r.run_id, state, r.provider, trainer_of(r), shown, took, cost, age, source)
+    out.print(table)
