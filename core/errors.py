@@ -155,3 +155,23 @@ class StepTimedOut(FleetError):
 
 # What Celery's autoretry_for may retry: only errors that say trying again can help.
 RETRYABLE: tuple[type[FleetError], ...] = (ProviderUnavailable, NoCapacity, NodeError, StepTimedOut)
+
+
+def clipped(message: str, limit: int) -> str:
+    """`message` in at most `limit` characters: its first line (what failed), a line `…` for what is left
+    out, and as many of its last lines as fit (why: a traceback ends with its cause), whole lines only but
+    for a last line longer than the room left, whose end is kept."""
+    if len(message) <= limit:
+        return message
+    lines = message.splitlines()
+    first = lines[0][: limit // 3]
+    room = limit - len(first) - 3  # the two newlines around the ellipsis line
+    tail: list[str] = []
+    for line in reversed(lines[1:]):
+        if len(line) + 1 > room:
+            break
+        tail.insert(0, line)
+        room -= len(line) + 1
+    if not tail:
+        tail = [message[-(room - 1) :].lstrip("\n")] if room > 1 else []
+    return "\n".join([first, "…", *tail])

@@ -18,7 +18,7 @@ from broker.payloads import (
     RunFailed,
     RunPreempted,
 )
-from core.errors import FailureReason, FleetError
+from core.errors import FailureReason, FleetError, clipped
 from providers.base import NodeState
 from workers import context
 from workers.node_job import node
@@ -227,8 +227,9 @@ def teardown(
         now = time.time()
         if (stage := r.state.stage) is not None and r.state != RunState.QUEUED:
             r.stage(stage).ended = now
-        r.state, r.failure_reason, r.failure_message = final, reason, message[-2000:]
+        # What failed (the message's first line) and why (its end: a traceback's cause), each kept whole.
+        r.state, r.failure_reason, r.failure_message = final, reason, clipped(message, 2000)
         ended = RunCancelled if final == RunState.CANCELLED else RunFailed
-        return [*drafts, ended(reason=reason, message=message[-500:], cost_usd=cost)]
+        return [*drafts, ended(reason=reason, message=clipped(message, 500), cost_usd=cost)]
 
     ctx.ledger.update_run(run.run_id, close)

@@ -28,7 +28,7 @@ import redis
 
 from broker.ledger import Ledger
 from broker.models import RunState
-from core.errors import FleetError, NotFound
+from core.errors import FleetError, NotFound, clipped
 from providers.base import INSTANCE_PREFIX
 from providers.local.client import LocalHeads
 from tests.faults.case import Case, Findings
@@ -77,17 +77,10 @@ def state_of(clients: list[redis.Redis[str]], run_id: str) -> str:
         except redis.RedisError as exc:
             return f"unreadable ({type(exc).__name__})"
         if run.failure_reason is not None:
-            return f"{run.state.value} ({run.failure_reason.value}: {clipped(run.failure_message or '')})"
+            why = clipped(run.failure_message or "", 1200)  # what failed, and a traceback's cause
+            return f"{run.state.value} ({run.failure_reason.value}: {why})"
         return run.state.value
     return "missing"
-
-
-def clipped(message: str, head: int = 300, tail: int = 900) -> str:
-    """A failure message short enough for a finding: its start (what failed) and its end (a traceback's
-    last lines say why), without the middle."""
-    if len(message) <= head + tail:
-        return message
-    return f"{message[:head]} [...] {message[-tail:]}"
 
 
 # -- I2 ---------------------------------------------------------------------------------------------
