@@ -97,6 +97,16 @@ def node_check_key(digest: str) -> str:
     return f"{PREFIX}:nodecheck:{digest}"
 
 
+def node_logs_key(run_id: str) -> str:
+    """Sorted set: the run's Ray jobs whose output is kept (submission id -> when first kept)."""
+    return f"{PREFIX}:nodelogs:{run_id}"
+
+
+def node_log_key(run_id: str, submission_id: str) -> str:
+    """One Ray job's output (its end, redacted): broker.nodelogs."""
+    return f"{PREFIX}:nodelog:{run_id}:{submission_id}"
+
+
 def notify_status_key(run_id: str) -> str:
     """The id of a run's status message (in the run's thread, or in the notifier's channel)."""
     return f"{PREFIX}:notify:status:{run_id}"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.live import Live
 
-from broker import events
+from broker import events, nodelogs
 from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
@@ -297,11 +298,18 @@ def _find(fleet: svc.Fleet, run_id: str) -> Run:
 def logs(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix).")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the run ends.")] = False,
+    node: Annotated[
+        bool,
+        typer.Option("--node", help="What its jobs printed on the node (the trainer's output)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a run's events in order."""
+    """Print a run's events in order, or with --node what its Ray jobs printed on the node."""
     fleet = connect_or_exit(settings_or_exit())
     run = _find(fleet, run_id)
+    if node:
+        node_logs(fleet, run.run_id, follow, as_json)
+        return
     last = "0"
     for sid, event in events.read_run(fleet.redis, run.run_id):
         last = sid
@@ -312,6 +320,25 @@ def logs(
         print(event.model_dump_json() if as_json else describe(event), flush=True)
         if event.type in TERMINAL_EVENTS:
             return
+
+
+def node_logs(fleet: svc.Fleet, run_id: str, follow: bool, as_json: bool) -> None:
+    """Each of the run's Ray jobs' output as kept so far (broker.nodelogs), under a line naming the job (with
+    --json: one {"ray_job", "output"} object a line); with `follow`, what comes next, until the run ends."""
+    shown: dict[str, int] = {}
+    while True:
+        ended = fleet.ledger.get_run(run_id).state.is_terminal()  # read before the logs: none is missed
+        for sid, text in nodelogs.read(fleet.redis, run_id):
+            start = min(shown.get(sid, 0), len(text))  # a long log's start may have been let go
+            if new := text[start:]:
+                if as_json:
+                    print(json.dumps({"ray_job": sid, "output": new}), flush=True)
+                else:
+                    print(f"==> {sid} <==\n" if start == 0 else "", new, sep="", end="", flush=True)
+            shown[sid] = len(text)
+        if not follow or ended:
+            return
+        time.sleep(1.0)
 
 
 @cli.command()

@@ -24,7 +24,7 @@ from jobs.redact import redact_values
 from jobs.sections.base import RemoteSection
 from providers.node import JobInfo, JobStatus, NodeClient
 from workers import context
-from workers.node_job import files_for_node, known_secrets, node_env, submit_once
+from workers.node_job import files_for_node, job_log, known_secrets, node_env, submit_once
 
 RAY_JOBS_KEY = "prepare.entry"  # the entry job's key in run.ray_jobs
 OUTPUT_TAIL = 3000  # characters of its output that its event keeps
@@ -46,9 +46,10 @@ def entrypoint(script: str) -> str:
     return f"sh -c {shlex.quote(script)} entry"
 
 
-def output_of(client: NodeClient, sid: str, script: str) -> str:
-    """The job's log, less the line in which Ray repeats its command line (the whole script)."""
-    return client.logs(sid).replace(f"Running entrypoint for job {sid}: {entrypoint(script)}\n", "", 1)
+def output_of(ctx: context.Context, run: Run, client: NodeClient, sid: str, script: str) -> str:
+    """The job's log (kept for `fleet logs --node`), less the line in which Ray repeats its command line."""
+    log = job_log(ctx, run, client, sid)
+    return log.replace(f"Running entrypoint for job {sid}: {entrypoint(script)}\n", "", 1)
 
 
 def succeeded(ctx: context.Context, run: Run, client: NodeClient, script: str) -> bool:
@@ -63,7 +64,7 @@ def succeeded(ctx: context.Context, run: Run, client: NodeClient, script: str) -
     info = submit_once(ctx, run, client, RAY_JOBS_KEY, sid, submit, [RaySubmitted(ray_job=sid)])
     if info is None or not info.status.is_terminal():
         return False
-    output = redact_values(output_of(client, sid, script), known_secrets(ctx))[-OUTPUT_TAIL:]
+    output = redact_values(output_of(ctx, run, client, sid, script), known_secrets(ctx))[-OUTPUT_TAIL:]
     ended = PrepareEntry(
         ray_job=sid,
         status=info.status.value,

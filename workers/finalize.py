@@ -25,7 +25,7 @@ from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context
 from workers.ending import end_nodes
-from workers.node_job import node, node_env, resend
+from workers.node_job import job_log, node, node_env, resend
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next
 
@@ -95,7 +95,7 @@ def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str 
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
         return Next.wait_job(ctx, Stage.FINALIZE, sid)
-    log = client.logs(sid)
+    log = job_log(ctx, run, client, sid)
     if info.status != JobStatus.SUCCEEDED:
         raise StageFailed(
             FailureReason.FINALIZE_FAILED, f"{what} job {info.status}: {info.message}\n{log[-1500:]}"

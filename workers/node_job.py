@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker import nodelogs
 from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import PAYLOADS, EventType, Payload, RunRetrying
@@ -148,6 +149,18 @@ def submit_once(
     elif resend(ctx, run, client, sid, info, submit):
         return None
     return info
+
+
+def job_log(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> str:
+    """The output of the run's ended Ray job `sid`, kept (redacted) for `fleet logs --node`."""
+    text = client.logs(sid)
+    nodelogs.put(ctx.redis, run.run_id, sid, redact_values(text, known_secrets(ctx)))
+    return text
+
+
+def keep_log(ctx: context.Context, run: Run, sid: str, lines: str) -> None:
+    """Keep (redacted) new whole lines of a running job's output for `fleet logs --node`."""
+    nodelogs.append(ctx.redis, run.run_id, sid, redact_values(lines, known_secrets(ctx)))
 
 
 def resend(

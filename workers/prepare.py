@@ -14,7 +14,7 @@ from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context, entry
-from workers.node_job import files_for_node, node, node_env, node_record, submit_once
+from workers.node_job import files_for_node, job_log, node, node_env, node_record, submit_once
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
 
@@ -36,18 +36,20 @@ def step(ctx: context.Context, run: Run) -> Next:
     info = submit_once(ctx, run, client, Stage.PREPARE.value, sid, submit, [RaySubmitted(ray_job=sid)])
     if info is None:
         return Next.poll(Stage.PREPARE, ctx.settings.poll_interval_s)
-    if info.status == JobStatus.SUCCEEDED:
-        data = fetched(client.logs(sid)) or PrepareFetched()
+    if not info.status.is_terminal():
+        return Next.wait_job(ctx, Stage.PREPARE, sid, relay=True)
+    log = job_log(ctx, run, client, sid)
+    if info.status != JobStatus.SUCCEEDED:
+        raise StageFailed(
+            FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{log[-1500:]}"
+        )
+    data = fetched(log) or PrepareFetched()
 
-        def done(r: Run) -> list[Draft]:
-            return [*_once(r, sid, data), *enter_next(r, Stage.PREPARE)]  # the watcher may have relayed it
+    def done(r: Run) -> list[Draft]:
+        return [*_once(r, sid, data), *enter_next(r, Stage.PREPARE)]  # the watcher may have relayed it
 
-        ctx.ledger.update_run(run.run_id, done)
-        return Next.onward(Stage.PREPARE)
-    if info.status.is_terminal():
-        tail = client.logs(sid)[-1500:]
-        raise StageFailed(FailureReason.PREPARE_FAILED, f"fetch job {info.status}: {info.message}\n{tail}")
-    return Next.wait_job(ctx, Stage.PREPARE, sid, relay=True)
+    ctx.ledger.update_run(run.run_id, done)
+    return Next.onward(Stage.PREPARE)
 
 
 def fetched(log: str) -> PrepareFetched | None:

@@ -26,7 +26,7 @@ from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobStatus, NodeClient, NodeTimeouts
 from trainer import progress
 from workers import context
-from workers.node_job import node_record, node_software, submit_once
+from workers.node_job import job_log, node_record, node_software, submit_once
 from workers.stage import Next, enter_next
 
 CHECK_JOB = "check"  # the check's key in run.ray_jobs
@@ -58,7 +58,7 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
         return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
         return Next.wait_job(ctx, Stage.PROVISION, sid)
-    logs = client.logs(sid)
+    logs = job_log(ctx, run, client, sid)
     found = [r for r in progress.parse(logs) if r["kind"] == progress.Kind.CHECKED]
     if info.status != JobStatus.SUCCEEDED or not found:
         why = f"its readiness check {info.status}: {info.message}".rstrip(": ")

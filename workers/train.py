@@ -27,7 +27,7 @@ from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
 from workers.ending import node_lost
-from workers.node_job import files_for_node, node, node_env, node_record, resend
+from workers.node_job import files_for_node, job_log, keep_log, node, node_env, node_record, resend
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
 
@@ -73,7 +73,7 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info.status == JobStatus.SUCCEEDED and run.progress.finished:
         ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
         return Next.onward(Stage.TRAIN)
-    log = client.logs(sid)
+    log = job_log(ctx, run, client, sid)
     if info.status == JobStatus.FAILED and (pending := gave_up(log)) is not None:
         raise StageFailed(FailureReason.RESOURCES_UNAVAILABLE, unplaced(pending))
     crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
@@ -139,15 +139,22 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
         if (payload := node_record(event, record)) is not None:
             relayed.append(payload)
 
+    advanced = False
+
     def apply(r: Run) -> list[Draft]:
-        if r.log_offset != offset:  # another tick relayed these lines already
+        nonlocal advanced
+        advanced = r.log_offset == offset
+        if not advanced:  # another tick relayed these lines already
             return []
         r.log_offset = end
         for payload in relayed:
             _track(r, payload)
         return list(relayed)
 
-    return ctx.ledger.update_run(run.run_id, apply)
+    run = ctx.ledger.update_run(run.run_id, apply)
+    if advanced:
+        keep_log(ctx, run, sid, text[offset:end])
+    return run
 
 
 _STEP_FIELDS = frozenset({"step", "total_steps", "loss", "learning_rate", "epoch"})

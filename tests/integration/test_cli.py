@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from broker import nodelogs
 from broker.constants import RUNS_INDEX, Stage
 from broker.ledger import Ledger
 from broker.models import Instance, RunProgress, RunState
@@ -175,3 +177,46 @@ def test_a_sparkline_keeps_its_shape_in_its_width() -> None:
     assert len(long) == 48 and set(long) == {"▁"}
     spike = spark([1.0] * 200 + [50.0] * 5 + [1.0] * 200, width=40)
     assert len(spike) == 40 and spike[19:21].count("▁") < 2 and spike[:10] == "▁" * 10
+
+
+def test_logs_node_prints_each_jobs_output_once_and_follows_to_the_end(
+    env: dict[str, str], redis_client: redis.Redis[str]
+) -> None:
+    ledger = Ledger(redis_client)
+    run = ledger_run("261203-000000-feed01", LocalSection(), RunState.TRAINING)
+    ledger.create_run(run, [])
+    nodelogs.put(redis_client, run.run_id, "r-1-fetch", "fetched tiny-llama\n")
+    nodelogs.append(redis_client, run.run_id, "r-1-train", "step 1 loss 4.0\n")
+    nodelogs.append(redis_client, run.run_id, "r-1-train", "step 2 loss 3.0\n")
+
+    shown = CliRunner().invoke(cli, ["logs", run.run_id, "--node"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert shown.output == (
+        "==> r-1-fetch <==\nfetched tiny-llama\n==> r-1-train <==\nstep 1 loss 4.0\nstep 2 loss 3.0\n"
+    )
+
+    def later() -> None:  # the trainer prints one more line, then the run ends
+        time.sleep(1.5)
+        nodelogs.append(redis_client, run.run_id, "r-1-train", "step 3 loss 2.0\n")
+        ledger.update_run(run.run_id, lambda r: setattr(r, "state", RunState.SUCCEEDED) or [])
+
+    threading.Thread(target=later, daemon=True).start()
+    followed = CliRunner().invoke(cli, ["logs", run.run_id, "--node", "-f", "--json"], env=env)
+    lines = [json.loads(line) for line in followed.stdout.splitlines()]
+    assert [(x["ray_job"], x["output"]) for x in lines] == [
+        ("r-1-fetch", "fetched tiny-llama\n"),
+        ("r-1-train", "step 1 loss 4.0\nstep 2 loss 3.0\n"),
+        ("r-1-train", "step 3 loss 2.0\n"),  # only what is new, once
+    ]
+
+
+def test_a_long_node_log_keeps_its_end(
+    redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nodelogs, "KEEP_CHARS", 100)
+    for i in range(60):
+        nodelogs.append(redis_client, "r", "r-1-train", f"line {i:03d}\n")  # 9 characters a line
+    ((sid, text),) = nodelogs.read(redis_client, "r")
+    assert sid == "r-1-train" and text.endswith("line 059\n") and len(text) <= 200
+    nodelogs.put(redis_client, "r", "r-1-train", "x" * 150 + "the end\n")
+    assert nodelogs.read(redis_client, "r") == [("r-1-train", "x" * 92 + "the end\n")]

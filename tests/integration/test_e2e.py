@@ -106,6 +106,15 @@ def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
     assert not ready["cpu_standin"] and ready["gpus"] == 0
     assert live_heads(home) == []
 
+    # logs --node: what each of its Ray jobs printed on the node, the trainer's steps too, its node gone.
+    node_logs = fleet(env, "logs", view["run_id"], "--node")
+    assert node_logs.returncode == 0, node_logs.stderr[-2000:]
+    headers = [line for line in node_logs.stdout.splitlines() if line.startswith("==> ")]
+    jobs = [f"==> {view['run_id']}-1-{what} <==" for what in ("check", "fetch", "train")]
+    assert headers == jobs, headers
+    train_part = node_logs.stdout.split(jobs[-1])[1]
+    assert sum('"kind":"step"' in line for line in train_part.splitlines()) == kinds.count("train.step")
+
 
 def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
     env = fleet_env(home)
