@@ -11,6 +11,7 @@ bot/commands_runs.py (/status, /runs, /logs, /cancel) and bot/commands_nodes.py 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -70,15 +71,23 @@ class FleetTree(app_commands.CommandTree[discord.Client]):
         )
 
     async def say(
-        self, interaction: discord.Interaction[Any], embed: EmbedData, ephemeral: bool = False
+        self,
+        interaction: discord.Interaction[Any],
+        embed: EmbedData,
+        ephemeral: bool = False,
+        attach: tuple[str, str] | None = None,
     ) -> None:
         """Answer with an embed (scrubbed, cut to Discord's limits), or follow up when the interaction was
-        already answered (deferred)."""
+        already answered (deferred); `attach` (file name, text) goes with it as a file, scrubbed too."""
         fitted = discord.Embed.from_dict(fit_embed(self.scrub.deep(embed)))
+        files = []
+        if attach is not None:
+            name, text = attach
+            files.append(discord.File(io.BytesIO(self.scrub(text).encode()), filename=name))
         if interaction.response.is_done():
-            await interaction.followup.send(embed=fitted, ephemeral=ephemeral)
+            await interaction.followup.send(embed=fitted, ephemeral=ephemeral, files=files)
         else:
-            await interaction.response.send_message(embed=fitted, ephemeral=ephemeral)
+            await interaction.response.send_message(embed=fitted, ephemeral=ephemeral, files=files)
 
     async def refuse(self, interaction: discord.Interaction[Any], title: str, text: str) -> None:
         """An error: private to the caller, saying what to fix."""

@@ -16,7 +16,7 @@ from discord import app_commands
 from bot.access import Caller
 from bot.render import DESCRIPTION_MAX, status_embed
 from bot.replies import CHOICES_MAX, plain_embed
-from broker import events
+from broker import events, nodelogs
 from broker.cost import run_cost
 from broker.models import Run
 from broker.payloads import EventType
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from bot.commands import FleetTree
 
 LOG_LINES = 25
+NODE_LOG_TAIL = 1_000_000  # characters of what the node printed that /logs attaches (its end)
 PUBLIC_HELP = "Show the answer to the channel (default: only you see it)."
 
 
@@ -67,7 +68,7 @@ def register_runs(tree: FleetTree) -> None:
         text = "\n".join(_run_line(r) for r in found) or "no runs yet; start one with /train"
         await tree.say(interaction, plain_embed("Runs", text), ephemeral=not public)
 
-    @tree.command(name="logs", description="A run's latest events.")
+    @tree.command(name="logs", description="A run's latest events, and what its node printed as a file.")
     @app_commands.describe(run="A run id (or a unique prefix).", public=PUBLIC_HELP)
     @app_commands.autocomplete(run=runs_choices)
     async def logs(interaction: discord.Interaction[Any], run: str, public: bool = False) -> None:
@@ -81,10 +82,13 @@ def register_runs(tree: FleetTree) -> None:
         while len(body) > DESCRIPTION_MAX - 10 and len(shown) > 1:
             shown = shown[1:]
             body = "\n".join(shown)
+        kept = await tree.run(nodelogs.read, fleet.redis, found.run_id)
+        node_text = "".join(f"==> {sid} <==\n{text}" for sid, text in kept)[-NODE_LOG_TAIL:]
         await tree.say(
             interaction,
             plain_embed(f"{found.run_id}: last {len(shown)} of {len(lines)} events", f"```\n{body}\n```"),
             ephemeral=not public,
+            attach=(f"node-{found.run_id}.log", node_text) if node_text else None,
         )
 
     _register_cancel(tree, runs_choices)

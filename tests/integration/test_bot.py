@@ -24,6 +24,7 @@ import redis
 
 from bot.app import FleetBot
 from bot.render import separate_message
+from broker import nodelogs
 from broker import sweeps as sweep_slots
 from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import Event, EventType
@@ -246,7 +247,12 @@ def test_train_attachment_validates_and_enqueues(
         kind, data = _reply(await h.invoke("status", {"run": run.run_id}))
         assert data["embeds"][0]["title"].startswith(run.run_id)
         kind, data = _reply(await h.invoke("logs", {"run": run.run_id}))
-        assert "run.queued" in data["embeds"][0]["description"]
+        assert "run.queued" in data["embeds"][0]["description"] and not data.get("attachments")
+        nodelogs.put(fleet.redis, run.run_id, f"{run.run_id}-1-fetch", "fetched trainfleet/tiny-llama\n")
+        kind, data = _reply(await h.invoke("logs", {"run": run.run_id}))  # what its node printed, as a file
+        assert [a["filename"] for a in data["attachments"]] == [f"node-{run.run_id}.log"]
+        (sent,) = [body for name, body in fake_discord.files.values() if name == f"node-{run.run_id}.log"]
+        assert sent.decode() == f"==> {run.run_id}-1-fetch <==\nfetched trainfleet/tiny-llama\n"
         record = await h.invoke("cancel", {"run": ""}, focused="run")
         assert {c["value"] for c in record["callbacks"][0]["data"]["choices"]} == {
             r.run_id for r in fleet.ledger.list_runs()
