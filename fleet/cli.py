@@ -9,23 +9,20 @@ node), cli_sweep (sweep), cli_watch (watch) and cli_ops (flower).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.live import Live
 
 from broker import events, nodelogs
 from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
 from core.settings import Settings
-from fleet import cli_nodes, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch
+from fleet import cli_nodes, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from fleet.live import LiveView
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
 from service.axolotl_check import AxolotlVerdict
@@ -195,8 +192,8 @@ def run(
 ) -> None:
     """Submit a job and follow it live until it ends; exit 0 only when it SUCCEEDED.
 
-    Starts a worker (with the reaper's beat) itself when none is up. Ctrl-C cancels the run cleanly
-    (its node is terminated); a second Ctrl-C leaves at once.
+    Starts a worker (with the reaper's beat) itself when none is up, and stops it on the way out. Ctrl-C
+    (or SIGTERM, SIGHUP) cancels the run cleanly (its node is terminated); a second one leaves at once.
     """
     from workers.process import SpawnedWorker, missing_queues, wait_for_queues
 
@@ -206,11 +203,16 @@ def run(
     spawned = None
     if missing_queues(fleet.redis):
         spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
+    submitted = None
     try:
         submitted = _submit(fleet, job)
         if spawned is not None and not wait_for_queues(fleet.redis, 60):
             err.print(f"[red]the worker did not start; see {spawned.log_path}[/red]")
-        final = _follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
+        final = live.follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
+    except KeyboardInterrupt:
+        if submitted is not None:
+            live.left(fleet, submitted.run_id, spawned is not None)
+        raise typer.Exit(130) from None
     finally:
         if spawned is not None:
             spawned.stop()
@@ -219,43 +221,6 @@ def run(
     else:
         _summary(final)
     raise typer.Exit(0 if final.state.value == "SUCCEEDED" else 1)
-
-
-def _follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
-    """Show a run's events until it ends; the first Ctrl-C cancels it, the second gives up."""
-    view = LiveView(run)
-    interrupted = {"n": 0}
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        interrupted["n"] += 1
-        if interrupted["n"] >= 2:
-            raise KeyboardInterrupt
-        err.print("[yellow]cancelling the run (Ctrl-C again to leave it running)...[/yellow]")
-        svc.cancel(fleet, run.run_id)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        with Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen:
-            for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
-                current = fleet.ledger.get_run(run.run_id)
-                view.update(current, event)
-                if screen is not None:
-                    screen.refresh()
-                elif not quiet:
-                    print(describe(event), flush=True)
-                if event.type in TERMINAL_EVENTS:
-                    return current
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return fleet.ledger.get_run(run.run_id)
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def _summary(run: Run) -> None:

@@ -1,17 +1,25 @@
-"""Showing a run: the live view of `fleet run`, and one-line renderings of events for `fleet logs`."""
+"""Showing a run: the live view of `fleet run` and following a run to its end (Ctrl-C, SIGTERM and SIGHUP
+cancel it first), and one-line renderings of events for `fleet logs`."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
+from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from broker import events
 from broker.constants import Stage
 from broker.models import Run, RunState
-from broker.payloads import Event, EventType
+from broker.payloads import TERMINAL_EVENTS, Event, EventType
+from fleet.cli_common import err, out
+from service import runs as svc
 from service.describe import describe, format_value
 
 
@@ -77,3 +85,61 @@ def _state_style(run: Run) -> str:
     return {"SUCCEEDED": "bold green", "FAILED": "bold red", "CANCELLED": "bold yellow"}.get(
         run.state.value, "bold"
     )
+
+
+def left(fleet: svc.Fleet, run_id: str, own_worker: bool) -> None:
+    """Say where a run stands that `fleet run` leaves before it ended, and what finishes its cancel."""
+    run = fleet.ledger.get_run(run_id)
+    if run.state.is_terminal():
+        return
+    finish = (
+        "the worker this command started has stopped: `fleet up` finishes the cancel and ends its node"
+        if own_worker
+        else "the fleet's worker finishes the cancel and ends its node"
+    )
+    with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+        err.print(f"left run {run_id} {run.state.value} with its cancel requested; {finish}.", markup=False)
+
+
+def follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
+    """Show a run's events until it ends. The first Ctrl-C, SIGTERM or SIGHUP (`timeout`, a closed terminal)
+    cancels it and goes on following it to its end; the second gives up (KeyboardInterrupt)."""
+    view = LiveView(run)
+    interrupted = {"n": 0}
+
+    def on_signal(sig: int, _frame: Any) -> None:
+        interrupted["n"] += 1
+        if interrupted["n"] >= 2:
+            raise KeyboardInterrupt
+        with contextlib.suppress(OSError):
+            err.print(
+                f"[yellow]{signal.Signals(sig).name}: cancelling the run (again to leave it)...[/yellow]"
+            )
+        svc.cancel(fleet, run.run_id)
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, on_signal) for sig in stops}
+    try:
+        with Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen:
+            for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
+                current = fleet.ledger.get_run(run.run_id)
+                view.update(current, event)
+                with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) stops the output, not the run
+                    if screen is not None:
+                        screen.refresh()
+                    elif not quiet:
+                        print(describe(event), flush=True)
+                if event.type in TERMINAL_EVENTS:
+                    return current
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return fleet.ledger.get_run(run.run_id)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None

@@ -3,23 +3,29 @@ head, the real trainer (torch + transformers + peft under Ray Train)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
+from broker.constants import RUNS_INDEX
 from jobs.dataset_check import MAX_ROWS
 from providers.local.client import node_python
 from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.integration.fleetproc import (
+    REPO,
     Worker,
     events_of,
     fleet,
     fleet_env,
     fleet_json,
+    ledger_of,
     live_heads,
     secret_hits,
     wait_for_end,
@@ -289,3 +295,49 @@ def trainer_drivers(run_id: str) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue
     return found
+
+
+def fleet_workers(home: Path) -> list[psutil.Process]:
+    """The `fleet worker` processes serving `home` (by the FLEET_HOME in their environment)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if cmd[1:4] == ["-m", "fleet", "worker"] and proc.environ().get("FLEET_HOME") == str(home):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_fleet_run_ended_by_a_signal_cancels_its_run_and_leaves_no_worker(home: Path, sig: int) -> None:
+    """`timeout 900 fleet run ...` (SIGTERM) or a closed terminal (SIGHUP): the run is cancelled and its node
+    ended as with Ctrl-C, and the worker `fleet run` started stops with it instead of running on alone."""
+    env = fleet_env(home)
+    argv = [sys.executable, "-m", "fleet", "run", str(light_job(home)), "--json"]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+
+        def started() -> str | None:
+            with contextlib.suppress(OSError, redis.RedisError):
+                for run_id in ledger_of(env).zrange(RUNS_INDEX, 0, -1):
+                    if "stage.started" in [e["type"] for e in events_of(home, run_id)]:
+                        return str(run_id)
+            return None
+
+        run_id = wait_until(started, 120, "the run's first stage")
+        assert fleet_workers(home), "fleet run started no worker"
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    view = json.loads(stdout)
+    assert view["run_id"] == run_id and view["state"] == "CANCELLED", view
+    assert f"{signal.Signals(sig).name}: cancelling the run" in stderr
+    assert fleet_workers(home) == []  # stopped with it, not left serving the home with PPID 1
+    assert live_heads(home) == []
