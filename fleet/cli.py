@@ -320,6 +320,12 @@ def cancel(
         return
     run = _find(fleet, run_id)
     run = svc.cancel(fleet, run.run_id)
+    stage = run.state.stage
+    if wait and stage is not None and not svc.serves(fleet, stage):
+        err.print(
+            f"no worker serves {stage.value}: the cancel is recorded; `fleet up` finishes it", markup=False
+        )
+        wait = False
     if wait and not run.state.is_terminal():
         events.wait_for(fleet.redis, run.run_id, TERMINAL_EVENTS, timeout)
         run = fleet.ledger.get_run(run.run_id)

@@ -16,10 +16,10 @@ from broker.constants import Stage
 from broker.cost import DAY_S, fleet_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
-from broker.models import Run
-from broker.payloads import GitOrigin, RunCancelRequested, RunQueued
+from broker.models import Run, RunState
+from broker.payloads import GitOrigin, RunCancelled, RunCancelRequested, RunQueued
 from core import redisurl
-from core.errors import AlreadyExists, ConfigError, CredentialsMissing, OverBudget, Problem
+from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
 from core.settings import Settings
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
@@ -27,6 +27,7 @@ from providers.base import ProviderContext
 from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context, shared_context
 from service.embedded import ensure_redis
 from trainer.config import AxolotlConfig
+from workers.process import served_queues
 
 
 @dataclass
@@ -185,7 +186,8 @@ def submit(
 
 
 def cancel(fleet: Fleet, run_id: str) -> Run:
-    """Ask a run to stop. The stage that owns it stops the Ray job, terminates the node, ends it CANCELLED."""
+    """Ask a run to stop. The stage that owns it stops the Ray job, terminates the node, ends it CANCELLED.
+    A run still queued while no worker serves provision (so no node was asked for) ends CANCELLED at once."""
     run = fleet.ledger.find_run(run_id)
     if run.state.is_terminal():
         return run
@@ -197,8 +199,33 @@ def cancel(fleet: Fleet, run_id: str) -> Run:
         return [RunCancelRequested(state=r.state.value)]
 
     run = fleet.ledger.update_run(run.run_id, flag)
+    if run.state == RunState.QUEUED and run.instance is None and not serves(fleet, Stage.PROVISION):
+        return _end_queued(fleet, run.run_id)
     if (stage := run.state.stage) is not None:
         # Its stage's task now, unless a task owns the run (it sees the flag before its next step); a run
         # parked on its node is woken from the watcher.
         fleet.dispatcher.send(stage, run.run_id, after=None) or fleet.dispatcher.wake(stage, run.run_id)
     return run
+
+
+def serves(fleet: Fleet, stage: Stage) -> bool:
+    """Whether a live worker consumes `stage`'s queue (by the workers' heartbeat keys)."""
+    return stage.value in served_queues(fleet.redis)
+
+
+def _end_queued(fleet: Fleet, run_id: str) -> Run:
+    """End a queued run no worker has taken: no task owns it and no node was asked for, so nothing is left
+    to stop. A provision task that comes for it later finds it ended and stands down."""
+    why = "cancelled while queued: no worker had taken it, no node was asked for"
+
+    def end(r: Run) -> list[Draft]:
+        if r.state != RunState.QUEUED or r.instance is not None:
+            return []
+        r.state, r.failure_reason, r.failure_message = (
+            RunState.CANCELLED,
+            FailureReason.CANCELLED_BY_USER,
+            why,
+        )
+        return [RunCancelled(reason=FailureReason.CANCELLED_BY_USER, message=why, cost_usd=0.0)]
+
+    return fleet.ledger.update_run(run_id, end)

@@ -29,7 +29,10 @@ from workers.stage import RETRY_POLICY, Next, enter
 
 def step(ctx: context.Context, run: Run) -> Next:
     if run.state == RunState.QUEUED:
+        # One cancelled meanwhile (queued, no worker had taken it: service.runs) stays cancelled.
         run = ctx.ledger.update_run(run.run_id, lambda r: _start(ctx, r))
+        if run.state.is_terminal():
+            return Next.done()
     provider = ctx.provider(run.provider)
     names = run.instance_names
     head = names[0]
@@ -180,7 +183,9 @@ def _emit(ctx: context.Context, run: Run, payload: Draft) -> None:
 
 
 def _start(ctx: context.Context, run: Run) -> list[Draft]:
-    """Enter provision; decide the run's W&B run and announce it at once."""
+    """Enter provision (a run still queued only); decide the run's W&B run and announce it at once."""
+    if run.state != RunState.QUEUED:
+        return []
     drafts = enter(run, Stage.PROVISION)
     planned = wandb_plan.plan(ctx.settings, run.spec, run.run_id, group=run.sweep_id)
     if planned is not None:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from broker import nodelogs
 from broker.constants import RUNS_INDEX, Stage
+from broker.events import read_run
 from broker.ledger import Ledger
 from broker.models import Instance, RunProgress, RunState
 from broker.payloads import TrainEval, TrainStep
@@ -220,3 +221,27 @@ def test_a_long_node_log_keeps_its_end(
     assert sid == "r-1-train" and text.endswith("line 059\n") and len(text) <= 200
     nodelogs.put(redis_client, "r", "r-1-train", "x" * 150 + "the end\n")
     assert nodelogs.read(redis_client, "r") == [("r-1-train", "x" * 92 + "the end\n")]
+
+
+def test_cancel_with_no_worker_up_ends_a_queued_run_at_once_and_does_not_wait_on_one_past_it(
+    env: dict[str, str], redis_client: redis.Redis[str]
+) -> None:
+    queued = CliRunner().invoke(cli, ["enqueue", str(EXAMPLE_YAML)], env=env)
+    run_id = queued.stdout.strip().splitlines()[0]
+    started = time.monotonic()
+    cancelled = CliRunner().invoke(cli, ["cancel", run_id, "--json", "--timeout", "30"], env=env)
+    assert cancelled.exit_code == 0 and time.monotonic() - started < 10, cancelled.output
+    view = json.loads(cancelled.stdout)
+    assert view["state"] == "CANCELLED" and view["failure_reason"] == "CANCELLED_BY_USER"
+    assert [e.type.value for _, e in read_run(redis_client, run_id)][-2:] == [
+        "run.cancel_requested",
+        "run.cancelled",
+    ]
+
+    # Past the queue (a node may be up): the cancel is recorded for a worker to finish, not waited on.
+    ledger = Ledger(redis_client)
+    ledger.create_run(ledger_run("261203-000000-beef02", LocalSection(), RunState.PREPARING), [])
+    later = CliRunner().invoke(cli, ["cancel", "261203-000000-beef02", "--timeout", "30"], env=env)
+    assert later.exit_code == 0 and "no worker serves prepare: the cancel is recorded" in later.output
+    left = ledger.get_run("261203-000000-beef02")
+    assert left.state == RunState.PREPARING and left.cancel_requested
