@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import redis
 import typer
 
 from broker import events, nodelogs
@@ -349,4 +350,9 @@ def main() -> None:
         cli()
     except FleetError as exc:
         err.print(f"error: {exc}", style="red", markup=False, highlight=False)
+        sys.exit(2)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # the fleet's Redis went away, or never was
+        why = f"error: the fleet's Redis does not answer ({exc}). Is it running? REDIS_URL names it; "
+        why += "without one, the embedded Redis under FLEET_HOME is started for you."
+        err.print(why, style="red", markup=False, highlight=False)
         sys.exit(2)

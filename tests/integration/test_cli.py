@@ -22,6 +22,7 @@ from fleet.cli import cli
 from fleet.cli_status import spark
 from jobs.sections.local import LocalSection
 from tests.factories import EXAMPLE_YAML, copy_example_data, ledger_run
+from tests.integration.fleetproc import fleet, fleet_env
 from trainer.config import WandbPlan
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
@@ -245,3 +246,12 @@ def test_cancel_with_no_worker_up_ends_a_queued_run_at_once_and_does_not_wait_on
     assert later.exit_code == 0 and "no worker serves prepare: the cancel is recorded" in later.output
     left = ledger.get_run("261203-000000-beef02")
     assert left.state == RunState.PREPARING and left.cancel_requested
+
+
+def test_a_redis_that_does_not_answer_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    env = {**fleet_env(tmp_path / "home"), "REDIS_URL": "redis://127.0.0.1:9/0"}  # nothing listens on 9
+    done = fleet(env, "status", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "the fleet's Redis does not answer (Error 111 connecting to 127.0.0.1:9" in " ".join(
+        done.stderr.split()
+    )
