@@ -26,6 +26,7 @@ from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
 from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env, ledger_of, wait_until
 
 pytestmark = pytest.mark.integration
+ENDING_EVENTS = ("instance.terminating", "instance.terminated")
 VOLUME = "vol-tiny-cluster"
 SECTION = (
     "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
@@ -126,14 +127,18 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     assert most_live == 2
     state = fake_state(url)
     assert state["instances"] == [] and state["requests"]["create"] == 2
-    terminated = {e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"}
-    assert terminated == set(names)
+    # Each was seen gone (instance.terminated), or, when the fake still listed it at the end of the run's
+    # wait for that (a reap interval, longer on a loaded machine), left TERMINATING for the next reap pass
+    # to confirm: none runs here once `fleet run` and its worker have left. The fake lists neither (above).
+    ended = {e["data"]["instance"]: e["type"] for e in evs if e["type"] in ENDING_EVENTS}
+    assert set(ended) == set(names), ended
     client = ledger_of(env)
     try:
         records = [json.loads(client.get(f"tf:instance:{n}") or "{}") for n in names]
     finally:
         client.close()
-    assert [(r["state"], r["head"]) for r in records] == [("TERMINATED", None), ("TERMINATED", names[0])]
+    assert [r["head"] for r in records] == [None, names[0]]
+    assert [r["state"] for r in records] == [ended[n].split(".")[1].upper() for n in names]
     (succeeded,) = [e["data"] for e in evs if e["type"] == "run.succeeded"]
     assert 0 < succeeded["cost_usd"] < 0.1  # both pods' prices over their time up
 
