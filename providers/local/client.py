@@ -319,11 +319,14 @@ class LocalHeads:
         workers...) and everything they started, such as a Ray job's driver (`python -m trainer ...`),
         which runs in a session of its own and names no temp dir, but dies with the machine on a real node."""
         found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["cmdline", "status"]):
+        for proc in psutil.process_iter():
             try:
-                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                # Its own read, not `proc.info`: process_iter's Process objects are shared by every thread
+                # (a cache), so another thread's process_iter rewrites `info` with the attributes it asked.
+                info = proc.as_dict(["cmdline", "status"])
+                if info["status"] == psutil.STATUS_ZOMBIE:
                     continue
-                cmdline = " ".join(proc.info["cmdline"] or [])
+                cmdline = " ".join(info["cmdline"] or [])
                 if meta.temp_dir in cmdline:
                     found[proc.pid] = proc
                     found.update((child.pid, child) for child in proc.children(recursive=True))

@@ -125,17 +125,18 @@ def heads_per_name(home: Path) -> dict[str, int]:
     if not temp_dirs:
         return {}
     found: dict[int, tuple[str, int]] = {}  # pid -> (name, parent pid)
-    for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            cmdline = proc.info["cmdline"] or []
+    for proc in psutil.process_iter():
+        try:  # its own read: `proc.info` is shared with other threads' process_iter (LocalHeads.processes)
+            info = proc.as_dict(["cmdline", "status", "ppid"])
         except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        cmdline = info["cmdline"] or []
+        if info["status"] == psutil.STATUS_ZOMBIE:
             continue
         if "start" in cmdline and "--head" in cmdline:
             for arg in cmdline:
                 if arg in temp_dirs:
-                    found[proc.pid] = (temp_dirs[arg], proc.info["ppid"])
+                    found[proc.pid] = (temp_dirs[arg], info["ppid"])
     counts = Counter(name for name, parent in found.values() if found.get(parent, ("",))[0] != name)
     return dict(counts)
 
