@@ -15,7 +15,7 @@ import redis
 
 from broker import events
 from broker import sweeps as slots
-from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key
+from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key, worker_key
 from broker.models import Run, RunState
 from broker.payloads import Event, EventType, SweepFinished
 from core.errors import FailureReason, NotFound
@@ -137,6 +137,9 @@ def test_the_sweep_finishes_once_with_its_table_and_the_best_run(fleet: Fleet, t
 
 
 def test_cancel_flags_every_child_and_releases_no_more(fleet: Fleet, tmp_path: Path) -> None:
+    # A worker serves provision (its heartbeat), so a cancel flags the queued children for it to end them;
+    # with none up, a queued run ends CANCELLED at once (tests/integration/test_cli.py).
+    fleet.redis.set(worker_key("w1"), json.dumps({"queues": [Stage.PROVISION.value]}), ex=60)
     sweep = sweeps.submit_sweep(fleet, plan_of(tmp_path))
     runs = runs_of(fleet, sweep.sweep_id)
     assert fleet.ledger.find_sweep(sweep.sweep_id[:-2]).sweep_id == sweep.sweep_id  # a unique prefix
