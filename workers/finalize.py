@@ -86,12 +86,15 @@ def node_job(ctx: context.Context, run: Run, what: str, entrypoint: str) -> str 
     it runs; StageFailed (with the log's tail) when it failed."""
     client = node(ctx, run)
     sid = f"{run.run_id}-{run.attempt}-{what}"
-    env = node_env(ctx, run)
+
+    def submit() -> None:  # the job's environment is made only when it is sent
+        client.submit(sid, entrypoint, node_env(ctx, run))
+
     info = client.info(sid)
     if info is None:
-        client.submit(sid, entrypoint, env)
+        submit()
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
-    if resend(ctx, run, client, sid, info, lambda: client.submit(sid, entrypoint, env)):
+    if resend(ctx, run, client, sid, info, submit):
         return Next.poll(Stage.FINALIZE, ctx.settings.poll_interval_s)
     if not info.status.is_terminal():
         return Next.wait_job(ctx, Stage.FINALIZE, sid)

@@ -51,9 +51,12 @@ def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
     restarts = run.progress.train_restarts
     sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
-    env, files = train_env(ctx, run), files_for_node(ctx, run)
+
+    def submit() -> None:  # the job's environment and files are made only when it is sent
+        client.submit(sid, ENTRYPOINT, train_env(ctx, run), files_for_node(ctx, run))
+
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        client.submit(sid, ENTRYPOINT, env, files)
+        submit()
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
@@ -63,9 +66,7 @@ def step(ctx: context.Context, run: Run) -> Next:
 
         run = ctx.ledger.update_run(run.run_id, submitted)
     info = client.info(sid)  # read before the logs, so a finished job's log is read whole
-    if info is not None and resend(
-        ctx, run, client, sid, info, lambda: client.submit(sid, ENTRYPOINT, env, files)
-    ):
+    if info is not None and resend(ctx, run, client, sid, info, submit):
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     run = relay(ctx, run, client, sid)
     if info is None or not info.status.is_terminal():
