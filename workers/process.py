@@ -119,9 +119,12 @@ class SpawnedWorker:
         )
 
     def stop(self, timeout_s: float = 20.0) -> None:
+        """Celery's warm shutdown: SIGTERM to the worker alone, which lets its pool finish the tasks in hand
+        (a pool child resets SIGTERM to its default, so a SIGTERM to the whole group would kill one mid-task:
+        a reap pass between its ledger write and its event); the whole group is killed past `timeout_s`."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

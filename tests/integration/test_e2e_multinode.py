@@ -138,7 +138,11 @@ def test_the_tiny_job_on_two_pods_trains_on_both_nodes_and_leaves_no_pod(
     finally:
         client.close()
     assert [r["head"] for r in records] == [None, names[0]]
-    assert [r["state"] for r in records] == [ended[n].split(".")[1].upper() for n in names]
+    # The ledger is never behind the events: TERMINATED where one was seen gone, and TERMINATING or (a reap
+    # pass that confirmed it as the worker stopped, its event after `evs` was read) TERMINATED where not.
+    for name, record in zip(names, records, strict=True):
+        seen = ended[name].split(".")[1].upper()
+        assert record["state"] in ({seen, "TERMINATED"} if seen == "TERMINATING" else {seen}), (name, record)
     (succeeded,) = [e["data"] for e in evs if e["type"] == "run.succeeded"]
     assert 0 < succeeded["cost_usd"] < 0.1  # both pods' prices over their time up
 
