@@ -56,16 +56,19 @@ from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
 from broker.models import Run
-from broker.payloads import Event, WandbRun
+from broker.payloads import Event, EventType, WandbRun
 from core.errors import ConfigError, NotFound, Problem
 from core.secrets import Secrets
 from core.settings import Settings
+from service import plot
+from service.describe import loss_curve
 
 log = logging.getLogger(__name__)
 
 SENT_TTL_S = 7 * 24 * 3600
 LANES = 256  # runs handled at once (a lane waiting on the channel holds a thread: room for a burst)
 MAX_IN_FLIGHT = 2000  # entries read but not handled yet: reading waits beyond this
+PICTURED = (EventType.RUN_SUCCEEDED, EventType.RUN_FAILED)  # messages that carry the run's loss picture
 NO_THREAD = "0"  # under notify_thread_key: the run's messages stay in the channel
 _WEBHOOK_PATH = re.compile(r"/api(?:/v\d+)?/webhooks/(\d+)/([^/?#]+)")
 
@@ -286,12 +289,28 @@ class Notifier:
         text = separate_message(event)
         if text is None or self.client.exists(notify_sent_key(event.id)):
             return
+        content, file = truncate(self.scrub(text), CONTENT_MAX), self._picture(event)
         try:
             with self._route(thread, self._posts):
-                self.sink.post(content=truncate(self.scrub(text), CONTENT_MAX), key=event.id, thread=thread)
+                self.sink.post(content=content, key=event.id, thread=thread, file=file)
         except discord.NotFound as exc:
             raise self._gone(event.run_id or "", thread, exc) from exc
         self.client.set(notify_sent_key(event.id), "1", ex=SENT_TTL_S)
+
+    def _picture(self, event: Event) -> tuple[str, bytes] | None:
+        """A run's result or failure carries its loss picture (service.plot), when it reported a loss. A
+        picture that cannot be drawn is logged: the message goes out without it."""
+        if event.type not in PICTURED or not event.run_id:
+            return None
+        try:
+            curve = loss_curve(self.client, event.run_id)
+            if not plot.has_points(curve):
+                return None
+            title = f"{event.run_id} ({event.type.value.split('.')[1].upper()})"
+            return f"{event.run_id}-loss.png", plot.png(curve, title)
+        except Exception:
+            log.exception("run %s: its loss picture could not be drawn; posting without it", event.run_id)
+            return None
 
     def _route(self, thread: int | None, channel: threading.Lock) -> AbstractContextManager[object]:
         """A run's thread is its own; the channel's route (`channel`: its lock) is taken in turn."""

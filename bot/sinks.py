@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import threading
 from collections.abc import Coroutine
 from typing import Any, Final, Literal, Protocol, TypeVar
@@ -61,6 +62,11 @@ def _in(thread: int | None) -> Any:
     return discord.Object(thread) if thread else discord.utils.MISSING
 
 
+def _file(file: tuple[str, bytes] | None) -> Any:
+    """discord.py's `file=` argument: an upload (a fresh one each try: discord.py reads it to its end)."""
+    return discord.File(io.BytesIO(file[1]), filename=file[0]) if file else discord.utils.MISSING
+
+
 class Sink(Protocol):
     """Posts and edits messages in one channel, or in a thread of it (`thread`: its id). Both raise
     `discord.NotFound` for a message that is gone, `DiscordDown` for anything else that failed."""
@@ -75,8 +81,10 @@ class Sink(Protocol):
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
+        file: tuple[str, bytes] | None = None,
     ) -> int:
-        """Post a message; `key` identifies it, so a sink that can dedupe posts it at most once."""
+        """Post a message (with `file`, (name, bytes), attached); `key` identifies it, so a sink that can
+        dedupe posts it at most once."""
         ...
 
     def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None: ...
@@ -103,11 +111,13 @@ class WebhookSink:
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
+        file: tuple[str, bytes] | None = None,
     ) -> int:
         with discord_errors():
             message = self.webhook.send(
                 content or "",
                 embed=embed or discord.utils.MISSING,
+                file=_file(file),
                 wait=True,
                 allowed_mentions=discord.AllowedMentions.none(),
                 thread=_in(thread),
@@ -143,12 +153,14 @@ class BotSink:
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
+        file: tuple[str, bytes] | None = None,
     ) -> int:
         channel = self.client.get_partial_messageable(thread or self.channel_id)
         message = self._call(
             channel.send(
                 content,
                 embed=embed or discord.utils.MISSING,
+                file=_file(file),
                 nonce=nonce_of(key),
                 allowed_mentions=discord.AllowedMentions.none(),
             )

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
+import redis
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter
 
 from broker import events
@@ -18,10 +19,12 @@ from broker.payloads import (
     GitOrigin,
     Metrics,
     PrepareEntry,
+    RunPreempted,
     RunSucceeded,
     TrainEval,
     TrainFinished,
     TrainPending,
+    TrainRollback,
     TrainStep,
 )
 from core.errors import FailureReason
@@ -79,11 +82,22 @@ class StageView(BaseModel):
     seconds: float | None
 
 
+class CurveMark(BaseModel):
+    """Where a run's training was set back: a rollback (to an earlier checkpoint, at a lower learning rate)
+    or a preemption (its node lost; it resumed on the next)."""
+
+    step: int
+    kind: Literal["rollback", "preemption"]
+    note: str = Field(description="e.g. 'rollback to 30 (nan)', 'preempted (2/3)'")
+
+
 class LossCurve(BaseModel):
     """A run's losses as its node reported them, in order: a rollback or a resume shows as a step back."""
 
     train: list[tuple[int, float]] = Field(default_factory=list, description="[step, loss]: train.step")
     eval: list[tuple[int, float]] = Field(default_factory=list, description="[step, eval_loss]: train.eval")
+    learning_rate: list[tuple[int, float]] = Field(default_factory=list, description="[step, lr]: train.step")
+    marks: list[CurveMark] = Field(default_factory=list, description="train.rollback and run.preempted")
 
 
 class RunView(BaseModel):
@@ -151,19 +165,34 @@ def run_detail(fleet: Fleet, run: Run) -> RunView:
     view = run_view(fleet, run)
     head = fleet.ledger.get_instance(run.instance) if run.instance else None
     view.dashboard_url = head.dashboard_url if head is not None else None
-    view.losses = loss_curve(fleet, run.run_id)
+    view.losses = loss_curve(fleet.redis, run.run_id)
     return view
 
 
-def loss_curve(fleet: Fleet, run_id: str) -> LossCurve:
-    """The train and eval losses of a run's train.step and train.eval events, in the order they came."""
+def loss_curve(client: redis.Redis[str], run_id: str) -> LossCurve:
+    """The train and eval losses (and learning rate) of a run's train.step and train.eval events, in the
+    order they came, with its rollbacks and preemptions (a preemption at the last step seen when the fleet
+    did not know its step)."""
     curve = LossCurve()
-    for _sid, event in events.read_run(fleet.redis, run_id):
+    step = 0
+    for _sid, event in events.read_run(client, run_id):
         data = event.data
-        if isinstance(data, TrainStep) and data.loss is not None:
-            curve.train.append((data.step, data.loss))
+        if isinstance(data, TrainStep):
+            step = data.step
+            if data.loss is not None:
+                curve.train.append((data.step, data.loss))
+            if data.learning_rate is not None:
+                curve.learning_rate.append((data.step, data.learning_rate))
         elif isinstance(data, TrainEval) and data.eval_loss is not None and data.step is not None:
             curve.eval.append((data.step, data.eval_loss))
+        elif isinstance(data, TrainRollback) and data.step is not None:
+            to = f" to {data.to_step}" if data.to_step is not None else ""
+            why = f" ({data.reason})" if data.reason else ""
+            curve.marks.append(CurveMark(step=data.step, kind="rollback", note=f"rollback{to}{why}"))
+        elif isinstance(data, RunPreempted):
+            at = data.at_step if data.at_step is not None else step
+            note = f"preempted ({data.preemption}/{data.max_preemptions})"
+            curve.marks.append(CurveMark(step=at, kind="preemption", note=note))
     return curve
 
 

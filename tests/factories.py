@@ -218,7 +218,7 @@ class Script:
 
             def one(r: Run, step: int = step) -> list[Draft]:
                 r.progress.step, r.progress.total_steps, r.progress.loss = step, 10, 1.0 / step
-                return [TrainStep(step=step)]
+                return [TrainStep(step=step, loss=1.0 / step, learning_rate=1e-4)]
 
             self.change(run_id, one)
 

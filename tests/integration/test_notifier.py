@@ -7,6 +7,7 @@ the fake through monkeypatch, so it is restored after each test.
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 import requests
+from PIL import Image
 
 from bot.notifier import Notifier, webhook_parts
 from broker.constants import notify_sent_key as sent_key
@@ -115,6 +117,12 @@ def test_one_status_message_per_run_edited_in_place(
     assert r1[1].startswith("✅ Run r1 succeeded: eval_loss 2.0 → 0.5")
     assert "❌ Run r2 failed: TRAINING_FAILED\nCUDA out of memory" in texts
     assert len(_messages(fake_discord)) == 5
+    # The result carries r1's loss picture (its three steps), as a PNG; r2 reported no loss: no picture.
+    pictured = {m["content"].split(":")[0]: m["attachments"] for m in _messages(fake_discord) if m["content"]}
+    assert pictured["✅ Run r1 succeeded"] == ["r1-loss.png"] and pictured["❌ Run r2 failed"] == []
+    (png,) = [data for name, data in fake_discord.files.values() if name == "r1-loss.png"]
+    with Image.open(io.BytesIO(png)) as image:
+        assert image.format == "PNG" and image.size == (800, 450)
 
 
 def test_a_429_on_the_edit_route_holds_up_no_post(
