@@ -23,7 +23,7 @@ from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
 from core.settings import Settings
 from fleet import cli_nodes, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
-from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
 from service.axolotl_check import AxolotlVerdict
@@ -196,27 +196,19 @@ def run(
     Starts a worker (with the reaper's beat) itself when none is up, and stops it on the way out. Ctrl-C
     (or SIGTERM, SIGHUP) cancels the run cleanly (its node is terminated); a second one leaves at once.
     """
-    from workers.process import SpawnedWorker, missing_queues, wait_for_queues
-
     settings = settings_or_exit()
     (job,) = _load([file], settings, use_ray)
     fleet = connect_or_exit(settings)
-    spawned = None
-    if missing_queues(fleet.redis):
-        spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
     submitted = None
-    try:
-        submitted = _submit(fleet, job)
-        if spawned is not None and not wait_for_queues(fleet.redis, 60):
-            err.print(f"[red]the worker did not start; see {spawned.log_path}[/red]")
-        final = live.follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
-    except KeyboardInterrupt:
-        if submitted is not None:
-            live.left(fleet, submitted.run_id, spawned is not None)
-        raise typer.Exit(130) from None
-    finally:
-        if spawned is not None:
-            spawned.stop()
+    with live.OwnWorker(fleet, settings) as worker:
+        try:
+            submitted = _submit(fleet, job)
+            worker.ready()
+            final = live.follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
+        except KeyboardInterrupt:
+            if submitted is not None:
+                live.left(fleet, submitted.run_id, worker)
+            raise typer.Exit(130) from None
     if as_json:
         out.print_json(run_view(fleet, final).model_dump_json())
     else:
@@ -242,22 +234,14 @@ def status(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """Show one run or sweep (its table of parameters against the metric), or list runs newest first."""
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
     if run_id is not None and run_id.startswith(SWEEP_PREFIX):
         cli_sweep.status(fleet, run_id, as_json)
         return
     if run_id is not None:
-        cli_status.show_run(fleet, _find(fleet, run_id), as_json)
+        cli_status.show_run(fleet, find_run_or_exit(fleet, run_id), as_json)
         return
     cli_status.show_runs(fleet, fleet.ledger.list_runs(limit), as_json)
-
-
-def _find(fleet: svc.Fleet, run_id: str) -> Run:
-    try:
-        return fleet.ledger.find_run(run_id)
-    except FleetError as exc:
-        err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(1) from None
 
 
 @cli.command()
@@ -271,8 +255,8 @@ def logs(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a run's events in order, or with --node what its Ray jobs printed on the node."""
-    fleet = connect_or_exit(settings_or_exit())
-    run = _find(fleet, run_id)
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    run = find_run_or_exit(fleet, run_id)
     if node:
         node_logs(fleet, run.run_id, follow, as_json)
         return
@@ -319,7 +303,7 @@ def cancel(
     if run_id.startswith(SWEEP_PREFIX):
         cli_sweep.cancel(fleet, run_id, as_json)
         return
-    run = _find(fleet, run_id)
+    run = find_run_or_exit(fleet, run_id)
     run = svc.cancel(fleet, run.run_id)
     stage = run.state.stage
     if wait and stage is not None and not svc.serves(fleet, stage):
@@ -339,6 +323,7 @@ def cancel(
 
 
 cli_procs.register(cli)
+cli_status.register(cli)
 cli_nodes.register(cli)
 cli_sweep.register(cli)
 cli_watch.register(cli)

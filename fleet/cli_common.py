@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from broker.models import Run
 from core.errors import ConfigError, FleetError
 from core.settings import Settings, load_settings
 from jobs.spec import format_problems
-from service import runs
+from service import embedded, runs
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -28,10 +30,25 @@ def settings_or_exit() -> Settings:
         raise typer.Exit(2) from None
 
 
-def connect_or_exit(settings: Settings) -> runs.Fleet:
-    """A connection to the fleet (starting the embedded Redis if needed), or exit 2 saying why."""
+def connect_or_exit(settings: Settings, reading: bool = False) -> runs.Fleet:
+    """A connection to the fleet (starting the embedded Redis if needed), or exit 2 saying why. A command
+    only `reading` the fleet (status, logs, plot, ...) that had to start the embedded Redis stops it again
+    as it exits, unless someone else connected to it meanwhile: it leaves no server running."""
+    started = reading and settings.redis_url is None and not embedded.running(settings.home)
     try:
-        return runs.Fleet.connect(settings)
+        fleet = runs.Fleet.connect(settings)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
+    if started:
+        atexit.register(embedded.stop_if_alone, settings.home, fleet.redis)
+    return fleet
+
+
+def find_run_or_exit(fleet: runs.Fleet, run_id: str) -> Run:
+    """The run `run_id` names (or a unique prefix of it), or exit 1 saying why not."""
+    try:
+        return fleet.ledger.find_run(run_id)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None

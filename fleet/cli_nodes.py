@@ -36,7 +36,7 @@ def instances(as_json: JsonOpt = False) -> None:
     """The fleet's live instances at every provider (state, age, $/h, run)."""
     from service.instances import live_instances
 
-    rows = live_instances(connect_or_exit(settings_or_exit()))
+    rows = live_instances(connect_or_exit(settings_or_exit(), reading=True))
     if as_json:
         out.print_json(json.dumps([r.view() for r in rows]))
         return
@@ -147,7 +147,7 @@ def node(
     and workers, with CPUs, GPUs, memory and what is in use; and what the head's readiness check found."""
     from service.instances import find_provider
 
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
     try:
         name = _head_of(fleet, ident)
         endpoint = find_provider(fleet, name).endpoint(name)
@@ -199,7 +199,7 @@ def ssh(
     `-i` when the fleet's ssh_public_key is a .pub file whose private key sits beside it."""
     from service.nodeaccess import ssh_command
 
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
     try:
         command = ssh_command(fleet, ident)
     except FleetError as exc:
@@ -218,7 +218,7 @@ def jupyter(ident: RunArg, as_json: JsonOpt = False) -> None:
     eyes only, as the holder of the fleet's home (never paste it where others read)."""
     from service.nodeaccess import jupyter_url, run_node
 
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
     try:
         name = run_node(fleet, ident).name
         url = jupyter_url(fleet, name)

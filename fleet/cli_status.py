@@ -1,20 +1,24 @@
 """`fleet status`: one run (its failure in full, links, time, cost, its losses as sparklines) or the list
-of runs (state, time, cost, loss)."""
+of runs (state, time, cost, loss); `fleet plot`: a run's losses as a PNG."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.table import Table
 from rich.text import Text
 
 from broker.models import Run
 from fleet import cli_watch
-from fleet.cli_common import out
+from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
 from service import runs as svc
-from service.describe import RUN_VIEWS, run_detail, run_view, trainer_of
+from service.describe import RUN_VIEWS, loss_curve, run_detail, run_view, trainer_of
 
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
@@ -100,3 +104,39 @@ def show_runs(fleet: svc.Fleet, runs: list[Run], as_json: bool) -> None:
         took, cost = duration(view.duration_s), f"${view.cost_usd:.2f}"
         table.add_row(r.run_id, state, r.provider, trainer_of(r), shown, took, cost, age, source)
     out.print(table)
+
+
+def register(cli: typer.Typer) -> None:
+    """Add these commands to the `fleet` app."""
+    cli.command()(plot)
+
+
+def plot(
+    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix).")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="The PNG to write [default: RUN-loss.png here].")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Draw a run's train and eval loss against step (its learning rate on a second axis, its rollbacks and
+    preemptions marked) into a PNG; a running run's picture so far."""
+    from service import plot as drawing
+
+    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    run = find_run_or_exit(fleet, run_id)
+    curve = loss_curve(fleet.redis, run.run_id)
+    if not drawing.has_points(curve):
+        err.print(f"run {run.run_id} has reported no loss yet ({run.state.value})", style="red", markup=False)
+        raise typer.Exit(1)
+    path = output or Path(f"{run.run_id}-loss.png")
+    title = f"{run.run_id} ({run.state.value})"
+    try:
+        path.write_bytes(drawing.png(curve, title))
+    except OSError as exc:
+        err.print(f"cannot write {path}: {exc.strerror or exc}", style="red", markup=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        points = {"train": len(curve.train), "eval": len(curve.eval), "marks": len(curve.marks)}
+        out.print_json(json.dumps({"run_id": run.run_id, "path": str(path.resolve()), "points": points}))
+    else:
+        out.print(f"{path} ({len(curve.train)} train, {len(curve.eval)} eval points)", highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from broker.models import Sweep
 from core.errors import ConfigError, FleetError
+from fleet import live
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from jobs.spec import format_problems
 from service import sweep_load, sweep_spec, sweeps
@@ -59,32 +61,49 @@ def sweep(
     for warning in plan.warnings:
         err.print(f"[yellow]warning[/yellow] {plan.source}: {warning}", highlight=False)
     fleet = connect_or_exit(settings)
-    try:
-        found = sweeps.submit_sweep(fleet, plan)
-    except ConfigError as exc:
-        err.print(format_problems(exc), markup=False, highlight=False)
-        raise typer.Exit(1) from None
+    with contextlib.ExitStack() as stack:
+        # With --wait, the rule of every command that waits on runs (as `fleet run`): a worker of its own
+        # when none is up, stopped on the way out; a first Ctrl-C cancels the sweep, a second leaves it.
+        worker = stack.enter_context(live.OwnWorker(fleet, settings)) if wait else None
+        try:
+            found = sweeps.submit_sweep(fleet, plan)
+        except ConfigError as exc:
+            err.print(format_problems(exc), markup=False, highlight=False)
+            raise typer.Exit(1) from None
+        if worker is None:
+            _queued(fleet, found, as_json)
+            return
+        worker.ready()
+        try:
+            with live.cancelling(lambda: sweeps.cancel_sweep(fleet, found.sweep_id), "sweep"):
+                view = follow(fleet, found.sweep_id, live=not as_json and out.is_terminal)
+        except KeyboardInterrupt:
+            state = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(found.sweep_id)).state
+            if state not in FINAL_STATES:
+                worker.left(f"sweep {found.sweep_id}", state)
+            raise typer.Exit(130) from None
+    if as_json:
+        out.print_json(view.model_dump_json(by_alias=True))
+    else:
+        show(view)
+    raise typer.Exit(0 if view.state == "SUCCEEDED" else 1)
+
+
+def _queued(fleet: Fleet, found: Sweep, as_json: bool) -> None:
+    """A sweep queued without --wait: what was queued, and a word when no worker serves its queues."""
     from workers.process import missing_queues
 
     if missing := missing_queues(fleet.redis):
         err.print(
             f"[yellow]no worker serves {', '.join(missing)} yet: start `fleet up` or `fleet worker`[/yellow]"
         )
-    if not wait:
-        if as_json:
-            out.print_json(sweeps.sweep_view(fleet, found).model_dump_json(by_alias=True))
-        else:
-            line = f"{found.sweep_id}: {len(found.runs)} runs, at most {found.max_parallel} at once"
-            out.print(line, highlight=False)
-            for run_id in found.runs:
-                print(run_id)
-        return
-    view = follow(fleet, found.sweep_id, live=not as_json and out.is_terminal)
     if as_json:
-        out.print_json(view.model_dump_json(by_alias=True))
-    else:
-        show(view)
-    raise typer.Exit(0 if view.state == "SUCCEEDED" else 1)
+        out.print_json(sweeps.sweep_view(fleet, found).model_dump_json(by_alias=True))
+        return
+    line = f"{found.sweep_id}: {len(found.runs)} runs, at most {found.max_parallel} at once"
+    out.print(line, highlight=False)
+    for run_id in found.runs:
+        print(run_id)
 
 
 def follow(fleet: Fleet, sweep_id: str, live: bool, every_s: float = 2.0) -> SweepView:

@@ -1,11 +1,13 @@
 """Showing a run: the live view of `fleet run` and following a run to its end (Ctrl-C, SIGTERM and SIGHUP
-cancel it first), and one-line renderings of events for `fleet logs`."""
+cancel it first), the worker a command that waits on runs starts when none is up, and one-line renderings
+of events for `fleet logs`."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -18,6 +20,7 @@ from broker import events
 from broker.constants import Stage
 from broker.models import Run, RunState
 from broker.payloads import TERMINAL_EVENTS, Event, EventType
+from core.settings import Settings
 from fleet.cli_common import err, out
 from service import runs as svc
 from service.describe import describe, format_value
@@ -87,24 +90,55 @@ def _state_style(run: Run) -> str:
     )
 
 
-def left(fleet: svc.Fleet, run_id: str, own_worker: bool) -> None:
-    """Say where a run stands that `fleet run` leaves before it ended, and what finishes its cancel."""
+class OwnWorker:
+    """The one rule of the commands that wait on runs (`fleet run`, `fleet sweep --wait`): when no worker
+    serves every stage queue, the command starts one (with the reaper's beat) and stops it on its way out
+    (a context manager). `ready()` waits for it, after the submit, which goes on meanwhile."""
+
+    def __init__(self, fleet: svc.Fleet, settings: Settings) -> None:
+        from workers.process import SpawnedWorker, missing_queues
+
+        self.fleet = fleet
+        self.spawned = None
+        if missing_queues(fleet.redis):
+            self.spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
+
+    def ready(self) -> None:
+        from workers.process import wait_for_queues
+
+        if self.spawned is not None and not wait_for_queues(self.fleet.redis, 60):
+            err.print(f"[red]the worker did not start; see {self.spawned.log_path}[/red]")
+
+    def __enter__(self) -> OwnWorker:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.spawned is not None:
+            self.spawned.stop()
+
+    def left(self, what: str, state: str) -> None:
+        """Say where a run (or sweep) stands that the command leaves before it ended, and what finishes its
+        cancel."""
+        finish = (
+            "the worker this command started has stopped: `fleet up` finishes the cancel and ends its nodes"
+            if self.spawned is not None
+            else "the fleet's worker finishes the cancel and ends its nodes"
+        )
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            err.print(f"left {what} {state} with its cancel requested; {finish}.", markup=False)
+
+
+def left(fleet: svc.Fleet, run_id: str, worker: OwnWorker) -> None:
+    """`fleet run` leaves a run before it ended: say where it stands."""
     run = fleet.ledger.get_run(run_id)
-    if run.state.is_terminal():
-        return
-    finish = (
-        "the worker this command started has stopped: `fleet up` finishes the cancel and ends its node"
-        if own_worker
-        else "the fleet's worker finishes the cancel and ends its node"
-    )
-    with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
-        err.print(f"left run {run_id} {run.state.value} with its cancel requested; {finish}.", markup=False)
+    if not run.state.is_terminal():
+        worker.left(f"run {run_id}", f"{run.state.value}")
 
 
-def follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
-    """Show a run's events until it ends. The first Ctrl-C, SIGTERM or SIGHUP (`timeout`, a closed terminal)
-    cancels it and goes on following it to its end; the second gives up (KeyboardInterrupt)."""
-    view = LiveView(run)
+@contextlib.contextmanager
+def cancelling(cancel: Callable[[], object], what: str) -> Iterator[None]:
+    """While inside: the first Ctrl-C, SIGTERM or SIGHUP (`timeout`, a closed terminal) calls `cancel` and
+    goes on (following `what` to its end); the second gives up (KeyboardInterrupt)."""
     interrupted = {"n": 0}
 
     def on_signal(sig: int, _frame: Any) -> None:
@@ -113,27 +147,36 @@ def follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
             raise KeyboardInterrupt
         with contextlib.suppress(OSError):
             err.print(
-                f"[yellow]{signal.Signals(sig).name}: cancelling the run (again to leave it)...[/yellow]"
+                f"[yellow]{signal.Signals(sig).name}: cancelling the {what} (again to leave it)...[/yellow]"
             )
-        svc.cancel(fleet, run.run_id)
+        cancel()
 
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, on_signal) for sig in stops}
     try:
-        with Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen:
-            for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
-                current = fleet.ledger.get_run(run.run_id)
-                view.update(current, event)
-                with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) stops the output, not the run
-                    if screen is not None:
-                        screen.refresh()
-                    elif not quiet:
-                        print(describe(event), flush=True)
-                if event.type in TERMINAL_EVENTS:
-                    return current
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
+    """Show a run's events until it ends; a signal cancels it first (`cancelling`)."""
+    view = LiveView(run)
+    with (
+        cancelling(lambda: svc.cancel(fleet, run.run_id), "run"),
+        Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen,
+    ):
+        for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
+            current = fleet.ledger.get_run(run.run_id)
+            view.update(current, event)
+            with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) stops the output, not the run
+                if screen is not None:
+                    screen.refresh()
+                elif not quiet:
+                    print(describe(event), flush=True)
+            if event.type in TERMINAL_EVENTS:
+                return current
     return fleet.ledger.get_run(run.run_id)
 
 

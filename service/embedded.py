@@ -245,3 +245,22 @@ def stop_redis(home: Path) -> bool:
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
     url_file.unlink(missing_ok=True)
     return True
+
+
+def running(home: Path) -> bool:
+    """Whether the embedded Redis under `home` is up (its URL written, and it answers)."""
+    url_file = home / "redis" / "url"
+    return url_file.exists() and _answers(url_file.read_text().strip())
+
+
+def stop_if_alone(home: Path, client: redis.Redis[str]) -> bool:
+    """Stop the embedded Redis under `home` when `client`'s connection is the only one it has (a command
+    that started it only to read); True when it stopped it."""
+    try:
+        mine = client.client_id()
+        if any(int(c["id"]) != mine for c in client.client_list()):
+            return False
+    except redis.RedisError:
+        return False
+    client.close()
+    return stop_redis(home)

@@ -175,6 +175,19 @@ def secret_hits(home: Path, secret: str) -> list[str]:
     return hits
 
 
+def fleet_workers(home: Path) -> list[psutil.Process]:
+    """The `fleet worker` processes serving `home` (by the FLEET_HOME in their environment)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            cmd = proc.cmdline()
+            if cmd[1:4] == ["-m", "fleet", "worker"] and proc.environ().get("FLEET_HOME") == str(home):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
 def live_heads(home: Path) -> list[str]:
     return [inst.name for inst in LocalProvider(ProviderContext(home=home)).list_instances()]
 

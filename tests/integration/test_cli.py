@@ -21,6 +21,7 @@ from core.errors import FailureReason
 from fleet.cli import cli
 from fleet.cli_status import spark
 from jobs.sections.local import LocalSection
+from service import embedded
 from tests.factories import EXAMPLE_YAML, copy_example_data, ledger_run
 from tests.integration.fleetproc import fleet, fleet_env
 from trainer.config import WandbPlan
@@ -255,3 +256,23 @@ def test_a_redis_that_does_not_answer_is_one_clear_line_not_a_traceback(tmp_path
     assert "the fleet's Redis does not answer (Error 111 connecting to 127.0.0.1:9" in " ".join(
         done.stderr.split()
     )
+
+
+def test_a_read_only_command_leaves_no_redis_it_started_and_keeps_one_it_found(tmp_path: Path) -> None:
+    """`fleet status` (logs, plot, instances, ...) on a home whose embedded Redis is down starts it to read
+    the ledger, and stops it again on the way out; one that was up stays up, for whoever uses it."""
+    home = tmp_path / "home"
+    env = fleet_env(home)
+    assert not embedded.running(home)
+    done = fleet(env, "status", "--json", timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout) == [], done.stderr[-2000:]
+    assert (home / "redis" / "redis.conf").exists()  # it did start one, to read the (empty) ledger
+    assert not embedded.running(home)  # and left none running
+    url = embedded.ensure_redis(home)
+    try:
+        for args in (("status",), ("instances", "--json")):
+            assert fleet(env, *args, timeout=60).returncode == 0
+            assert embedded.running(home), args
+    finally:
+        embedded.stop_redis(home)
+    assert url.startswith("unix://")

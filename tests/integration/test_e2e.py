@@ -25,6 +25,7 @@ from tests.integration.fleetproc import (
     fleet,
     fleet_env,
     fleet_json,
+    fleet_workers,
     ledger_of,
     live_heads,
     secret_hits,
@@ -291,19 +292,6 @@ def trainer_drivers(run_id: str) -> list[psutil.Process]:
         try:
             raw = proc.environ().get("FLEET_TRAIN_JOB", "")  # base64: what Ray passes on is not expanded
             if raw and TrainJob.from_env(raw).run_id == run_id:
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            continue
-    return found
-
-
-def fleet_workers(home: Path) -> list[psutil.Process]:
-    """The `fleet worker` processes serving `home` (by the FLEET_HOME in their environment)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = proc.info["cmdline"] or []
-            if cmd[1:4] == ["-m", "fleet", "worker"] and proc.environ().get("FLEET_HOME") == str(home):
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue

@@ -15,7 +15,7 @@ import redis
 
 from broker import events
 from broker import sweeps as slots
-from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_key, sweep_lock_key, tick_key, worker_key
+from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_lock_key, tick_key, worker_key
 from broker.models import Run, RunState
 from broker.payloads import Event, EventType, SweepFinished
 from core.errors import FailureReason, NotFound
@@ -25,7 +25,7 @@ from service.runs import Fleet
 from service.sweep_load import load_sweep
 from service.sweep_spec import SweepPlan
 from tests.factories import light_job_file
-from tests.integration.fleetproc import Worker, events_of, fleet_env, fleet_json, ledger_of, wait_until
+from tests.integration.fleetproc import events_of, fleet_env, fleet_json, fleet_workers, wait_until
 from tests.integration.fleetproc import fleet as fleet_cli
 from tests.integration.flowerproc import api_tasks, flower
 
@@ -169,9 +169,10 @@ def test_a_lock_left_by_a_dead_process_only_delays_the_sweep(fleet: Fleet, tmp_p
 
 def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Path, tmp_path: Path) -> None:
     """The must-shows of sweeps and Flower, on one fleet (each run costs a Ray head and a training): the tiny
-    job swept over learning_rate x lora_r on the local provider by a real `fleet up`; all four succeed, never
-    more than two are active at once, and the table marks the best. `fleet flower`, started first, lists each
-    run's four stage tasks by name with the run id, and no credential of the fleet."""
+    job swept over learning_rate x lora_r on the local provider by `fleet sweep --wait` with no worker up (it
+    starts one, as `fleet run` does, and stops it on its way out); all four succeed, never more than two are
+    active at once, and the table marks the best. `fleet flower`, started first, lists each run's four stage
+    tasks by name with the run id, and no credential of the fleet."""
     job = light_job_file(tmp_path / "job", extra="max_steps: 12\n")  # a few steps: the sweep is the point
     job.write_text(
         job.read_text()
@@ -183,32 +184,24 @@ def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Pa
     env = fleet_env(home, **secrets, FLOWER_ENABLE_EVENTS="false")
     flower_log = home / "flower.log"
     with flower(env, flower_log) as url:  # first: Flower knows only the tasks whose events it saw
-        worker = Worker(env, tmp_path / "worker.log")
-        try:
-            submitted = fleet_json(env, "sweep", str(job))
-            sweep_id = submitted["sweep_id"]
-            assert [r["state"] for r in submitted["rows"]] == ["QUEUED", "QUEUED", "WAITING", "WAITING"]
-            ledger = ledger_of(env)  # polled directly: a `fleet` process per poll would slow the runs
-            wait_until(
-                lambda: json.loads(ledger.get(sweep_key(sweep_id)) or "{}").get("finished_at"),
-                600,
-                "the sweep to end",
-                every=1,
-            )
-            ledger.close()
-            view = fleet_json(env, "status", sweep_id)
-            run_ids = [row["run_id"] for row in view["rows"]]
+        assert not fleet_workers(home)
+        waited = fleet_cli(env, "sweep", str(job), "--wait", "--json", timeout=600)
+        assert waited.returncode == 0, waited.stderr[-3000:]
+        assert "no worker serves" not in waited.stderr
+        view = json.loads(waited.stdout)
+        sweep_id, run_ids = view["sweep_id"], [row["run_id"] for row in view["rows"]]
+        # The worker it started served the sweep (its log is in the home), and is gone with it.
+        assert list((home / "logs").glob("worker-*.log")) and fleet_workers(home) == []
 
-            def stages_done() -> dict[str, dict[str, Any]] | None:
-                tasks = api_tasks(url)  # events arrive asynchronously: poll briefly
-                done = {(t["name"], t["args"]) for t in tasks.values() if t["state"] == "SUCCESS"}
-                wanted = {(name, repr([run_id])) for name in STAGE_TASKS for run_id in run_ids}
-                return tasks if wanted <= done else None
+        def stages_done() -> dict[str, dict[str, Any]] | None:
+            tasks = api_tasks(url)  # events arrive asynchronously: poll briefly
+            done = {(t["name"], t["args"]) for t in tasks.values() if t["state"] == "SUCCESS"}
+            wanted = {(name, repr([run_id])) for name in STAGE_TASKS for run_id in run_ids}
+            return tasks if wanted <= done else None
 
-            tasks = wait_until(stages_done, 15, "every run's four stage tasks SUCCESS in Flower")
-        finally:
-            worker.stop()
+        tasks = wait_until(stages_done, 15, "every run's four stage tasks SUCCESS in Flower")
     assert view["state"] == "SUCCEEDED", view
+    assert fleet_json(env, "status", sweep_id) == view  # the table again, as `fleet status SWEEP` has it
     rows = view["rows"]
     assert [r["state"] for r in rows] == ["SUCCEEDED"] * 4
     assert all(isinstance(r["metric"], float) for r in rows)
