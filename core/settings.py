@@ -59,6 +59,12 @@ class Settings(BaseModel):
         "on several machines share one (NFS, a volume), mounted at the same path on each.",
     )
     default_provider: str = Field("local", description="Provider of a job without a provider section.")
+    providers: tuple[Literal["local", "runpod", "vastai"], ...] = Field(
+        ("local", "runpod", "vastai"),
+        description="The providers this fleet runs jobs on (comma-separated); a job for another is refused "
+        "at submit. docker-compose sets runpod,vastai: a local Ray head in a worker's container is out of "
+        "the other stages' reach.",
+    )
     runpod_api_base_url: str = Field(
         "https://api.runpod.io", description="RunPod's API (RUNPOD_API_BASE_URL; a fake's URL in tests)."
     )
@@ -275,6 +281,7 @@ class Settings(BaseModel):
         "discord_allowed_channels",
         "discord_admin_users",
         "discord_admin_roles",
+        "providers",
         mode="before",
     )
     @classmethod

@@ -33,9 +33,27 @@ from service.gitwatch import DEFAULT_GLOB
 from service.plan import JobPlan, plan_job
 from service.sweeps import SWEEP_PREFIX
 
-cli = typer.Typer(
-    help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True, add_completion=False
-)
+cli = typer.Typer(help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"trainfleet {version('trainfleet')}", highlight=False)
+        raise typer.Exit()
+
+
+@cli.callback()
+def _options(
+    _version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """The options before any command: --version, and typer's --install-completion (tab completion of
+    commands and options in bash, zsh, fish or PowerShell)."""
+
+
 UseRay = Annotated[bool, typer.Option("--use-ray", help="Set use_ray: true (like axolotl's flag).")]
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import atexit
-from typing import Annotated
+import os
+import sys
+from typing import Annotated, TextIO
 
 import typer
 from rich.console import Console
@@ -14,8 +16,16 @@ from core.settings import Settings, load_settings
 from jobs.spec import format_problems
 from service import embedded, runs
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+PIPE_WIDTH = 400  # a table printed into a pipe or file: as wide as its cells, not cut at rich's 80 columns
+
+
+def _width(stream: TextIO) -> int | None:
+    """None (the terminal's width, or COLUMNS) on a terminal or where COLUMNS says; else PIPE_WIDTH."""
+    return None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+
+
+out = Console(soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 

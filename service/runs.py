@@ -84,6 +84,12 @@ def _run_dir(runs_dir: Path, run_id: str | None) -> tuple[str, Path, bool]:
     raise AlreadyExists(f"no free run id after {ID_DRAWS} draws")
 
 
+LOCAL_ELSEWHERE = (
+    "; a local job trains on the machine of a fleet that runs its workers there (`fleet run`, `fleet up`), "
+    "or give the job a runpod: or vastai: section"
+)
+
+
 def check_submittable(settings: Settings, job: LoadedJob) -> None:
     """Refuse (ConfigError) a valid job this fleet cannot run: its provider is not available, or has no
     credential (named, never shown)."""
@@ -91,6 +97,12 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         message = "this file is a sweep: submit it with `fleet sweep FILE` (or /sweep in Discord)"
         raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
     provider = job.spec.provider.value
+    if provider not in settings.providers:
+        message = (
+            f"cannot submit: this fleet runs {', '.join(settings.providers)} jobs only (FLEET_PROVIDERS)"
+            + (LOCAL_ELSEWHERE if provider == "local" else "")
+        )
+        raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     secrets = load_fleet_secrets()
     try:
         get_provider(provider, provider_context(settings, secrets))

@@ -276,3 +276,44 @@ def test_a_read_only_command_leaves_no_redis_it_started_and_keeps_one_it_found(t
     finally:
         embedded.stop_redis(home)
     assert url.startswith("unix://")
+
+
+def test_version_is_the_installed_packages() -> None:
+    from importlib.metadata import version
+
+    shown = CliRunner().invoke(cli, ["--version"])
+    assert shown.exit_code == 0 and shown.stdout.strip() == f"trainfleet {version('trainfleet')}"
+
+
+def test_a_table_printed_into_a_pipe_keeps_its_cells_whole(
+    env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path
+) -> None:
+    """Not a terminal and no COLUMNS: the list is as wide as its cells (a script's grep finds the whole
+    source path on the run's row), not cut or wrapped at rich's 80 columns."""
+    source = "/home/someone/projects/finetunes/configs/2026-12/tasks/llama-3.2-1b-lora-alpaca-sweep-07.yml"
+    run = ledger_run("261203-111111-pipe01", LocalSection()).model_copy(update={"source": source})
+    Ledger(redis_client).create_run(run, [])
+    piped = {**fleet_env(tmp_path / "h"), **env}
+    piped.pop("COLUMNS", None)
+    done = fleet(piped, "status", timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = [line for line in done.stdout.splitlines() if "261203-111111-pipe01" in line]
+    assert source in row and len(row) > 120, done.stdout
+
+
+def test_a_provider_this_fleet_does_not_run_is_refused_at_submit_with_its_line(
+    env: dict[str, str], redis_client: redis.Redis[str]
+) -> None:
+    """docker-compose's fleet runs no local: jobs (FLEET_PROVIDERS=runpod,vastai): one is refused where its
+    section was written, saying what to do instead; nothing is queued."""
+    line = EXAMPLE_YAML.read_text().splitlines().index("local:") + 1
+    result = CliRunner().invoke(
+        cli, ["enqueue", str(EXAMPLE_YAML)], env={**env, "FLEET_PROVIDERS": "runpod,vastai"}
+    )
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert (
+        f"{EXAMPLE_YAML.name}:{line}: local: cannot submit: this fleet runs runpod, vastai jobs only" in said
+    )
+    assert "give the job a runpod: or vastai: section" in said
+    assert redis_client.zcard(RUNS_INDEX) == 0 and redis_client.llen(Stage.PROVISION.value) == 0

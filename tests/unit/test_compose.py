@@ -85,3 +85,18 @@ def test_no_credential_is_written_in_the_file() -> None:
     # Every credential the fleet knows reaches the services that need it, by name.
     env = services()["worker-provision"]["environment"]
     assert {k for k in CREDENTIAL_NAMES if k != "FLEET_DISCORD_BOT_TOKEN"} <= set(env)
+
+
+def test_the_containers_refuse_local_jobs_and_have_git() -> None:
+    """A local Ray head in one worker's container is out of the other stages' reach: the compose fleet's
+    settings (as the real Settings read them) leave local out, so such a job is refused at submit. The image
+    has git, for `fleet watch` and `enqueue --changed-since`."""
+    from core.settings import Settings
+
+    for name, svc in services().items():
+        if name == "redis":
+            continue
+        allowed = Settings.model_validate({"providers": svc["environment"]["FLEET_PROVIDERS"]}).providers
+        assert allowed == ("runpod", "vastai"), name
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"apt-get install -y --no-install-recommends git\b", dockerfile)
