@@ -39,6 +39,7 @@ RUNS_INDEX = f"{PREFIX}:runs"  # sorted set: run id -> created_at
 INSTANCES_INDEX = f"{PREFIX}:instances"  # set of instance names ever recorded and not yet settled
 EVENTS_STREAM = f"{PREFIX}:events"  # every event of the fleet
 REAP_LOCK = f"{PREFIX}:lock:reap"
+REAP_SEEN = f"{PREFIX}:reap:seen"  # when a periodic reap task last ran: beat and the reap worker both work
 SWEEPS_INDEX = f"{PREFIX}:sweeps"  # sorted set: sweep id -> created_at
 SWEEPS_ACTIVE = f"{PREFIX}:sweeps:active"  # set of sweeps not yet finished (the reaper advances them)
 WORKERS_PREFIX = f"{PREFIX}:worker:"

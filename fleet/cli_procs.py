@@ -1,18 +1,22 @@
 """`fleet worker`, `beat`, `up`, `notify`, `bot` and `down`: the fleet's own processes, each run in the
 foreground until Ctrl-C (the Celery worker and beat, a whole single-machine fleet, the Discord notifier and
-bot), and `down`, which stops the embedded Redis.
+bot), `down`, which stops the embedded Redis, and `health`, docker-compose's check of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import signal
+import socket
 import threading
+import time
+import urllib.request
 from typing import Annotated
 
 import typer
 
-from broker.constants import QUEUES
+from broker.constants import QUEUES, REAP_SEEN
 from fleet.cli_common import connect_or_exit, err, out, settings_or_exit
 
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
@@ -27,6 +31,7 @@ def register(cli: typer.Typer) -> None:
     cli.command()(notify)
     cli.command()(bot)
     cli.command()(down)
+    cli.command()(health)
 
 
 def worker(
@@ -140,3 +145,45 @@ def down() -> None:
 
     settings = settings_or_exit()
     out.print("stopped" if stop_redis(settings.home) else "not running")
+
+
+class Part(enum.StrEnum):
+    worker = "worker"
+    beat = "beat"
+    flower = "flower"
+
+
+def health(
+    part: Annotated[Part, typer.Argument(help="What to check on this machine.")],
+    port: Annotated[int, typer.Option(help="Flower's port.")] = 5555,
+) -> None:
+    """Exit 0 when this machine's PART works, else 1 saying why (docker-compose's healthchecks): worker, a
+    worker here keeps its heartbeat in Redis; beat, a periodic reaper ran within three reap intervals (beat
+    sent it, a reap worker ran it); flower, its /healthcheck answers OK."""
+    if part == Part.flower:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/healthcheck")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                ok = answer.read() == b"OK"
+        except OSError as exc:
+            err.print(f"flower does not answer on 127.0.0.1:{port}: {exc}", markup=False)
+            raise typer.Exit(1) from None
+        raise typer.Exit(0 if ok else 1)
+    settings = settings_or_exit()
+    fleet = connect_or_exit(settings)
+    if part == Part.worker:
+        from workers.process import served_queues
+
+        served = served_queues(fleet.redis, socket.gethostname())
+        if not served:
+            err.print(f"no worker on {socket.gethostname()} keeps its heartbeat", markup=False)
+            raise typer.Exit(1)
+        out.print(f"worker serves {', '.join(sorted(served))}", highlight=False)
+        return
+    seen = fleet.redis.get(REAP_SEEN)
+    age = time.time() - float(seen) if seen else None
+    if age is None or age > 3 * settings.reap_interval_s + 30:
+        when = f"{age:.0f} s ago" if age is not None else "never"
+        err.print(f"the periodic reaper last ran {when} (every {settings.reap_interval_s:g} s)", markup=False)
+        raise typer.Exit(1)
+    out.print(f"the periodic reaper ran {age:.0f} s ago", highlight=False)

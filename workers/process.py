@@ -44,12 +44,12 @@ def start_heartbeat(client: redis.Redis[str], hostname: str, queues: list[str]) 
     return stop
 
 
-def served_queues(client: redis.Redis[str]) -> set[str]:
-    """Queues that some live worker consumes (by the heartbeat keys)."""
+def served_queues(client: redis.Redis[str], host: str | None = None) -> set[str]:
+    """Queues that some live worker (on `host`, when given) consumes (by the heartbeat keys)."""
     served: set[str] = set()
     for key in client.scan_iter(match=f"{WORKERS_PREFIX}*"):
         raw = client.get(key)
-        if raw:
+        if raw and (host is None or json.loads(raw).get("host") == host):
             served.update(json.loads(raw).get("queues", []))
     return served
 

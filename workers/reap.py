@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_TASK, Stage, tick_key
+from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_SEEN, REAP_TASK, Stage, tick_key
 from broker.cost import run_cost
 from broker.events import new_event
 from broker.ledger import Draft
@@ -386,7 +386,9 @@ def reap_at(self: Task) -> None:
 
 @app.task(name=REAP_TASK)
 def reap() -> None:
-    """The periodic reaper."""
-    report = reap_once(context.get())
+    """The periodic reaper. Its start is recorded (REAP_SEEN): `fleet health beat` reads it."""
+    ctx = context.get()
+    ctx.redis.set(REAP_SEEN, f"{time.time():.3f}")
+    report = reap_once(ctx)
     if report is not None and report.any():
         log.info("reap: %s", {k: v for k, v in vars(report).items() if v})

@@ -71,6 +71,21 @@ def test_each_command_is_accepted_by_the_real_cli(service: str) -> None:
     assert result.exit_code == 0, (args, result.output)
 
 
+def test_every_fleet_service_but_the_discord_pair_has_a_healthcheck_the_real_cli_accepts() -> None:
+    """`fleet health PART` (tests/integration/test_health.py runs it against real processes); the bot and
+    the notifier have none yet (a gateway session and a stream reader: no heartbeat of their own)."""
+    for name, svc in services().items():
+        if name in ("redis", "bot", "notifier"):
+            continue
+        test = svc["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "fleet", "health"], (name, test)
+        assert test[3] == ("worker" if name.startswith("worker-") else name), (name, test)
+        result = CliRunner().invoke(cli, [*test[2:], "--help"])
+        assert result.exit_code == 0, (name, result.output)
+    flower = services()["flower"]["command"]
+    assert flower[flower.index("--host") + 1] == "127.0.0.1:5555"  # the name its healthcheck reaches it by
+
+
 def test_no_credential_is_written_in_the_file() -> None:
     """A credential is passed through from the host by name (null) or as a bare ${VAR}, never with a value
     or a non-empty default; every other value given by reference is a plain ${VAR[:-default]}."""
