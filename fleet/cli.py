@@ -242,7 +242,13 @@ def _summary(run: Run) -> None:
     if run.state.value == "SUCCEEDED":
         m = run.metrics
         out.print(f"output: {run.output_dir}", highlight=False)
-        out.print(f"eval_loss: {m.get('eval_loss_first')} -> {m.get('eval_loss')}", highlight=False)
+        first, last = _loss(m.get("eval_loss_first")), _loss(m.get("eval_loss"))
+        out.print(f"eval_loss: {first} -> {last}", highlight=False)
+
+
+def _loss(value: object) -> str:
+    """A loss as people read it (4 significant digits); `fleet status --json` keeps it whole."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @cli.command()
