@@ -26,6 +26,7 @@ again finds the first); through a webhook (no nonce there) that one message is p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -51,7 +52,14 @@ from bot.render import (
     truncate,
 )
 from bot.sinks import DiscordDown, Sink, WebhookSink
-from broker.constants import NOTIFIER_GROUP, notify_sent_key, notify_status_key, notify_thread_key
+from broker.constants import (
+    ALIVE_TTL_S,
+    NOTIFIER_GROUP,
+    alive_key,
+    notify_sent_key,
+    notify_status_key,
+    notify_thread_key,
+)
 from broker.cost import run_cost
 from broker.events import EventConsumer
 from broker.ledger import Ledger
@@ -139,7 +147,12 @@ class Notifier:
         """Read and hand out events until `stop` is set, without waiting for the lanes (a slow run holds
         up only itself); runs whose lane stopped on an error get their entries again after `backoff_s`."""
         stopped_at: float | None = None
+        alive_at = 0.0
         while not stop.is_set():
+            if time.monotonic() - alive_at >= ALIVE_TTL_S / 4:  # `fleet health notifier` reads it
+                with contextlib.suppress(redis.RedisError):
+                    self.client.set(alive_key("notifier", socket.gethostname()), "1", ex=ALIVE_TTL_S)
+                alive_at = time.monotonic()
             with self._lock:
                 stopped = bool(self._stopped)
             if stopped and stopped_at is None:

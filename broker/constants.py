@@ -82,6 +82,14 @@ def worker_key(hostname: str) -> str:
     return f"{WORKERS_PREFIX}{hostname}"
 
 
+ALIVE_TTL_S = 60  # a process that marks itself alive does so more often than this (`fleet health`)
+
+
+def alive_key(part: str, hostname: str) -> str:
+    """Set (ALIVE_TTL_S) by a fleet process on `hostname` while it works; `fleet health PART` reads it."""
+    return f"{PREFIX}:alive:{part}:{hostname}"
+
+
 # The Discord bot (bot/).
 NOTIFIER_GROUP = "notifier"  # the notifier's consumer group on EVENTS_STREAM
 

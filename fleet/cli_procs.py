@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from broker.constants import QUEUES, REAP_SEEN
+from broker.constants import QUEUES, REAP_SEEN, alive_key
 from fleet.cli_common import connect_or_exit, err, out, settings_or_exit
 
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
@@ -151,6 +151,7 @@ class Part(enum.StrEnum):
     worker = "worker"
     beat = "beat"
     flower = "flower"
+    notifier = "notifier"
 
 
 def health(
@@ -159,7 +160,8 @@ def health(
 ) -> None:
     """Exit 0 when this machine's PART works, else 1 saying why (docker-compose's healthchecks): worker, a
     worker here keeps its heartbeat in Redis; beat, a periodic reaper ran within three reap intervals (beat
-    sent it, a reap worker ran it); flower, its /healthcheck answers OK."""
+    sent it, a reap worker ran it); flower, its /healthcheck answers OK; notifier, `fleet notify` here reads
+    the events (it marks itself alive in Redis)."""
     if part == Part.flower:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/healthcheck")
         try:
@@ -171,6 +173,11 @@ def health(
         raise typer.Exit(0 if ok else 1)
     settings = settings_or_exit()
     fleet = connect_or_exit(settings)
+    if part == Part.notifier:
+        if not fleet.redis.exists(alive_key("notifier", socket.gethostname())):
+            err.print(f"no notifier on {socket.gethostname()} marks itself alive", markup=False)
+            raise typer.Exit(1)
+        return
     if part == Part.worker:
         from workers.process import served_queues
 

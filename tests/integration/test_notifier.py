@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import requests
 from PIL import Image
 
 from bot.notifier import Notifier, webhook_parts
+from broker.constants import alive_key
 from broker.constants import notify_sent_key as sent_key
 from broker.constants import notify_status_key as status_key
 from core.settings import Settings
@@ -265,8 +267,14 @@ def test_fleet_notify_posts_until_stopped(
             assert time.monotonic() < deadline, "no status message from `fleet notify`"
             time.sleep(0.2)
         assert _status(fake_discord, "cli-run")["embeds"][0]["title"].startswith("cli-run")
+        # docker-compose's healthcheck of the notifier service: it marks itself alive while it reads.
+        health = subprocess.run([*cmd[:-1], "health", "notifier"], env=env, capture_output=True, timeout=60)
+        assert health.returncode == 0, health.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         if proc.stderr:
             proc.stderr.close()
+    redis_client.delete(alive_key("notifier", socket.gethostname()))  # as ALIVE_TTL_S after it stopped
+    health = subprocess.run([*cmd[:-1], "health", "notifier"], env=env, capture_output=True, timeout=60)
+    assert health.returncode == 1 and b"no notifier on" in health.stderr
