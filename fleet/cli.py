@@ -217,16 +217,23 @@ def run(
     settings = settings_or_exit()
     (job,) = _load([file], settings, use_ray)
     fleet = connect_or_exit(settings)
-    submitted = None
-    with live.OwnWorker(fleet, settings) as worker:
-        try:
-            submitted = _submit(fleet, job)
+    queued: list[Run] = []
+    worker = None
+
+    def cancel() -> bool:
+        if queued:
+            svc.cancel(fleet, queued[0].run_id)
+        return bool(queued)
+
+    try:
+        with live.cancelling(cancel, "run"), live.OwnWorker(fleet, settings) as worker:
+            queued.append(_submit(fleet, job))
             worker.ready()
-            final = live.follow(fleet, submitted, live=not as_json and out.is_terminal, quiet=as_json)
-        except KeyboardInterrupt:
-            if submitted is not None:
-                live.left(fleet, submitted.run_id, worker)
-            raise typer.Exit(130) from None
+            final = live.follow(fleet, queued[0], live=not as_json and out.is_terminal, quiet=as_json)
+    except KeyboardInterrupt:
+        if queued and worker is not None:
+            live.left(fleet, queued[0].run_id, worker)
+        raise typer.Exit(130) from None
     if as_json:
         out.print_json(run_view(fleet, final).model_dump_json())
     else:

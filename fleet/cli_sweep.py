@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,32 +60,43 @@ def sweep(
     for warning in plan.warnings:
         err.print(f"[yellow]warning[/yellow] {plan.source}: {warning}", highlight=False)
     fleet = connect_or_exit(settings)
-    with contextlib.ExitStack() as stack:
-        # With --wait, the rule of every command that waits on runs (as `fleet run`): a worker of its own
-        # when none is up, stopped on the way out; a first Ctrl-C cancels the sweep, a second leaves it.
-        worker = stack.enter_context(live.OwnWorker(fleet, settings)) if wait else None
-        try:
-            found = sweeps.submit_sweep(fleet, plan)
-        except ConfigError as exc:
-            err.print(format_problems(exc), markup=False, highlight=False)
-            raise typer.Exit(1) from None
-        if worker is None:
-            _queued(fleet, found, as_json)
-            return
-        worker.ready()
-        try:
-            with live.cancelling(lambda: sweeps.cancel_sweep(fleet, found.sweep_id), "sweep"):
-                view = follow(fleet, found.sweep_id, live=not as_json and out.is_terminal)
-        except KeyboardInterrupt:
-            state = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(found.sweep_id)).state
+    if not wait:
+        _queued(fleet, _submit(fleet, plan), as_json)
+        return
+    # --wait: the rule of every command that waits on runs (as `fleet run`): a worker of its own when none
+    # is up, stopped on the way out; a first Ctrl-C cancels the sweep, a second leaves it.
+    queued: list[Sweep] = []
+    worker = None
+
+    def cancel() -> bool:
+        if queued:
+            sweeps.cancel_sweep(fleet, queued[0].sweep_id)
+        return bool(queued)
+
+    try:
+        with live.cancelling(cancel, "sweep"), live.OwnWorker(fleet, settings) as worker:
+            queued.append(_submit(fleet, plan))
+            worker.ready()
+            view = follow(fleet, queued[0].sweep_id, live=not as_json and out.is_terminal)
+    except KeyboardInterrupt:
+        if queued and worker is not None:
+            state = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(queued[0].sweep_id)).state
             if state not in FINAL_STATES:
-                worker.left(f"sweep {found.sweep_id}", state)
-            raise typer.Exit(130) from None
+                worker.left(f"sweep {queued[0].sweep_id}", state)
+        raise typer.Exit(130) from None
     if as_json:
         out.print_json(view.model_dump_json(by_alias=True))
     else:
         show(view)
     raise typer.Exit(0 if view.state == "SUCCEEDED" else 1)
+
+
+def _submit(fleet: Fleet, plan: sweep_spec.SweepPlan) -> Sweep:
+    try:
+        return sweeps.submit_sweep(fleet, plan)
+    except ConfigError as exc:
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
 
 
 def _queued(fleet: Fleet, found: Sweep, as_json: bool) -> None:

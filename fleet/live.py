@@ -136,20 +136,21 @@ def left(fleet: svc.Fleet, run_id: str, worker: OwnWorker) -> None:
 
 
 @contextlib.contextmanager
-def cancelling(cancel: Callable[[], object], what: str) -> Iterator[None]:
+def cancelling(cancel: Callable[[], bool], what: str) -> Iterator[None]:
     """While inside: the first Ctrl-C, SIGTERM or SIGHUP (`timeout`, a closed terminal) calls `cancel` and
-    goes on (following `what` to its end); the second gives up (KeyboardInterrupt)."""
+    goes on (following `what` to its end); the second gives up (KeyboardInterrupt), and so does the first
+    when `cancel` finds nothing to cancel yet (False: the run or sweep is not queued yet). Entered before
+    the submit, so that no signal finds the default handler (which would end the command and leave the
+    worker it started running)."""
     interrupted = {"n": 0}
 
     def on_signal(sig: int, _frame: Any) -> None:
         interrupted["n"] += 1
-        if interrupted["n"] >= 2:
+        if interrupted["n"] >= 2 or not cancel():
             raise KeyboardInterrupt
+        name = signal.Signals(sig).name
         with contextlib.suppress(OSError):
-            err.print(
-                f"[yellow]{signal.Signals(sig).name}: cancelling the {what} (again to leave it)...[/yellow]"
-            )
-        cancel()
+            err.print(f"[yellow]{name}: cancelling the {what} (again to leave it)...[/yellow]")
 
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, on_signal) for sig in stops}
@@ -161,12 +162,9 @@ def cancelling(cancel: Callable[[], object], what: str) -> Iterator[None]:
 
 
 def follow(fleet: svc.Fleet, run: Run, live: bool, quiet: bool) -> Run:
-    """Show a run's events until it ends; a signal cancels it first (`cancelling`)."""
+    """Show a run's events until it ends (the caller's `cancelling` says what a signal does meanwhile)."""
     view = LiveView(run)
-    with (
-        cancelling(lambda: svc.cancel(fleet, run.run_id), "run"),
-        Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen,
-    ):
+    with Live(view, console=out, refresh_per_second=4, transient=False) if live else _Null() as screen:
         for event in events.follow_run(fleet.redis, run.run_id, after="0", block_ms=500):
             current = fleet.ledger.get_run(run.run_id)
             view.update(current, event)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import redis
 
-from broker.constants import RUNS_INDEX
+from broker.constants import RUNS_INDEX, run_key
 from jobs.dataset_check import MAX_ROWS
 from providers.local.client import node_python
 from tests.factories import EXAMPLE_YAML, copy_example_data
@@ -296,6 +296,34 @@ def trainer_drivers(run_id: str) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue
     return found
+
+
+def test_a_signal_in_fleet_runs_first_moments_leaves_no_worker_and_no_run_going(home: Path) -> None:
+    """SIGTERM while `fleet run` is still starting its worker and submitting (CI of 2618414: a signal that
+    came before the handler was in place ended the command by the default action, and its worker ran the
+    run to its end alone): it leaves at once (nothing queued yet) or cancels what it queued; either way no
+    worker is left and no run goes on."""
+    env = fleet_env(home)
+    argv = [sys.executable, "-m", "fleet", "run", str(light_job(home)), "--json"]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until(lambda: fleet_workers(home), 60, "the worker `fleet run` starts")
+        proc.send_signal(signal.SIGTERM)  # the worker is starting: seconds before the run's first stage
+        _stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = fleet_workers(home)
+        for worker in left:  # (a failure here must not leave them serving the home)
+            worker.kill()
+    assert proc.returncode in (1, 130), stderr[-3000:]  # cancelled and followed to its end, or left at once
+    assert left == []
+    client = ledger_of(env)
+    runs = [json.loads(client.get(run_key(r)) or "{}") for r in client.zrange(RUNS_INDEX, 0, -1)]
+    assert all(r["state"] in ("CANCELLED", "QUEUED") for r in runs), runs  # none trains on without it
+    assert live_heads(home) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
