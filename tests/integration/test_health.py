@@ -1,5 +1,6 @@
 """`fleet health PART`, docker-compose's healthchecks, against the real processes: a `fleet up` (worker and
-beat, the reaper every 2 s) and `fleet flower`, each checked while up and after it stopped."""
+beat, the reaper every 2 s) and `fleet flower`, each checked while up and after it stopped (the `home`
+fixture stops the embedded Redis they started)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from tests.integration.flowerproc import flower
 pytestmark = pytest.mark.integration
 
 
-def test_health_of_a_worker_and_beat_while_up_and_after(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_health_of_a_worker_and_beat_while_up_and_after(home: Path, tmp_path: Path) -> None:
     env = fleet_env(home)
     before = fleet(env, "health", "worker", timeout=60)
     assert before.returncode == 1 and "no worker on" in before.stderr, before.stderr[-2000:]
@@ -45,8 +45,8 @@ def test_health_of_a_worker_and_beat_while_up_and_after(tmp_path: Path) -> None:
     )
 
 
-def test_health_of_flower(tmp_path: Path) -> None:
-    env = fleet_env(tmp_path / "home", FLOWER_BASIC_AUTH="ops:secret-pass")
+def test_health_of_flower(home: Path, tmp_path: Path) -> None:
+    env = fleet_env(home, FLOWER_BASIC_AUTH="ops:secret-pass")
     with flower(env, tmp_path / "flower.log") as at:
         port = at.url.rsplit(":", 1)[1]
         assert fleet(env, "health", "flower", "--port", port, timeout=60).returncode == 0
