@@ -49,8 +49,9 @@ def served_queues(client: redis.Redis[str], host: str | None = None) -> set[str]
     served: set[str] = set()
     for key in client.scan_iter(match=f"{WORKERS_PREFIX}*"):
         raw = client.get(key)
-        if raw and (host is None or json.loads(raw).get("host") == host):
-            served.update(json.loads(raw).get("queues", []))
+        beat = json.loads(raw) if raw else {}
+        if beat and (host is None or beat.get("host") == host):
+            served.update(beat.get("queues", []))
     return served
 
 
