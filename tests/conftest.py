@@ -7,8 +7,45 @@ from pathlib import Path
 
 import pytest
 import redis
+from xdist.remote import Producer
 
 from service.embedded import ensure_redis, stop_redis
+from tests import scheduling
+
+# The modules whose tests train (a trainer on Ray or in the test's process, 30-230 s on two cores). Under
+# `pytest -n 2` (the Makefile's test) tests.scheduling never runs two of them at once.
+TRAINING_MODULES = frozenset(
+    {
+        "integration/test_axolotl_node.py",
+        "integration/test_bot.py",
+        "integration/test_e2e.py",
+        "integration/test_e2e_axolotl.py",
+        "integration/test_e2e_clouds.py",
+        "integration/test_e2e_entry.py",
+        "integration/test_e2e_hub.py",
+        "integration/test_e2e_multinode.py",
+        "integration/test_e2e_preemption.py",
+        "integration/test_hub_checkpoints.py",
+        "integration/test_node_ready.py",
+        "integration/test_sweeps.py",
+        "integration/test_tracking.py",
+        "integration/test_trainer_ray.py",
+        "faults/test_cloud_runs.py",
+        "faults/test_preemption.py",
+        "faults/test_redis_restart.py",
+        "faults/test_worker_kills.py",
+    }
+)
+
+
+def trains(nodeid: str) -> bool:
+    """Whether a test id (`tests/integration/test_e2e.py::test_x[...]`) is one of TRAINING_MODULES' tests."""
+    return scheduling.module_of(nodeid).removeprefix("tests/") in TRAINING_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> scheduling.TrainingApart | None:
+    return scheduling.make(config, log, trains)
 
 
 @pytest.fixture(scope="session")
