@@ -1,9 +1,9 @@
 # The trainfleet control plane: the `fleet` CLI for the workers, beat, Flower, the bot and the notifier
-# (see docker-compose.yml). It never trains: the rented GPU nodes do. So torch, which the package needs,
-# is the CPU build, installed first from PyTorch's CPU index so that nothing pulls CUDA into the image.
+# (see docker-compose.yml). It never trains: the rented GPU nodes do. So it is the plain install, the control
+# plane alone (requirements-fleet.txt: no torch, transformers or peft; tests/integration/test_control_install.py
+# runs its CLI as installed so).
 FROM python:3.11-slim
 
-ARG TORCH_VERSION=2.13.0
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -12,10 +12,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # git: `fleet watch` and `fleet enqueue --changed-since` read the configs' repository with it.
 RUN apt-get update && apt-get install -y --no-install-recommends git \
     && rm -rf /var/lib/apt/lists/*
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 
 WORKDIR /app
-COPY pyproject.toml README.md requirements-fleet.txt ./
+COPY pyproject.toml README.md requirements-*.txt ./
 COPY core ./core
 COPY jobs ./jobs
 COPY broker ./broker

@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# The node's software at exact versions (trainer/node-pins.txt); pip's constraints take no [extras].
+PINS := trainer/node-pins.txt
+PIN_OF = $(shell sed -n 's/^$(1)\(\[[^]]*\]\)\{0,1\}==/$(1)==/p' $(PINS))
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
-TORCH  ?= torch==2.13.0
+TORCH  ?= $(call PIN_OF,torch)
 # No bytecode while pip installs: of the venvs' 8 GB of Python the tests import a small part, and Python
 # writes each module's bytecode on its first import. Where PYTHONDONTWRITEBYTECODE is set (as in this CI)
 # it would never write it and pay the compile on every import, so the recipes run without it. (Compiling
@@ -11,46 +14,71 @@ TORCH  ?= torch==2.13.0
 PIP_FLAGS ?= --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup node-env axolotl-env lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup fleet-env node-env axolotl-env control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
-setup: $(BIN)/python
-	$(BIN)/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)"
-	$(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]"
-	@$(MAKE) --no-print-directory -j2 node-env axolotl-env
+# The four environments at once (pip mostly waits on downloads); the control plane's after the fleet's,
+# since both build the package in this tree. A download cut short is tried again once.
+setup:
+	@$(MAKE) --no-print-directory -j3 fleet-env node-env axolotl-env
+	@$(MAKE) --no-print-directory control-env
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-
-# The nodes' own environment: only the node's software (trainer/requirements-node.txt), at exactly the
-# versions the fleet runs (constraints frozen from .venv). Local and fake-cloud nodes run in it, never in
-# the fleet's .venv, so a node that lacks something the trainer needs fails here as it would on a rental.
-NODE_VENV := .venv-node
 NODE_CONSTRAINTS := out/node-constraints.txt
+$(NODE_CONSTRAINTS): $(PINS)
+	@mkdir -p $(dir $@)
+	sed 's/\[[^]]*\]//' $(PINS) > $@
+
+# The fleet's own environment: the control plane, the node's software at the pins (the tests train on this
+# CPU and import the trainer) and the tools.
+fleet-env: $(NODE_CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(PIP_FLAGS) --upgrade pip
+	$(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)"
+	$(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]" -c $(NODE_CONSTRAINTS) \
+		|| $(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]" -c $(NODE_CONSTRAINTS)
+	@echo "fleet env done: $(BIN)/python"
+
+# The nodes' own environment: only the node's software, exactly as a rented node's start script installs it
+# (trainer/node-pins.txt). Local and fake-cloud nodes run in it, never in the fleet's .venv, so a node that
+# lacks something the trainer needs fails here as it would on a rental.
+NODE_VENV := .venv-node
 
 node-env:
-	@mkdir -p $(dir $(NODE_CONSTRAINTS))
-	$(BIN)/python -m pip freeze --exclude-editable > $(NODE_CONSTRAINTS)
 	test -x $(NODE_VENV)/bin/python || $(PYTHON) -m venv $(NODE_VENV)
 	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" -c $(NODE_CONSTRAINTS)
-	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r trainer/requirements-node.txt -c $(NODE_CONSTRAINTS)
+	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
+	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r $(PINS) || $(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r $(PINS)
 	@echo "node env done: $(NODE_VENV)/bin/python"
 
 # The local nodes' environment for axolotl jobs, as axolotl's image has it: axolotl at the fleet's default
 # release (core.settings.DEFAULT_AXOLOTL_VERSION) with its own pins of torch, transformers and peft (the CPU
 # torch here), plus the fleet's Ray. Never the fleet's .venv: axolotl pins versions the fleet does not run.
 AXOLOTL_VENV := .venv-axolotl
-AXOLOTL_VERSION ?= $(shell $(BIN)/python -c "from core.settings import DEFAULT_AXOLOTL_VERSION as v; print(v)")
-RAY_PIN = $(shell $(BIN)/python -c "from providers.bootstrap import node_pins; print(next(p for p in node_pins() if p.startswith('ray')))")
+AXOLOTL_VERSION ?= $(shell sed -n 's/^DEFAULT_AXOLOTL_VERSION = "\(.*\)"/\1/p' core/settings.py)
+AXOLOTL_SET = "axolotl==$(AXOLOTL_VERSION)" "$(shell grep -E '^ray(\[|==)' $(PINS))" "$(TORCH)"
 
 axolotl-env:
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
-	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "axolotl==$(AXOLOTL_VERSION)" "$(RAY_PIN)" "$(TORCH)"
+	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
+	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) $(AXOLOTL_SET) || $(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) $(AXOLOTL_SET)
 	@echo "axolotl env done: $(AXOLOTL_VENV)/bin/python (axolotl $(AXOLOTL_VERSION))"
+
+# The control plane alone, as the compose images install it (`pip install .`: no torch, transformers or
+# peft); tests/integration/test_control_install.py runs the CLI from it.
+CONTROL_VENV := .venv-control
+
+control-env: $(NODE_CONSTRAINTS)
+	test -x $(CONTROL_VENV)/bin/python || $(PYTHON) -m venv $(CONTROL_VENV)
+	$(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
+	$(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) -e . -c $(NODE_CONSTRAINTS) \
+		|| $(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) -e . -c $(NODE_CONSTRAINTS)
+	@echo "control env done: $(CONTROL_VENV)/bin/fleet"
+
+# trainer/node-pins.txt again from trainer/requirements-node.txt's ranges, as pip resolves them today.
+node-pins:
+	$(BIN)/pip install -q --dry-run --ignore-installed --report out/node-report.json -r trainer/requirements-node.txt
+	$(BIN)/python -m providers.bootstrap out/node-report.json
 
 lint:
 	$(BIN)/ruff check .
@@ -108,8 +136,8 @@ flower:
 # (a private registry also needs its credentials at the provider).
 FLEET_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
 NODE_IMAGE ?= trainfleet-node:$(FLEET_VERSION)
-NODE_PINS ?= $(shell $(BIN)/python -c "from providers.bootstrap import node_pins; print(' '.join(node_pins()))" 2>/dev/null)
-NODE_VERSION_OF = $(shell $(BIN)/python -c "import importlib.metadata as m; print(m.version('$(1)').split('+')[0])" 2>/dev/null)
+NODE_PINS ?= $(shell sed -n '/^[^#]/p' $(PINS) | tr '\n' ' ')
+NODE_VERSION_OF = $(shell sed -n 's/^$(1)\(\[[^]]*\]\)\{0,1\}==//p' $(PINS))
 NODE_BUILD_ARGS ?=
 
 .PHONY: node-image
@@ -120,4 +148,4 @@ node-image:
 		$(if $(NODE_PINS),--build-arg NODE_PINS="$(NODE_PINS)") $(NODE_BUILD_ARGS) .
 
 clean:
-	rm -rf $(VENV) $(NODE_VENV) $(AXOLOTL_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(NODE_VENV) $(AXOLOTL_VENV) $(CONTROL_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -10,14 +10,15 @@ from __future__ import annotations
 import ast
 import base64
 import functools
-import importlib.metadata
 import inspect
+import json
 import re
 import shlex
 import sys
 import zlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import trainer
 from core import envnames
@@ -62,6 +63,7 @@ ACCESS_LINES = (
     f"unset {JUPYTER_TOKEN_ENV}",
 )
 NODE_REQUIREMENTS = Path(trainer.__file__).with_name("requirements-node.txt")
+NODE_PINS = Path(trainer.__file__).with_name("node-pins.txt")
 HEAD_ADDRESS_ENV = failsafe.HEAD_ENV  # a worker node joins the Ray head at this host:port
 GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
 JOIN_RETRY_S = 5
@@ -109,17 +111,42 @@ def packed_failsafe() -> str:
 
 @functools.cache
 def node_pins() -> tuple[str, ...]:
-    """The node's software (trainer/requirements-node.txt) pinned to the versions this fleet runs, as pip
-    requirements: a node installs exactly these of what its image lacks, so it never drifts from the fleet."""
-    pins = []
-    for line in NODE_REQUIREMENTS.read_text(encoding="utf-8").splitlines():
-        requirement = line.split("#", 1)[0].strip()
-        if not requirement:
-            continue
-        name = re.split(r"[<>=!~;\s]", requirement, maxsplit=1)[0]  # with its [extras]
-        version = importlib.metadata.version(name.split("[")[0]).split("+")[0]  # 2.13.0+cpu: 2.13.0
-        pins.append(f"{name}=={version}")
-    return tuple(pins)
+    """The node's software at exact versions (trainer/node-pins.txt, one `name==version` per requirement of
+    trainer/requirements-node.txt): a node installs exactly these of what its image lacks, and `make setup`
+    builds the fleet's and the local nodes' environments at them, so no node drifts from the fleet."""
+    return tuple(pin for line in NODE_PINS.read_text(encoding="utf-8").splitlines() if (pin := _bare(line)))
+
+
+def node_requirements() -> list[str]:
+    """trainer/requirements-node.txt's requirements, as written (`ray[default,train]==2.60.*`)."""
+    return [
+        req for line in NODE_REQUIREMENTS.read_text(encoding="utf-8").splitlines() if (req := _bare(line))
+    ]
+
+
+def requirement_name(requirement: str) -> str:
+    """`ray[default,train]==2.60.*` -> `ray[default,train]`: the name with its extras."""
+    return re.split(r"[<>=!~;\s]", requirement, maxsplit=1)[0]
+
+
+def canonical(name: str) -> str:
+    """PEP 503's normal form, extras dropped: `PyYAML` is `pyyaml`, `huggingface_hub` `huggingface-hub`."""
+    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
+
+
+def pins_from_report(report: dict[str, Any]) -> list[str]:
+    """Each node requirement at the version pip resolved for it: `report` is what `pip install --dry-run
+    --ignore-installed --report FILE -r trainer/requirements-node.txt` wrote (`make node-pins`)."""
+    resolved = {
+        canonical(item["metadata"]["name"]): item["metadata"]["version"].split("+")[0]  # 2.13.0+cpu: 2.13.0
+        for item in report["install"]
+    }
+    names = [requirement_name(req) for req in node_requirements()]
+    return [f"{name}=={resolved[canonical(name)]}" for name in names]
+
+
+def _bare(line: str) -> str:
+    return line.split("#", 1)[0].strip()
 
 
 def axolotl_pins(version: str) -> tuple[str, ...]:
@@ -225,3 +252,14 @@ def container_command(
 ) -> list[str]:
     """The container's command as argv (`sh -c SCRIPT`)."""
     return ["sh", "-c", start_script(vendor, worker, private_host)]
+
+
+def write_pins(report: Path) -> None:
+    """Rewrites trainer/node-pins.txt from pip's report, keeping its comments (`make node-pins`)."""
+    comments = [line for line in NODE_PINS.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+    pins = pins_from_report(json.loads(report.read_text(encoding="utf-8")))
+    NODE_PINS.write_text("\n".join([*comments, *pins]) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_pins(Path(sys.argv[1]))
