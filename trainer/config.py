@@ -243,7 +243,7 @@ def _shared_fields() -> dict[str, Any]:
         info = TrainConfig.model_fields[name]
         typed: Any = info.annotation
         if info.metadata:
-            typed = Annotated.__class_getitem__((typed, *info.metadata))  # type: ignore[attr-defined]
+            typed = Annotated[(typed, *info.metadata)]  # Annotated[T, m1, m2], built from a tuple
         fields[name] = (typed | None, Field(None, description=info.description))
     return fields
 
