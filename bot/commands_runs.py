@@ -83,7 +83,7 @@ def register_runs(tree: FleetTree) -> None:
             shown = shown[1:]
             body = "\n".join(shown)
         kept = await tree.run(nodelogs.read, fleet.redis, found.run_id)
-        node_text = "".join(f"==> {sid} <==\n{text}" for sid, text in kept)[-NODE_LOG_TAIL:]
+        node_text = "".join(nodelogs.heading(sid) + text for sid, text in kept)[-NODE_LOG_TAIL:]
         await tree.say(
             interaction,
             plain_embed(f"{found.run_id}: last {len(shown)} of {len(lines)} events", f"```\n{body}\n```"),

@@ -47,3 +47,8 @@ def read(client: redis.Redis[str], run_id: str) -> list[tuple[str, str]]:
     jobs = client.zrange(node_logs_key(run_id), 0, -1)
     texts = client.mget([node_log_key(run_id, sid) for sid in jobs]) if jobs else []
     return [(sid, text or "") for sid, text in zip(jobs, texts, strict=True)]
+
+
+def heading(submission_id: str) -> str:
+    """The line over a job's output where several are shown in one text (as `tail` heads its files)."""
+    return f"==> {submission_id} <==\n"

@@ -217,23 +217,20 @@ def run(
     settings = settings_or_exit()
     (job,) = _load([file], settings, use_ray)
     fleet = connect_or_exit(settings)
-    queued: list[Run] = []
-    worker = None
 
-    def cancel() -> bool:
-        if queued:
-            svc.cancel(fleet, queued[0].run_id)
-        return bool(queued)
+    def unfinished(run: Run) -> tuple[str, str] | None:
+        state = fleet.ledger.get_run(run.run_id).state
+        return None if state.is_terminal() else (run.run_id, state.value)
 
-    try:
-        with live.cancelling(cancel, "run"), live.OwnWorker(fleet, settings) as worker:
-            queued.append(_submit(fleet, job))
-            worker.ready()
-            final = live.follow(fleet, queued[0], live=not as_json and out.is_terminal, quiet=as_json)
-    except KeyboardInterrupt:
-        if queued and worker is not None:
-            live.left(fleet, queued[0].run_id, worker)
-        raise typer.Exit(130) from None
+    final = live.waited(
+        fleet,
+        settings,
+        "run",
+        submit=lambda: _submit(fleet, job),
+        cancel=lambda run: svc.cancel(fleet, run.run_id),
+        wait=lambda run: live.follow(fleet, run, live=not as_json and out.is_terminal, quiet=as_json),
+        unfinished=unfinished,
+    )
     if as_json:
         out.print_json(run_view(fleet, final).model_dump_json())
     else:
@@ -315,7 +312,7 @@ def node_logs(fleet: svc.Fleet, run_id: str, follow: bool, as_json: bool) -> Non
                 if as_json:
                     print(json.dumps({"ray_job": sid, "output": new}), flush=True)
                 else:
-                    print(f"==> {sid} <==\n" if start == 0 else "", new, sep="", end="", flush=True)
+                    print(nodelogs.heading(sid) if start == 0 else "", new, sep="", end="", flush=True)
             shown[sid] = len(text)
         if not follow or ended:
             return

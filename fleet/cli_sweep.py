@@ -63,27 +63,21 @@ def sweep(
     if not wait:
         _queued(fleet, _submit(fleet, plan), as_json)
         return
-    # --wait: the rule of every command that waits on runs (as `fleet run`): a worker of its own when none
-    # is up, stopped on the way out; a first Ctrl-C cancels the sweep, a second leaves it.
-    queued: list[Sweep] = []
-    worker = None
+    # --wait: the rule of every command that waits on runs (as `fleet run`): live.waited.
 
-    def cancel() -> bool:
-        if queued:
-            sweeps.cancel_sweep(fleet, queued[0].sweep_id)
-        return bool(queued)
+    def unfinished(sweep: Sweep) -> tuple[str, str] | None:
+        state = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(sweep.sweep_id)).state
+        return None if state in FINAL_STATES else (sweep.sweep_id, state)
 
-    try:
-        with live.cancelling(cancel, "sweep"), live.OwnWorker(fleet, settings) as worker:
-            queued.append(_submit(fleet, plan))
-            worker.ready()
-            view = follow(fleet, queued[0].sweep_id, live=not as_json and out.is_terminal)
-    except KeyboardInterrupt:
-        if queued and worker is not None:
-            state = sweeps.sweep_view(fleet, fleet.ledger.get_sweep(queued[0].sweep_id)).state
-            if state not in FINAL_STATES:
-                worker.left(f"sweep {queued[0].sweep_id}", state)
-        raise typer.Exit(130) from None
+    view = live.waited(
+        fleet,
+        settings,
+        "sweep",
+        submit=lambda: _submit(fleet, plan),
+        cancel=lambda sweep: sweeps.cancel_sweep(fleet, sweep.sweep_id),
+        wait=lambda sweep: follow(fleet, sweep.sweep_id, live=not as_json and out.is_terminal),
+        unfinished=unfinished,
+    )
     if as_json:
         out.print_json(view.model_dump_json(by_alias=True))
     else:

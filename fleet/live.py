@@ -8,8 +8,9 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
+import typer
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -24,6 +25,9 @@ from core.settings import Settings
 from fleet.cli_common import err, out
 from service import runs as svc
 from service.describe import describe, format_value
+
+T = TypeVar("T")  # what a waiting command submitted: a run, a sweep
+R = TypeVar("R")  # what it waited for: the run's end, the sweep's view
 
 
 class LiveView:
@@ -128,11 +132,36 @@ class OwnWorker:
             err.print(f"left {what} {state} with its cancel requested; {finish}.", markup=False)
 
 
-def left(fleet: svc.Fleet, run_id: str, worker: OwnWorker) -> None:
-    """`fleet run` leaves a run before it ended: say where it stands."""
-    run = fleet.ledger.get_run(run_id)
-    if not run.state.is_terminal():
-        worker.left(f"run {run_id}", f"{run.state.value}")
+def waited(
+    fleet: svc.Fleet,
+    settings: Settings,
+    what: str,
+    submit: Callable[[], T],
+    cancel: Callable[[T], object],
+    wait: Callable[[T], R],
+    unfinished: Callable[[T], tuple[str, str] | None],
+) -> R:
+    """The one rule of the commands that wait on what they submit (`fleet run`, `fleet sweep --wait`): a
+    worker of their own when none is up (OwnWorker), signals taken before the submit (cancelling), the first
+    cancels and the wait goes on, the second leaves: exit 130, saying where the run or sweep stands
+    (`unfinished`: its id and state, None once it ended) and what finishes its cancel."""
+    queued: list[T] = []
+    worker = None
+
+    def cancel_queued() -> bool:
+        if queued:
+            cancel(queued[0])
+        return bool(queued)
+
+    try:
+        with cancelling(cancel_queued, what), OwnWorker(fleet, settings) as worker:
+            queued.append(submit())
+            worker.ready()
+            return wait(queued[0])
+    except KeyboardInterrupt:
+        if queued and worker is not None and (where := unfinished(queued[0])) is not None:
+            worker.left(f"{what} {where[0]}", where[1])
+        raise typer.Exit(130) from None
 
 
 @contextlib.contextmanager

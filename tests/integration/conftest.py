@@ -1,5 +1,5 @@
 """What the integration tests share: a fleet home of their own, cleaned up (and checked) afterwards; the
-fake Discord; a real Ray head for a module."""
+environment of a CLI on the session's Redis; the fake Discord; a real Ray head for a module."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import discord.http
 import pytest
+import redis
 
 from providers.base import NodeEndpoint
 from providers.local.client import HeadMeta, LocalHeads
@@ -26,6 +27,14 @@ def home(tmp_path: Path) -> Iterator[Path]:
     yield home
     left = cleanup(home)
     assert left == [], f"local heads left running: {left}"
+
+
+@pytest.fixture
+def env(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> dict[str, str]:
+    """The environment of a fleet CLI on the session's Redis (emptied) with a home and no settings file."""
+    settings = fleet_home / "settings.yml"
+    settings.write_text("{}\n")
+    return {"REDIS_URL": redis_url, "FLEET_HOME": str(fleet_home), "FLEET_SETTINGS_FILE": str(settings)}
 
 
 @pytest.fixture

@@ -30,13 +30,6 @@ BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
 DASH = "http://127.0.0.1:8265"
 
 
-@pytest.fixture
-def env(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> dict[str, str]:
-    settings = fleet_home / "settings.yml"
-    settings.write_text("{}\n")
-    return {"REDIS_URL": redis_url, "FLEET_HOME": str(fleet_home), "FLEET_SETTINGS_FILE": str(settings)}
-
-
 def test_validate_reports_each_file(env: dict[str, str]) -> None:
     result = CliRunner().invoke(
         cli, ["validate", str(BAD / "unknown_runpod_key.yml"), str(EXAMPLE_YAML)], env=env

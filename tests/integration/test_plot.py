@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import redis
 from PIL import Image
 from typer.testing import CliRunner
@@ -21,13 +20,6 @@ from service.describe import loss_curve
 from tests.factories import ledger_run
 
 RUN = "261203-101010-plot01"
-
-
-@pytest.fixture
-def env(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path) -> dict[str, str]:
-    settings = fleet_home / "settings.yml"
-    settings.write_text("{}\n")
-    return {"REDIS_URL": redis_url, "FLEET_HOME": str(fleet_home), "FLEET_SETTINGS_FILE": str(settings)}
 
 
 def _trained(client: redis.Redis[str], create: bool = True) -> None:
