@@ -92,9 +92,9 @@ typecheck:
 	$(BIN)/mypy
 
 # Unit and security tests two at a time (they leave a core idle otherwise); the integration and fault tests
-# two at a time too, but never two trainings at once: tests/scheduling.py (picked up by tests/conftest.py)
-# keeps the modules that train (conftest's TRAINING_MODULES) one after another and runs the rest beside
-# them, a module on one worker. (Plain `-n 2` ran two trainings at once and pushed them past deadlines.)
+# two at a time too, but tests/scheduling.py (picked up by tests/conftest.py) runs the tests that train
+# (conftest's TRAINING_MODULES) one at a time while other tests are left to run beside them, and two at once
+# only after that, never beside one of ALONE_MODULES; a module's tests stay on one worker.
 test:
 	$(BIN)/pytest -q --durations=5 -n 2 tests/unit tests/security
 	$(BIN)/pytest -q --durations=25 -n 2 tests/integration tests/faults

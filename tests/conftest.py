@@ -12,8 +12,10 @@ from xdist.remote import Producer
 from service.embedded import ensure_redis, stop_redis
 from tests import scheduling
 
-# The modules whose tests train (a trainer on Ray or in the test's process, 30-230 s on two cores). Under
-# `pytest -n 2` (the Makefile's test) tests.scheduling never runs two of them at once.
+# The modules whose tests train (a trainer on Ray or in the test's process, 30-230 s on two cores), and of
+# them those that must not run beside another training: node_ready's runs wait out a node setup's failing pip
+# (past its 300 s with another training beside it), and the run preempted twice is the longest (230 s of its
+# 420). Under `pytest -n 2` (the Makefile's test) tests.scheduling weighs each test by them.
 TRAINING_MODULES = frozenset(
     {
         "integration/test_axolotl_node.py",
@@ -36,16 +38,20 @@ TRAINING_MODULES = frozenset(
         "faults/test_worker_kills.py",
     }
 )
+ALONE_MODULES = frozenset({"integration/test_node_ready.py", "integration/test_e2e_preemption.py"})
 
 
-def trains(nodeid: str) -> bool:
-    """Whether a test id (`tests/integration/test_e2e.py::test_x[...]`) is one of TRAINING_MODULES' tests."""
-    return scheduling.module_of(nodeid).removeprefix("tests/") in TRAINING_MODULES
+def weight(nodeid: str) -> int:
+    """How a test id (`tests/integration/test_e2e.py::test_x[...]`) weighs in tests.scheduling."""
+    module = scheduling.module_of(nodeid).removeprefix("tests/")
+    if module in ALONE_MODULES:
+        return scheduling.ALONE
+    return scheduling.TRAINS if module in TRAINING_MODULES else scheduling.LIGHT
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> scheduling.TrainingApart | None:
-    return scheduling.make(config, log, trains)
+    return scheduling.make(config, log, weight)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
-"""Integration tests two at a time, never two trainings at once (an xdist scheduler).
+"""Integration tests two at a time, trainings kept apart while there is other work (an xdist scheduler).
 
-A test that trains end to end (a fleet, a Ray head, Ray Train's workers) keeps most of two cores busy:
-plain `pytest -n 2` ran two at once and pushed each past its deadlines. The rest (fake APIs, the broker,
-the CLI, the fault cases) waits more than it works. So with `-n 2`, tests/conftest.py hands xdist this
-scheduler: a training test goes to a worker only while no other worker holds one, the other worker takes
-the rest beside it, and each module's tests stay on the worker that started the module, so a module's
-fixtures (a Ray head, a built model) are made once. With no training test collected (the unit tests) it
-is xdist's own load scheduling.
+A test that trains end to end (a fleet, a Ray head, Ray Train's workers) keeps more than a core busy; the
+rest (fake APIs, the broker, the CLI, most fault cases) waits more than it works. With `-n 2`,
+tests/conftest.py hands xdist this scheduler, which weighs each test: LIGHT, TRAINS, or ALONE (a training
+whose deadlines do not survive another beside it). While light tests are left, a worker holds a training
+only when the other holds none, and the other takes the light tests beside it; once they are all taken, two
+trainings may run at once, but an ALONE one never beside another training. The heaviest go first, so the
+light tests fill in beside them. Each module's tests stay on the worker that started the module, so a
+module's fixtures (a Ray head, a built model) are made once. With no training collected (the unit tests)
+it is xdist's own load scheduling.
 
 xdist runs a test only once it holds the next one (or is told to end), so every worker is kept two deep.
 """
@@ -20,15 +22,17 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScheduling
 from xdist.workermanage import WorkerController
 
+LIGHT, TRAINS, ALONE = 0, 1, 2
+
 
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
 class TrainingApart(LoadScheduling):
-    def __init__(self, config: pytest.Config, log: Producer, trains: Callable[[str], bool]) -> None:
+    def __init__(self, config: pytest.Config, log: Producer, weight: Callable[[str], int]) -> None:
         super().__init__(config, log)
-        self.trains = trains
+        self.weight = weight
         self.owner: dict[str, WorkerController] = {}
         self.apart = False
 
@@ -39,7 +43,7 @@ class TrainingApart(LoadScheduling):
                 self.log("**Different tests collected, aborting run**")
                 return
             collection = next(iter(self.node2collection.values()))
-            self.apart = any(self.trains(nodeid) for nodeid in collection)
+            self.apart = any(self.weight(nodeid) > LIGHT for nodeid in collection)
             if not self.apart:
                 super().schedule()
                 return
@@ -93,12 +97,19 @@ class TrainingApart(LoadScheduling):
         return self.collection[index]
 
     def pick(self, node: WorkerController) -> int | None:
-        """The next test for `node`: none that trains while another worker holds one; one that trains before
-        one that does not; its own modules' tests first, then a module nobody has started, then any."""
-        elsewhere = [i for other, queue in self.node2pending.items() if other is not node for i in queue]
-        training_elsewhere = any(self.trains(self.nodeid(i)) for i in elsewhere)
-        allowed = [i for i in self.pending if not (training_elsewhere and self.trains(self.nodeid(i)))]
-        allowed.sort(key=lambda i: not self.trains(self.nodeid(i)))  # stable: collection order within each
+        """The next test for `node`, of those its weight allows beside what the others hold (see above): the
+        heaviest first; its own modules' tests first, then a module nobody has started, then any."""
+        held = max(
+            (self.weight(self.nodeid(i)) for n, q in self.node2pending.items() if n is not node for i in q),
+            default=LIGHT,
+        )
+        light_left = any(self.weight(self.nodeid(i)) == LIGHT for i in self.pending)
+
+        def fits(w: int) -> bool:
+            return w == LIGHT or held == LIGHT or (w == TRAINS and held == TRAINS and not light_left)
+
+        allowed = [i for i in self.pending if fits(self.weight(self.nodeid(i)))]
+        allowed.sort(key=lambda i: -self.weight(self.nodeid(i)))  # stable: collection order within a weight
         modules = {i: module_of(self.nodeid(i)) for i in allowed}
         return next(
             (i for i in allowed if self.owner.get(modules[i]) is node),
@@ -106,8 +117,8 @@ class TrainingApart(LoadScheduling):
         )
 
 
-def make(config: pytest.Config, log: Producer, trains: Callable[[str], bool]) -> TrainingApart | None:
+def make(config: pytest.Config, log: Producer, weight: Callable[[str], int]) -> TrainingApart | None:
     """The scheduler for `--dist load` (what `-n N` means); None leaves any other mode to xdist."""
     if config.getvalue("dist") != "load":
         return None
-    return TrainingApart(config, log, trains)
+    return TrainingApart(config, log, weight)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,11 +124,16 @@ def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
     assert sum('"kind":"step"' in line for line in train_part.splitlines()) == kinds.count("train.step")
 
 
-def test_cancel_during_training_stops_job_and_node(home: Path) -> None:
+def test_cancel_during_training_stops_job_and_node(home: Path, tmp_path: Path) -> None:
+    # The tiny job for 30 epochs, not 2: on a busy machine the cancel may take longer than 2 epochs do.
+    long_job = tmp_path / "job" / "tiny-long.yml"
+    shutil.copytree(EXAMPLE_YAML.parent / "data", long_job.parent / "data")
+    text = EXAMPLE_YAML.read_text(encoding="utf-8")
+    long_job.write_text(text.replace("num_epochs: 2\n", "num_epochs: 30\n"), encoding="utf-8")
     env = fleet_env(home)
     worker = Worker(env, home / "worker.log")
     try:
-        (queued,) = fleet_json(env, "enqueue", str(EXAMPLE_YAML))
+        (queued,) = fleet_json(env, "enqueue", str(long_job))
         run_id = queued["run_id"]
         wait_for_training(home, run_id)
         (node,) = live_heads(home)

@@ -159,8 +159,9 @@ def settled(client: redis.Redis[str], fake: FakeDiscord, expected: int) -> bool:
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> bool:
-    """Poll `check` for up to 45 s while `fleet notify` runs; its last answer."""
-    deadline = time.monotonic() + 45
+    """Poll `check` for up to 120 s while `fleet notify` runs (about 20 s alone; a training beside it on
+    two cores has made it 50); its last answer."""
+    deadline = time.monotonic() + 120
     while not check() and time.monotonic() < deadline:
         assert proc.poll() is None, f"`fleet notify` exited {proc.returncode}:\n{log.read_text()}"
         time.sleep(0.25)

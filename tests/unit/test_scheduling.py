@@ -1,9 +1,11 @@
 """tests.scheduling, the xdist scheduler that keeps trainings apart, driven as xdist drives it: two workers
-that each run a test only once they hold the next one (or were told to end), in simulated time."""
+that each run a test only once they hold the next one (or were told to end), in simulated time. Test ids
+are weighed by tests/conftest.py's own rule."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -13,7 +15,7 @@ from xdist.remote import Producer
 from xdist.workermanage import WorkerController
 
 from tests import scheduling
-from tests.conftest import TRAINING_MODULES, trains
+from tests.conftest import ALONE_MODULES, TRAINING_MODULES, weight
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -52,10 +54,17 @@ class Worker:
         )
 
 
-def simulate(collection: list[str], cost: dict[str, float]) -> tuple[list[Worker], float, int]:
-    """Runs `collection` on two simulated workers; returns them, the wall time, and the most trainings that
-    ever ran at once."""
-    sched = scheduling.make(cast(pytest.Config, Config()), Producer("test"), trains)
+@dataclass
+class Ran:
+    workers: list[Worker]
+    wall: float
+    most: int  # the most trainings that ran at once
+    paired_early: bool  # two ran at once while a light test was still waiting to start
+    alone_paired: bool  # an ALONE test ran beside another training
+
+
+def simulate(collection: list[str], cost: dict[str, float]) -> Ran:
+    sched = scheduling.make(cast(pytest.Config, Config()), Producer("test"), weight)
     assert sched is not None
     workers = [Worker("gw0"), Worker("gw1")]
     nodes = cast(list[WorkerController], workers)
@@ -64,16 +73,24 @@ def simulate(collection: list[str], cost: dict[str, float]) -> tuple[list[Worker
     for node in nodes:
         sched.add_node_collection(node, collection)
     sched.schedule()
-    now, most = 0.0, 0
+    now, ran = 0.0, Ran(workers, 0.0, 0, False, False)
+    started: set[int] = set()
     while not all(w.shutting_down and not w.queue and w.running is None for w in workers):
         for w in workers:
             if w.can_start():
                 index = w.queue[0]
                 w.running = (index, now + cost[collection[index]])
-        busy = [w for w in workers if w.running]
+                started.add(index)
+        busy = [w.running[0] for w in workers if w.running]
         assert busy, "no worker can start a test: the scheduler stalled"
-        most = max(most, sum(trains(collection[w.running[0]]) for w in busy if w.running))
-        w = min(busy, key=lambda w: w.running[1] if w.running else 0)
+        weights = [weight(collection[i]) for i in busy]
+        training = sum(x > scheduling.LIGHT for x in weights)
+        ran.most = max(ran.most, training)
+        if training == 2:
+            waiting = set(range(len(collection))) - started
+            ran.paired_early |= any(weight(collection[i]) == scheduling.LIGHT for i in waiting)
+            ran.alone_paired |= scheduling.ALONE in weights
+        w = min((w for w in workers if w.running), key=lambda w: w.running[1] if w.running else 0)
         assert w.running
         index, now = w.running
         w.running = None
@@ -81,7 +98,8 @@ def simulate(collection: list[str], cost: dict[str, float]) -> tuple[list[Worker
         w.ran.append(index)
         sched.mark_test_complete(cast(WorkerController, w), index, 1.0)
     assert sched.tests_finished
-    return workers, now, most
+    ran.wall = now
+    return ran
 
 
 def suite() -> tuple[list[str], dict[str, float]]:
@@ -103,20 +121,30 @@ def suite() -> tuple[list[str], dict[str, float]]:
     return collection, cost
 
 
-def test_two_trainings_never_run_at_once_and_every_test_runs_once() -> None:
+def test_trainings_run_apart_while_light_tests_are_left_and_every_test_runs_once() -> None:
     collection, cost = suite()
-    workers, wall, most = simulate(collection, cost)
-    ran = Counter(i for w in workers for i in w.ran)
-    assert sorted(ran) == list(range(len(collection))) and set(ran.values()) == {1}
-    assert most == 1
-    # The others run beside the trainings: the wall time is the trainings' (60) and a little, not 78.
-    assert wall < 65, wall
+    ran = simulate(collection, cost)
+    done = Counter(i for w in ran.workers for i in w.ran)
+    assert sorted(done) == list(range(len(collection))) and set(done.values()) == {1}
+    assert not ran.paired_early
+    # The light tests (18) run beside the trainings (60): not one after the other (78).
+    assert ran.wall < 65, ran.wall
+
+
+def test_once_the_light_tests_are_taken_two_trainings_run_at_once_but_never_beside_an_alone_one() -> None:
+    collection = [f"tests/integration/test_cli.py::test_{k}" for k in range(4)]
+    collection += [f"tests/integration/test_{m}.py::test_{k}" for m in ("e2e", "sweeps") for k in range(3)]
+    collection += ["tests/integration/test_node_ready.py::test_0"]
+    cost = {nodeid: 10.0 if weight(nodeid) else 1.0 for nodeid in collection}
+    ran = simulate(collection, cost)
+    assert ran.most == 2 and not ran.paired_early and not ran.alone_paired
+    assert ran.wall < 50, ran.wall  # 70 of trainings, one at a time
 
 
 def test_a_modules_tests_run_together_on_one_worker() -> None:
     """pytest makes a module's fixtures again when the module's tests are split or interleaved."""
     collection, cost = suite()
-    workers, _, _ = simulate(collection, cost)
+    workers = simulate(collection, cost).workers
     for module in {scheduling.module_of(nodeid) for nodeid in collection}:
         holders = {w.name for w in workers for i in w.ran if scheduling.module_of(collection[i]) == module}
         assert len(holders) == 1, (module, holders)
@@ -129,22 +157,22 @@ def test_a_modules_tests_run_together_on_one_worker() -> None:
 def test_the_trainings_start_first_so_the_others_fill_in_beside_them() -> None:
     collection = [f"tests/integration/test_{m}.py::test_{k}" for m in ("cli", "broker") for k in range(5)]
     collection += [f"tests/integration/test_e2e.py::test_{k}" for k in range(3)]
-    cost = {nodeid: 10.0 if trains(nodeid) else 1.0 for nodeid in collection}
-    _, wall, _ = simulate(collection, cost)
-    assert wall < 33, wall  # 30 of trainings; the others first would make it 35
+    cost = {nodeid: 10.0 if weight(nodeid) else 1.0 for nodeid in collection}
+    assert simulate(collection, cost).wall < 33  # 30 of trainings; the others first would make it 35
 
 
 def test_without_a_training_test_it_is_xdists_load_scheduling() -> None:
     collection = [f"tests/unit/test_x.py::test_{k}" for k in range(40)]
-    workers, _, most = simulate(collection, dict.fromkeys(collection, 1.0))
-    assert most == 0
-    assert sorted(i for w in workers for i in w.ran) == list(range(40))
-    assert all(len(w.ran) > 5 for w in workers)  # both worked
+    ran = simulate(collection, dict.fromkeys(collection, 1.0))
+    assert ran.most == 0
+    assert sorted(i for w in ran.workers for i in w.ran) == list(range(40))
+    assert all(len(w.ran) > 5 for w in ran.workers)  # both worked
 
 
 def test_other_dist_modes_are_left_to_xdist() -> None:
-    assert scheduling.make(cast(pytest.Config, Config("loadfile")), Producer("test"), trains) is None
+    assert scheduling.make(cast(pytest.Config, Config("loadfile")), Producer("test"), weight) is None
 
 
-def test_every_training_module_named_exists() -> None:
+def test_every_module_named_exists_and_an_alone_one_trains() -> None:
     assert {m for m in TRAINING_MODULES if not (TESTS / m).is_file()} == set()
+    assert ALONE_MODULES <= TRAINING_MODULES
