@@ -14,8 +14,10 @@ from tests import scheduling
 
 # The modules whose tests train (a trainer on Ray or in the test's process, 30-230 s on two cores), and of
 # them those that must not run beside another training: node_ready's runs wait out a node setup's failing pip
-# (past its 300 s with another training beside it), and the run preempted twice is the longest (230 s of its
-# 420). Under `pytest -n 2` (the Makefile's test) tests.scheduling weighs each test by them.
+# (past its 300 s with another training beside it), the run preempted twice is the longest (230 s of its
+# 420), and the sweep trains two runs at once itself (with a third beside it, a local Ray head starved of CPU
+# died under one of them: the run went on on a new node, but not as the test expects). Under `pytest -n 2`
+# (the Makefile's test) tests.scheduling weighs each test by them.
 TRAINING_MODULES = frozenset(
     {
         "integration/test_axolotl_node.py",
@@ -38,7 +40,9 @@ TRAINING_MODULES = frozenset(
         "faults/test_worker_kills.py",
     }
 )
-ALONE_MODULES = frozenset({"integration/test_node_ready.py", "integration/test_e2e_preemption.py"})
+ALONE_MODULES = frozenset(
+    {"integration/test_node_ready.py", "integration/test_e2e_preemption.py", "integration/test_sweeps.py"}
+)
 
 
 def weight(nodeid: str) -> int:

@@ -81,16 +81,26 @@ class TrainingApart(LoadScheduling):
         if node.shutting_down:
             return
         while len(self.node2pending[node]) < 2 and (index := self.pick(node)) is not None:
-            self.pending.remove(index)
-            self.node2pending[node].append(index)
-            self.owner.setdefault(module_of(self.nodeid(index)), node)
-            node.send_runtest_some([index])
+            self.send(node, index)
         if not self.pending:
             node.shutdown()
 
     def check_all(self) -> None:
         for node in self.nodes:
             self.check_schedule(node)
+        live = [node for node in self.nodes if not node.shutting_down]
+        if self.pending and live and all(len(self.node2pending[node]) < 2 for node in live):
+            # No worker can start a test (each waits for its next) and the rules give none: e.g. both hold a
+            # training and only an ALONE one is left. The rules yield rather than hang the run.
+            node = min(live, key=lambda n: len(self.node2pending[n]))
+            self.send(node, self.pending[0])
+            self.check_all()
+
+    def send(self, node: WorkerController, index: int) -> None:
+        self.pending.remove(index)
+        self.node2pending[node].append(index)
+        self.owner.setdefault(module_of(self.nodeid(index)), node)
+        node.send_runtest_some([index])
 
     def nodeid(self, index: int) -> str:
         assert self.collection is not None

@@ -109,7 +109,7 @@ def suite() -> tuple[list[str], dict[str, float]]:
         ("integration/test_broker.py", 4, 1.0),
         ("integration/test_e2e.py", 3, 10.0),
         ("integration/test_cli.py", 5, 1.0),
-        ("integration/test_sweeps.py", 2, 10.0),
+        ("integration/test_bot.py", 2, 10.0),
         ("integration/test_fake_runpod.py", 6, 1.0),
         ("integration/test_trainer_ray.py", 1, 10.0),
         ("faults/test_reaper.py", 3, 1.0),
@@ -133,12 +133,32 @@ def test_trainings_run_apart_while_light_tests_are_left_and_every_test_runs_once
 
 def test_once_the_light_tests_are_taken_two_trainings_run_at_once_but_never_beside_an_alone_one() -> None:
     collection = [f"tests/integration/test_cli.py::test_{k}" for k in range(4)]
-    collection += [f"tests/integration/test_{m}.py::test_{k}" for m in ("e2e", "sweeps") for k in range(3)]
+    collection += [f"tests/integration/test_{m}.py::test_{k}" for m in ("e2e", "bot") for k in range(3)]
     collection += ["tests/integration/test_node_ready.py::test_0"]
     cost = {nodeid: 10.0 if weight(nodeid) else 1.0 for nodeid in collection}
     ran = simulate(collection, cost)
     assert ran.most == 2 and not ran.paired_early and not ran.alone_paired
     assert ran.wall < 50, ran.wall  # 70 of trainings, one at a time
+
+
+def test_a_worker_that_the_rules_leave_waiting_gets_a_test_rather_than_hang_the_run() -> None:
+    """Both workers hold one training each (each waits for its next before it starts it) and only an ALONE
+    test is left, which the rules give neither (a state a crashed worker's tests put back can make). The
+    scheduler yields rather than hang."""
+    collection = ["tests/integration/test_e2e.py::test_0", "tests/integration/test_e2e.py::test_1"]
+    collection += ["tests/integration/test_sweeps.py::test_0"]
+    sched = scheduling.make(cast(pytest.Config, Config()), Producer("test"), weight)
+    assert sched is not None
+    workers = [Worker("gw0"), Worker("gw1")]
+    for node in cast(list[WorkerController], workers):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.collection, sched.apart, sched.pending = collection, True, [2]
+    for k, node in enumerate(cast(list[WorkerController], workers)):
+        sched.node2pending[node] = [k]
+    sched.check_all()
+    assert sorted(len(w.queue) for w in workers) == [0, 1]  # the ALONE test went to one of them
+    assert sched.pending == []
 
 
 def test_a_modules_tests_run_together_on_one_worker() -> None:
