@@ -4,15 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The node's software at exact versions (trainer/node-pins.txt); pip's constraints take no [extras].
 PINS := trainer/node-pins.txt
-PIN_OF = $(shell sed -n 's/^$(1)\(\[[^]]*\]\)\{0,1\}==/$(1)==/p' $(PINS))
+VERSION_OF = $(shell sed -n 's/^$(1)\(\[[^]]*\]\)\{0,1\}==//p' $(PINS))
 # The CPU build of torch that lies on this machine's disk; installed first so that nothing pulls a CUDA build.
-TORCH  ?= $(call PIN_OF,torch)
+TORCH  ?= torch==$(call VERSION_OF,torch)
 # No bytecode while pip installs: of the venvs' 8 GB of Python the tests import a small part, and Python
 # writes each module's bytecode on its first import. Where PYTHONDONTWRITEBYTECODE is set (as in this CI)
 # it would never write it and pay the compile on every import, so the recipes run without it. (Compiling
 # all three venvs up front took 5 min of the CI's setup.)
 PIP_FLAGS ?= --no-compile
 unexport PYTHONDONTWRITEBYTECODE
+# $(call PIP,VENV,WHAT): pip install into VENV, tried once more when a download is cut short.
+PIP = $(1)/bin/pip install -q $(PIP_FLAGS) $(2) || $(1)/bin/pip install -q $(PIP_FLAGS) $(2)
 
 .PHONY: setup fleet-env node-env axolotl-env control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
@@ -33,9 +35,8 @@ $(NODE_CONSTRAINTS): $(PINS)
 fleet-env: $(NODE_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(BIN)/pip install -q $(PIP_FLAGS) "$(TORCH)"
-	$(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]" -c $(NODE_CONSTRAINTS) \
-		|| $(BIN)/pip install -q $(PIP_FLAGS) -e ".[dev]" -c $(NODE_CONSTRAINTS)
+	$(call PIP,$(VENV),"$(TORCH)")
+	$(call PIP,$(VENV),-e ".[dev]" -c $(NODE_CONSTRAINTS))
 	@echo "fleet env done: $(BIN)/python"
 
 # The nodes' own environment: only the node's software, exactly as a rented node's start script installs it
@@ -46,8 +47,8 @@ NODE_VENV := .venv-node
 node-env:
 	test -x $(NODE_VENV)/bin/python || $(PYTHON) -m venv $(NODE_VENV)
 	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
-	$(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r $(PINS) || $(NODE_VENV)/bin/pip install -q $(PIP_FLAGS) -r $(PINS)
+	$(call PIP,$(NODE_VENV),"$(TORCH)")
+	$(call PIP,$(NODE_VENV),-r $(PINS))
 	@echo "node env done: $(NODE_VENV)/bin/python"
 
 # The local nodes' environment for axolotl jobs, as axolotl's image has it: axolotl at the fleet's default
@@ -60,8 +61,8 @@ AXOLOTL_SET = "axolotl==$(AXOLOTL_VERSION)" "$(shell grep -E '^ray(\[|==)' $(PIN
 axolotl-env:
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)" || $(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) "$(TORCH)"
-	$(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) $(AXOLOTL_SET) || $(AXOLOTL_VENV)/bin/pip install -q $(PIP_FLAGS) $(AXOLOTL_SET)
+	$(call PIP,$(AXOLOTL_VENV),"$(TORCH)")
+	$(call PIP,$(AXOLOTL_VENV),$(AXOLOTL_SET))
 	@echo "axolotl env done: $(AXOLOTL_VENV)/bin/python (axolotl $(AXOLOTL_VERSION))"
 
 # The control plane alone, as the compose images install it (`pip install .`: no torch, transformers or
@@ -71,8 +72,7 @@ CONTROL_VENV := .venv-control
 control-env: $(NODE_CONSTRAINTS)
 	test -x $(CONTROL_VENV)/bin/python || $(PYTHON) -m venv $(CONTROL_VENV)
 	$(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) --upgrade pip
-	$(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) -e . -c $(NODE_CONSTRAINTS) \
-		|| $(CONTROL_VENV)/bin/pip install -q $(PIP_FLAGS) -e . -c $(NODE_CONSTRAINTS)
+	$(call PIP,$(CONTROL_VENV),-e . -c $(NODE_CONSTRAINTS))
 	@echo "control env done: $(CONTROL_VENV)/bin/fleet"
 
 # trainer/node-pins.txt again from trainer/requirements-node.txt's ranges, as pip resolves them today.
@@ -137,14 +137,13 @@ flower:
 FLEET_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
 NODE_IMAGE ?= trainfleet-node:$(FLEET_VERSION)
 NODE_PINS ?= $(shell sed -n '/^[^#]/p' $(PINS) | tr '\n' ' ')
-NODE_VERSION_OF = $(shell sed -n 's/^$(1)\(\[[^]]*\]\)\{0,1\}==//p' $(PINS))
 NODE_BUILD_ARGS ?=
 
 .PHONY: node-image
 node-image:
 	docker build -f docker/node.Dockerfile -t $(NODE_IMAGE) --build-arg TRAINFLEET_VERSION=$(FLEET_VERSION) \
-		$(if $(call NODE_VERSION_OF,torch),--build-arg TORCH_VERSION=$(call NODE_VERSION_OF,torch)) \
-		$(if $(call NODE_VERSION_OF,ray),--build-arg RAY_VERSION=$(call NODE_VERSION_OF,ray)) \
+		$(if $(call VERSION_OF,torch),--build-arg TORCH_VERSION=$(call VERSION_OF,torch)) \
+		$(if $(call VERSION_OF,ray),--build-arg RAY_VERSION=$(call VERSION_OF,ray)) \
 		$(if $(NODE_PINS),--build-arg NODE_PINS="$(NODE_PINS)") $(NODE_BUILD_ARGS) .
 
 clean:
