@@ -105,7 +105,7 @@ class OwnWorker:
         self.fleet = fleet
         self.spawned = None
         if missing_queues(fleet.redis):
-            self.spawned = SpawnedWorker(fleet.redis_url, settings.home / "logs")
+            self.spawned = SpawnedWorker(fleet.redis, fleet.redis_url, settings.home / "logs")
 
     def ready(self) -> None:
         from workers.process import wait_for_queues

@@ -109,8 +109,9 @@ def run_beat(settings: Settings, redis_url: str) -> None:
 class SpawnedWorker:
     """A `fleet worker` child process that serves every queue (and runs beat) for `fleet run`."""
 
-    def __init__(self, redis_url: str, log_dir: Path) -> None:
+    def __init__(self, client: redis.Redis[str], redis_url: str, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
+        self.client = client
         self.log_path = log_dir / f"worker-{os.getpid()}.log"
         env = dict(os.environ, REDIS_URL=redis_url)
         argv = [sys.executable, "-m", "fleet", "worker", "--queues", ",".join(QUEUES), "--beat"]
@@ -118,21 +119,33 @@ class SpawnedWorker:
         self.proc = subprocess.Popen(
             argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        # run_worker's name for itself: its heartbeat key is there while it takes tasks
+        self.key = worker_key(f"fleet-{self.proc.pid}@{socket.gethostname()}")
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Celery's warm shutdown: SIGTERM to the worker alone, which lets its pool finish the tasks in hand
         (a pool child resets SIGTERM to its default, so a SIGTERM to the whole group would kill one mid-task:
-        a reap pass between its ledger write and its event); the whole group is killed past `timeout_s`."""
+        a reap pass between its ledger write and its event). Returns once the worker takes no more tasks
+        (its heartbeat key is gone, which a `fleet run` after this one reads to start a worker of its own),
+        not after Celery's pool has wound down (3 s of its threads' sleeps): the worker ends on its own, its
+        tasks bounded by their time limits. The whole group is killed if it still serves after `timeout_s`."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + timeout_s
+            while self.proc.poll() is None and self._serves() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.proc.poll() is None and self._serves():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
         self._log.close()
+
+    def _serves(self) -> bool:
+        try:
+            return bool(self.client.exists(self.key))
+        except redis.RedisError:
+            return False  # the fleet's Redis is gone: the worker takes nothing more
 
 
 def missing_queues(client: redis.Redis[str]) -> list[str]:

@@ -92,6 +92,23 @@ def _worker_port_window(size: int = 200) -> tuple[int, int]:
     raise OSError("no free port window for Ray workers")
 
 
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> bool:
+    """Wait until every process has ended (a zombie has: it only waits for its parent to read its exit
+    status, which a killed head's reparented processes may not get soon); whether they all did in time.
+    Not psutil.wait_procs: it waits on a zombie that is not our child until its timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = 0
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive += proc.status() != psutil.STATUS_ZOMBIE
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
     """Start argv in a new session, detached from us (double fork), output to log_path; return its pid."""
     read_fd, write_fd = os.pipe()
@@ -367,7 +384,7 @@ class LocalHeads:
             for proc in procs:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.send_signal(sig)
-            psutil.wait_procs(procs, timeout=wait)
+            wait_gone(procs, wait)
         if not self.processes(meta):
             shutil.rmtree(meta.temp_dir, ignore_errors=True)
             (self.node_dir(name) / "token").unlink(missing_ok=True)  # a dead head's token is no use to anyone

@@ -72,5 +72,24 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HeadMeta, N
             assert time.monotonic() < deadline, f"the head did not come up: {heads.log_tail(meta.name)}"
             time.sleep(0.5)
         yield meta, endpoint
+        if not heads.head_alive(meta):  # shown with a failing test's output: why the head went
+            print(f"the module's head died; its log ends:\n{heads.log_tail(meta.name, 20)}")
+            print(ray_logs_tail(Path(meta.temp_dir)))
     finally:
         heads.stop(meta.name)
+
+
+def ray_logs_tail(temp_dir: Path, lines: int = 8) -> str:
+    """The last warnings and errors of each log of a Ray head's latest session (raylet, GCS, dashboard...)."""
+    logs = temp_dir / "session_latest" / "logs"
+    tails = []
+    for path in sorted(logs.glob("*.err")) + sorted(logs.glob("*.out")) + sorted(logs.glob("dashboard*.log")):
+        said = [
+            line
+            for line in path.read_text(errors="replace").splitlines()
+            if any(word in line for word in ("ERROR", "WARN", "FATAL", "died", "xited", "health"))
+            and "Deprecation" not in line
+        ]
+        if said:
+            tails.append(f"--- {path.name}\n" + "\n".join(said[-lines:]))
+    return "\n".join(tails) or f"no warnings in the Ray logs under {logs}"

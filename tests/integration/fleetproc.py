@@ -188,6 +188,15 @@ def fleet_workers(home: Path) -> list[psutil.Process]:
     return found
 
 
+def workers_left(home: Path, within_s: float = 30.0) -> list[psutil.Process]:
+    """The `fleet worker` processes of `home` still there after `within_s`: one `fleet run` stopped takes no
+    task from then on and ends by itself once Celery's pool has wound down (seconds), not at once."""
+    deadline = time.monotonic() + within_s
+    while (left := fleet_workers(home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def live_heads(home: Path) -> list[str]:
     return [inst.name for inst in LocalProvider(ProviderContext(home=home)).list_instances()]
 

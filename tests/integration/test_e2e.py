@@ -32,6 +32,7 @@ from tests.integration.fleetproc import (
     secret_hits,
     wait_for_end,
     wait_until,
+    workers_left,
 )
 from trainer.config import TrainJob
 
@@ -321,7 +322,7 @@ def test_a_signal_in_fleet_runs_first_moments_leaves_no_worker_and_no_run_going(
     finally:
         if proc.poll() is None:
             proc.kill()
-        left = fleet_workers(home)
+        left = workers_left(home)
         for worker in left:  # (a failure here must not leave them serving the home)
             worker.kill()
     assert proc.returncode in (1, 130), stderr[-3000:]  # cancelled and followed to its end, or left at once
@@ -361,5 +362,5 @@ def test_fleet_run_ended_by_a_signal_cancels_its_run_and_leaves_no_worker(home: 
     view = json.loads(stdout)
     assert view["run_id"] == run_id and view["state"] == "CANCELLED", view
     assert f"{signal.Signals(sig).name}: cancelling the run" in stderr
-    assert fleet_workers(home) == []  # stopped with it, not left serving the home with PPID 1
+    assert workers_left(home) == []  # stopped with it, not left serving the home with PPID 1
     assert live_heads(home) == []

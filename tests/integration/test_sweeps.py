@@ -25,7 +25,14 @@ from service.runs import Fleet
 from service.sweep_load import load_sweep
 from service.sweep_spec import SweepPlan
 from tests.factories import light_job_file
-from tests.integration.fleetproc import events_of, fleet_env, fleet_json, fleet_workers, wait_until
+from tests.integration.fleetproc import (
+    events_of,
+    fleet_env,
+    fleet_json,
+    fleet_workers,
+    wait_until,
+    workers_left,
+)
 from tests.integration.fleetproc import fleet as fleet_cli
 from tests.integration.flowerproc import api_tasks, flower
 
@@ -191,7 +198,7 @@ def test_a_four_run_grid_with_two_at_once_end_to_end_followed_in_flower(home: Pa
         view = json.loads(waited.stdout)
         sweep_id, run_ids = view["sweep_id"], [row["run_id"] for row in view["rows"]]
         # The worker it started served the sweep (its log is in the home), and is gone with it.
-        assert list((home / "logs").glob("worker-*.log")) and fleet_workers(home) == []
+        assert list((home / "logs").glob("worker-*.log")) and workers_left(home) == []
 
         def stages_done() -> dict[str, dict[str, Any]] | None:
             tasks = api_tasks(url)  # events arrive asynchronously: poll briefly
