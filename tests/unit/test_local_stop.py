@@ -14,7 +14,9 @@ import psutil
 from providers.local.client import wait_gone
 
 # A parent that starts a child which exits at once, prints its pid and never reads its exit status.
-NEGLECTFUL = "import subprocess, time; p = subprocess.Popen(['true']); print(p.pid, flush=True); time.sleep(60)"
+NEGLECTFUL = (
+    "import subprocess, time; p = subprocess.Popen(['true']); print(p.pid, flush=True); time.sleep(60)"
+)
 
 
 def test_a_zombie_that_is_not_ours_counts_as_gone_at_once() -> None:
