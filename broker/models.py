@@ -105,6 +105,9 @@ class RunProgress(BaseModel):
     learning_rate: float | None = None
     epoch: float | None = None
     finished: bool = Field(False, description="The train job reported its result.")
+    done: str | None = Field(
+        None, description="The train Ray job (submission id) whose last line said it is done (trainer DONE)."
+    )
     train_restarts: int = Field(0, description="Times a killed or crashed train job was run again.")
     entry_ended: str | None = Field(
         None, description="The `entry` Ray job (submission id) whose end prepare recorded (prepare.entry)."

@@ -34,6 +34,9 @@ class Kind(StrEnum):
     ROLLBACK = "rollback"  # {step, to_step, reason, loss (high_loss only), learning_rate, rollbacks}
     BATCH_SIZE = "batch_size"  # {micro_batch_size, gradient_accumulation_steps, tried: [{size, fits}]}
     FINISHED = "finished"  # {metrics: {...}, output_dir}
+    # `python -m trainer train`'s last line, once every result is written and reported: what the process does
+    # after it (exiting: Python's and torch's teardown, a driver's ray.shutdown) matters to no one
+    DONE = "done"
     CHUNK = "chunk"  # {seq, data}: one base64 piece of a packed output directory (trainer.pack)
     PACKED = "packed"  # {bytes, sha256, files, chunks}: the packed output is complete
     # the node's readiness check (trainer.nodecheck): {python, executable, versions, missing, cuda, gpus,

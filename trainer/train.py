@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             push.push(job)
         else:
             train(job, base_dir)
+            emit(Kind.DONE)  # the fleet goes on from here, not from this process's end (seconds later)
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         return 1

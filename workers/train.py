@@ -69,11 +69,17 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info is not None and resend(ctx, run, client, sid, info, submit):
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     run = relay(ctx, run, client, sid)
-    if info is None or not info.status.is_terminal():
+    # Its result reported and its last line printed (trainer DONE), the job's exit is not waited for: seconds
+    # of teardown here, and on a GPU node a teardown that hangs (NCCL) would hold the run and bill the node.
+    said_done = run.progress.finished and run.progress.done == sid
+    if said_done and info is not None and not info.status.is_terminal():
+        client.stop(sid)  # what is left of it is its exit, which must not hold a kept node's GPU if it hangs
+    elif not said_done and (info is None or not info.status.is_terminal()):
         return Next.wait_job(ctx, Stage.TRAIN, sid, relay=True)
-    if info.status == JobStatus.SUCCEEDED and run.progress.finished:
+    if said_done or (info is not None and info.status == JobStatus.SUCCEEDED and run.progress.finished):
         ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
         return Next.onward(Stage.TRAIN)
+    assert info is not None  # (said_done or a terminal job: see above)
     log = job_log(ctx, run, client, sid)
     if info.status == JobStatus.FAILED and (pending := gave_up(log)) is not None:
         raise StageFailed(FailureReason.RESOURCES_UNAVAILABLE, unplaced(pending))
@@ -132,8 +138,9 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
     end = text.rfind("\n") + 1  # whole lines only
     if end <= offset:
         return run
-    relayed = []
+    relayed, said_done = [], False
     for record in progress.parse(text[offset:end]):
+        said_done = said_done or record["kind"] == progress.Kind.DONE
         event = _EVENT_OF.get(progress.Kind(record["kind"]))
         if event is None:  # a line meant for another stage (the node's own business)
             continue
@@ -150,6 +157,8 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
         r.log_offset = end
         for payload in relayed:
             _track(r, payload)
+        if said_done:
+            r.progress.done = sid
         return list(relayed)
 
     run = ctx.ledger.update_run(run.run_id, apply)

@@ -139,6 +139,8 @@ class Watcher:
             relayed = self._relay(known, known.client, job)
             if relayed is not known.run:
                 known.run = relayed
+                if relayed.progress.done == job:
+                    return True  # the trainer's last line: its stage goes on without waiting for its exit
                 if not _said_done(relayed, known.watch):
                     return False  # it prints: it runs (its end is for a look at a log that stands still)
         info = known.client.info(job)

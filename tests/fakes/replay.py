@@ -10,7 +10,7 @@ are (a second one is refused with Ray's "already exists"). A job is known by its
 - `python -m trainer fetch`: SUCCEEDED after `JOB_S["fetch"]` with the recorded FETCHED line;
 - `python -m trainer train`: RUNNING for `train_s` seconds while its log grows line by line with the
   progress stream of one real run of the tiny job (tests/data/replay/train-progress.jsonl: STARTED, STEPs,
-  EVALs, CHECKPOINTs, FINISHED), its timings scaled to `train_s`, then SUCCEEDED;
+  EVALs, CHECKPOINTs, FINISHED, DONE), its timings scaled to `train_s`, then SUCCEEDED (`exit_s` later);
 - `python -m trainer pack`: the CHUNK and PACKED lines of a small output directory, packed by the
   project's own trainer/pack.py, so the fleet's `pack.unpack` accepts them;
 - `python -m trainer push`: a PUSHED line naming the job's hub_model_id;
@@ -47,7 +47,7 @@ from trainer.progress import ENV_VAR, MARKER
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "replay"
 TRAIN_S = 4.0  # how long a replayed train job runs, by default
 JOB_S = {"check": 0.5, "fetch": 1.0, "pack": 0.3, "push": 0.3, "entry": 0.1}  # the other jobs' durations
-END_AFTER_LAST_S = 0.2  # a train job ends this long after its last line (the trainer exits)
+END_AFTER_LAST_S = 0.2  # a train job ends this long after its last line (the trainer exits): Replayer.exit_s
 EMITTED = "replay_emitted_at"
 JOURNAL = "replay-jobs.jsonl"
 POLL_S = 0.5  # each node server's shutdown poll (its stop is not waited for: see ReplayNodes.stop)
@@ -154,6 +154,8 @@ class Replayer:
 
     def __init__(self, train_s: float = TRAIN_S, journal: Path | None = None) -> None:
         self.train_s = train_s
+        self.exit_s = END_AFTER_LAST_S  # from a train job's last line (DONE) to its end
+        self.stopped: list[str] = []  # the jobs stopped while they ran (submission ids), in order
         self.recording = Recording.load()
         self.packed = packed_lines()
         self.journal = journal
@@ -169,7 +171,7 @@ class Replayer:
         if kind == "train":
             timed = self.recording.train_lines(self.train_s)
             lines = [(now + t, self._stamped(record, env, now + t)) for t, record in timed]
-            job = Job(sid, entrypoint, kind, now, lines[-1][0] + END_AFTER_LAST_S, lines)
+            job = Job(sid, entrypoint, kind, now, lines[-1][0] + self.exit_s, lines)
         else:
             ends = now + JOB_S[kind]
             lines = [(ends, text) for text in self._lines(kind, env, ends)]
@@ -293,6 +295,7 @@ class _ReplayServer(_StubServer):
             if job is None or job.status(time.time()) != "RUNNING":
                 return False
             job.stopped_at, job.message = time.time(), "Job was intentionally stopped."
+            self.replayer.stopped.append(sid)
             return True
 
 

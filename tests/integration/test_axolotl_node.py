@@ -83,8 +83,9 @@ def test_an_axolotl_job_leaves_what_a_builtin_one_does(
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6] and all(math.isfinite(r["loss"]) for r in steps)
     assert [r["step"] for r in records if r["kind"] == "checkpoint"] == [3, 6]
-    finished = records[-1]
+    finished, last = records[-2:]  # the result, then the command's last line (its exit is not waited for)
     assert finished["kind"] == "finished" and finished["metrics"]["global_step"] == 6
+    assert last == {"kind": "done"}
     assert finished["metrics"]["eval_loss"] < finished["metrics"]["eval_loss_first"]
 
     out = Path(job.output_dir)

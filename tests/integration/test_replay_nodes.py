@@ -53,7 +53,8 @@ def test_a_run_on_a_replay_node_goes_through_every_stage(
 
     evs = events_of(home, view["run_id"])
     types = [e["type"] for e in evs]
-    recorded = [record["kind"] for _t, record in Recording.load().train]
+    # Every recorded line but the last, DONE: no event, it says the job's exit is not waited for.
+    recorded = [record["kind"] for _t, record in Recording.load().train if record["kind"] != "done"]
     # Every recorded progress line reached the ledger once, in order, as its event.
     relayed = [t.removeprefix("train.") for t in types if t.removeprefix("train.") in set(recorded)]
     assert relayed == recorded and {"step", "eval", "checkpoint", "finished"} <= set(relayed)
@@ -88,6 +89,24 @@ def test_a_run_on_a_replay_node_goes_through_every_stage(
     # Seen gone in the shared list (no list call of its own), and its tokens (sealed in Redis) forgotten.
     (gone,) = [e["data"]["instance"] for e in evs if e["type"] == "instance.terminated"]
     assert not [f for f in redis_of(home).hkeys(NODE_SECRETS) if f.startswith(gone)]
+
+
+@pytest.mark.timeout(180)
+def test_a_trainer_whose_exit_hangs_after_its_last_line_holds_neither_the_run_nor_the_node(
+    home: Path, replay_cloud: FakeRunPod, tmp_path: Path
+) -> None:
+    """After its DONE line the train job's process only exits (Python's and torch's teardown, seconds): the
+    run goes on at once, and a teardown that hangs (NCCL's, on a GPU node) is stopped, not waited for."""
+    replay_cloud.nodes.replayer.exit_s = 600  # type: ignore[attr-defined]
+    env = fleet_env(home, RUNPOD_API_BASE_URL=replay_cloud.url, RUNPOD_API_KEY=API_KEY)
+    started = time.monotonic()
+    done = fleet(env, "run", str(job_for(tmp_path, SECTION)), "--json", timeout=150)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    assert view["state"] == "SUCCEEDED" and took < 60, (view["state"], took)
+    assert replay_cloud.nodes.replayer.stopped == [f"{view['run_id']}-1-train"]  # type: ignore[attr-defined]
+    assert fake_state(replay_cloud.url)["instances"] == []
 
 
 def test_a_replay_node_answers_only_with_its_token(replay_cloud: FakeRunPod) -> None:

@@ -120,11 +120,12 @@ def test_a_worker_crash_after_a_checkpoint_resumes_there(tmp_path: Path, ray_tmp
         ("step", 6),
         ("checkpoint", 6),
         ("finished", None),
+        ("done", None),  # the command's last line
     ], kinds
     (resumed,) = [r for r in records if r["kind"] == "resumed"]
     assert resumed["total_steps"] == 6 and resumed["source"] in ("ray", "local")
     assert Path(resumed["path"], "trainer_state.json").is_file()
-    metrics = records[-1]["metrics"]
+    metrics = records[-2]["metrics"]
     assert metrics["global_step"] == metrics["total_steps"] == 6 and metrics["num_workers"] == 2
     print(f"crash after step 2, resumed from {resumed['source']} {resumed['path']}: {elapsed:.1f} s")
 
@@ -153,5 +154,6 @@ def test_a_nan_on_one_worker_rolls_every_worker_back(tmp_path: Path, ray_tmpdir:
     steps = [r for r in records if r["kind"] == "step"]
     assert all(math.isfinite(r["loss"]) for r in steps)
     assert [r["learning_rate"] for r in steps] == pytest.approx([lr] * 2 + [lr / 2] * 4)
-    assert records[-1]["kind"] == "finished" and records[-1]["metrics"]["global_step"] == 6
+    assert [r["kind"] for r in records[-2:]] == ["finished", "done"]
+    assert records[-2]["metrics"]["global_step"] == 6
     print(f"NaN on rank 1 at step 3, rolled back on both: {elapsed:.1f} s")

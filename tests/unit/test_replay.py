@@ -34,7 +34,7 @@ def test_an_entrypoint_says_which_job_it_is(entrypoint: str, kind: str | None) -
 def test_the_recorded_stream_is_a_whole_run() -> None:
     recording = Recording.load()
     kinds = [record["kind"] for _t, record in recording.train]
-    assert kinds[0] == "started" and kinds[-1] == "finished"
+    assert kinds[0] == "started" and kinds[-2:] == ["finished", "done"]
     assert {"step", "eval", "checkpoint"} <= set(kinds)
     assert recording.fetched["kind"] == "fetched"
     times = [t for t, _record in recording.train_lines(4.0)]
@@ -54,7 +54,7 @@ def test_a_train_job_shows_its_lines_as_they_come_with_the_runs_own_directories(
     whole = list(progress.parse(replayed.logs(start + 2.01)))
     assert len(whole) == len(replayer.recording.train)
     assert all(start - 0.001 <= record[EMITTED] <= start + 2.0 for record in whole)  # (4 decimals)
-    assert whole[-1]["output_dir"] == "runs/r-1/outputs"
+    assert whole[-2]["output_dir"] == "runs/r-1/outputs" and whole[-1]["kind"] == "done"
     paths = [r["path"] for r in whole if r["kind"] == "checkpoint"]
     assert paths and all(path.startswith("runs/r-1/") for path in paths)
 
