@@ -72,7 +72,7 @@ def test_train_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     job_file = write_job(tmp_path, max_steps=1, eval_steps=None, save_steps=None)
     assert main(["train", "--job", str(job_file)]) == 0
     kinds = [r["kind"] for r in progress.parse(capsys.readouterr().out)]
-    assert kinds == ["started", "eval", "step", "eval", "finished"]
+    assert kinds == ["started", "eval", "step", "eval", "finished", "done"]  # done: the last line
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["global_step"] == 1
 
 
