@@ -60,6 +60,11 @@ def served_queues(client: redis.Redis[str], host: str | None = None) -> set[str]
 BEAT_SCHEDULER = "celery.beat:Scheduler"
 
 
+def worker_hostname(pid: int) -> str:
+    """The Celery hostname of the worker process `pid` on this machine, which names its heartbeat key."""
+    return f"fleet-{pid}@{socket.gethostname()}"
+
+
 def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrency: int, beat: bool) -> None:
     """Run a Celery worker in this process until it is told to stop."""
     from workers import context
@@ -67,7 +72,7 @@ def run_worker(settings: Settings, redis_url: str, queues: list[str], concurrenc
 
     configure(settings, redis_url)
     context.init(settings, redis_url)
-    hostname = f"fleet-{os.getpid()}@{socket.gethostname()}"
+    hostname = worker_hostname(os.getpid())
     client = redisurl.connect(redis_url, decode_responses=True)
     stopper: dict[str, threading.Event] = {}
 
@@ -119,8 +124,7 @@ class SpawnedWorker:
         self.proc = subprocess.Popen(
             argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        # run_worker's name for itself: its heartbeat key is there while it takes tasks
-        self.key = worker_key(f"fleet-{self.proc.pid}@{socket.gethostname()}")
+        self.key = worker_key(worker_hostname(self.proc.pid))  # there while it takes tasks
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Celery's warm shutdown: SIGTERM to the worker alone, which lets its pool finish the tasks in hand

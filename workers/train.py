@@ -72,14 +72,13 @@ def step(ctx: context.Context, run: Run) -> Next:
     # Its result reported and its last line printed (trainer DONE), the job's exit is not waited for: seconds
     # of teardown here, and on a GPU node a teardown that hangs (NCCL) would hold the run and bill the node.
     said_done = run.progress.finished and run.progress.done == sid
-    if said_done and info is not None and not info.status.is_terminal():
-        client.stop(sid)  # what is left of it is its exit, which must not hold a kept node's GPU if it hangs
-    elif not said_done and (info is None or not info.status.is_terminal()):
-        return Next.wait_job(ctx, Stage.TRAIN, sid, relay=True)
     if said_done or (info is not None and info.status == JobStatus.SUCCEEDED and run.progress.finished):
+        if info is not None and not info.status.is_terminal():
+            client.stop(sid)  # what is left of it is its exit: it must not hold a kept node's GPU if it hangs
         ctx.ledger.update_run(run.run_id, lambda r: enter_next(r, Stage.TRAIN))
         return Next.onward(Stage.TRAIN)
-    assert info is not None  # (said_done or a terminal job: see above)
+    if info is None or not info.status.is_terminal():
+        return Next.wait_job(ctx, Stage.TRAIN, sid, relay=True)
     log = job_log(ctx, run, client, sid)
     if info.status == JobStatus.FAILED and (pending := gave_up(log)) is not None:
         raise StageFailed(FailureReason.RESOURCES_UNAVAILABLE, unplaced(pending))
