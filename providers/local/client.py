@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env, kept_env, software_key
+from providers.local.ports import port_block
 
 PORT_NAMES = (
     "port",
@@ -60,36 +60,6 @@ class HeadMeta:
     @property
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['dashboard_port']}"
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct free ports (all sockets are held until every port is chosen)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def _worker_port_window(size: int = 200) -> tuple[int, int]:
-    """A window of ports for Ray's workers that no other head of ours is likely to share. It lies below
-    the kernel's ephemeral range (32768+ here), where the other ports (picked by bind(0)) come from."""
-    for _ in range(50):
-        start = secrets.randbelow(32_000 - 10_000 - size) + 10_000
-        probe = [start, start + size // 2, start + size - 1]
-        try:
-            for port in probe:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return start, start + size - 1
-    raise OSError("no free port window for Ray workers")
 
 
 def wait_gone(procs: list[psutil.Process], timeout_s: float) -> bool:
@@ -283,11 +253,12 @@ class LocalHeads:
         # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
         digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
         names = PORT_NAMES if head is None else WORKER_PORT_NAMES
+        ports, worker_ports = port_block(len(names))
         meta = HeadMeta(
             name=name,
             temp_dir=f"/tmp/tfray-{digest}",
-            ports=dict(zip(names, _free_ports(len(names)), strict=True)),
-            worker_ports=_worker_port_window(),
+            ports=dict(zip(names, ports, strict=True)),
+            worker_ports=worker_ports,
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             created_at=time.time(),
