@@ -15,7 +15,7 @@ def test_a_block_lies_below_the_ephemeral_range_and_its_ports_are_distinct() -> 
     assert len(set(named)) == 9
     assert high - low + 1 == ports.WORKER_PORTS
     assert not set(named) & set(range(low, high + 1))
-    assert ports.LOWEST <= min(named) and max(*named, high) < ports.ephemeral_start()
+    assert min(named) >= ports.LOWEST and max(*named, high) < ports.ephemeral_start()
 
 
 def test_a_block_with_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
