@@ -131,8 +131,9 @@ class SpawnedWorker:
         (a pool child resets SIGTERM to its default, so a SIGTERM to the whole group would kill one mid-task:
         a reap pass between its ledger write and its event). Returns once the worker takes no more tasks
         (its heartbeat key is gone, which a `fleet run` after this one reads to start a worker of its own),
-        not after Celery's pool has wound down (3 s of its threads' sleeps): the worker ends on its own, its
-        tasks bounded by their time limits. The whole group is killed if it still serves after `timeout_s`."""
+        not after Celery's pool has wound down (3 s of its threads' sleeps): the worker ends on its own.
+        Either way its whole group is killed if it is still there `timeout_s` after the SIGTERM: at once if it
+        still serves, else by a detached watchdog (a worker whose wind-down hangs must not stay alone)."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -143,6 +144,8 @@ class SpawnedWorker:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+            elif self.proc.poll() is None:
+                kill_group_later(self.proc.pid, deadline - time.monotonic())
         self._log.close()
 
     def _serves(self) -> bool:
@@ -150,6 +153,23 @@ class SpawnedWorker:
             return bool(self.client.exists(self.key))
         except redis.RedisError:
             return False  # the fleet's Redis is gone: the worker takes nothing more
+
+
+def kill_group_later(pid: int, after_s: float) -> None:
+    """Kill process group `pid` (its leader's pid) unless that process has ended within `after_s`: a detached
+    `sh` that looks every 0.2 s, so the caller need not wait (or live) for it."""
+    looks = max(1, round(after_s / 0.2))
+    script = (
+        f"i=0; while kill -0 {pid} 2>/dev/null && [ $i -lt {looks} ]; do sleep 0.2; i=$((i+1)); done; "
+        f"kill -0 {pid} 2>/dev/null && kill -s KILL -- -{pid} 2>/dev/null; exit 0"
+    )
+    subprocess.Popen(
+        ["/bin/sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def missing_queues(client: redis.Redis[str]) -> list[str]:
