@@ -291,11 +291,11 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
 
 
 def trainer_drivers(run_id: str) -> list[psutil.Process]:
-    """The `python -m trainer train` process of this run (the Ray job's driver on the local head)."""
+    """The `python -m trainer train [--fetch]` process of this run (the Ray job's driver on its head)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd[-3:] != ["-m", "trainer", "train"] or not cmd[0].endswith(("python", "python3")):
+        if cmd[1:4] != ["-m", "trainer", "train"] or not cmd[0].endswith(("python", "python3")):
             continue
         try:
             raw = proc.environ().get("FLEET_TRAIN_JOB", "")  # base64: what Ray passes on is not expanded
