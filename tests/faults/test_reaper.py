@@ -26,8 +26,9 @@ from pydantic import SecretStr
 
 from broker.constants import EVENTS_STREAM, Stage, tick_key
 from broker.dispatch import Dispatcher
-from broker.ledger import Ledger
-from broker.models import RunState
+from broker.ledger import Draft, Ledger
+from broker.models import Run, RunState
+from broker.payloads import RunCancelRequested
 from core.settings import load_settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
@@ -162,8 +163,15 @@ def stuck_runs(case: Case, fleet: LiveFleet, job: Path, count: int) -> list[str]
     Each is asked to cancel, so the task a reaper kicks ends it at once (no node needed)."""
     runs = [fleet.enqueue(job) for _ in range(count)]
     here = svc.Fleet.connect(load_settings(fleet.env))
+
+    def ask_cancel(r: Run) -> list[Draft]:
+        # As `fleet cancel` records it while a worker serves; with none up it would end a queued run at once
+        # (service.runs._end_queued), and nothing would be left for a reaper's kick.
+        r.cancel_requested = True
+        return [RunCancelRequested(state=r.state.value)]
+
     for run_id in runs:
-        svc.cancel(here, run_id)
+        here.ledger.update_run(run_id, ask_cancel)
         fleet.redis.delete(tick_key(run_id))
         case.expect(run_id, RunState.CANCELLED)
     fleet.redis.delete(Stage.PROVISION.value)
