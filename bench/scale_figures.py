@@ -21,6 +21,7 @@ SUCCEEDED = re.compile(r"Task (?P<name>[\w.]+)\[(?P<id>[\w-]+)\] succeeded in (?
 # A node job's end -> the ledger event that acts on it (the next stage's start, or the run's end).
 TRANSITIONS = {
     "check": ("check_end_to_prepare", "stage.started", "prepare"),
+    "fetch": ("fetch_end_to_train", "stage.started", "train"),
     "train": ("train_end_to_finalize", "stage.started", "finalize"),
     "pack": ("pack_end_to_succeeded", "run.succeeded", None),
 }

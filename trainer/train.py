@@ -13,12 +13,11 @@ A job for axolotl (`trainer: axolotl`) trains with axolotl's own command instead
 with `use_ray`, axolotl runs Ray Train itself.
 
 `fetch` resolves the base model (building the tiny one) and reads the datasets, then prints a FETCHED
-progress line. The fleet runs it as the prepare step, within the attempt's first train job (`train --fetch`:
-the fetch, then the training, in one process and one Ray job). For axolotl it checks that the local
-datasets are there and counts their records when it can (JSON Lines, JSON); hub datasets are axolotl's to
-fetch. `pack` prints the output directory for the fleet to bring back from a rented node (trainer.pack).
-All exit 0 on success and 1 with a one-line ``trainer: error: ...`` on stderr otherwise. Heavy imports wait
-until a command needs them.
+progress line; the fleet runs it as the prepare step. For axolotl it checks that the local datasets are
+there and counts their records when it can (JSON Lines, JSON); hub datasets are axolotl's to fetch.
+`pack` prints the output directory for the fleet to bring back from a rented node (trainer.pack). All exit
+0 on success and 1 with a one-line ``trainer: error: ...`` on stderr otherwise. Heavy imports wait until a
+command needs them.
 """
 
 from __future__ import annotations
@@ -222,8 +221,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--job", type=Path, default=None, help=f"TrainJob JSON file (default: ${ENV_VAR})")
-        if name == "train":  # the fleet's first train job of an attempt: no second Ray job just to fetch
-            sub.add_argument("--fetch", action="store_true", help="do the fetch command's work first")
         if name == "pack":
             sub.add_argument("--limit-bytes", type=int, default=pack.DEFAULT_LIMIT_BYTES)
             sub.add_argument("--skip-over-limit", action="store_true", help="say so instead of failing")
@@ -238,8 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "push":
             push.push(job)
         else:
-            if args.fetch:
-                fetch(job, base_dir)
             train(job, base_dir)
             emit(Kind.DONE)  # the fleet goes on from here, not from this process's end (seconds later)
     except TrainerError as exc:

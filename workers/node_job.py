@@ -98,18 +98,6 @@ def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
     return env
 
 
-def train_env(ctx: context.Context, run: Run) -> dict[str, str]:
-    """The train job's environment: every Ray job's (node_env) and how long it may wait for room for its
-    workers (the fleet's setting; FLEET_* names are not a job file's to set)."""
-    return {**node_env(ctx, run), progress.PENDING_ENV: f"{ctx.settings.train_pending_s:g}"}
-
-
-def train_sid(run: Run) -> str:
-    """The submission id of the run's current train job: one per attempt, and one per restart within it."""
-    restarts = run.progress.train_restarts
-    return f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
-
-
 def files_for_node(ctx: context.Context, run: Run) -> Path | None:
     """The directory that travels with the run's Ray jobs as their working_dir (None: the node shares
     this machine's files)."""

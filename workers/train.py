@@ -27,16 +27,7 @@ from providers.node import JobStatus, NodeClient
 from trainer import progress
 from workers import context
 from workers.ending import node_lost
-from workers.node_job import (
-    files_for_node,
-    job_log,
-    keep_log,
-    node,
-    node_record,
-    resend,
-    train_env,
-    train_sid,
-)
+from workers.node_job import files_for_node, job_log, keep_log, node, node_env, node_record, resend
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter_next
 
@@ -59,15 +50,13 @@ _EVENT_OF = {
 def step(ctx: context.Context, run: Run) -> Next:
     client = node(ctx, run)
     restarts = run.progress.train_restarts
-    sid = train_sid(run)
+    sid = f"{run.run_id}-{run.attempt}-train" + (f"-r{restarts}" if restarts else "")
 
     def submit() -> None:  # the job's environment and files are made only when it is sent
         client.submit(sid, ENTRYPOINT, train_env(ctx, run), files_for_node(ctx, run))
 
     if run.ray_jobs.get(Stage.TRAIN.value) != sid or client.info(sid) is None:
-        # The attempt's first train job is the one prepare sent (it fetched first): followed, not sent again.
-        if run.ray_jobs.get(Stage.PREPARE.value) != sid or client.info(sid) is None:
-            submit()
+        submit()
 
         def submitted(r: Run) -> list[Draft]:
             if r.ray_jobs.get(Stage.TRAIN.value) == sid:
@@ -114,6 +103,12 @@ def step(ctx: context.Context, run: Run) -> Next:
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     why = "the trainer reported no result" if info.status == JobStatus.SUCCEEDED else info.message
     raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{log[-1500:]}")
+
+
+def train_env(ctx: context.Context, run: Run) -> dict[str, str]:
+    """The train job's environment: every Ray job's (node_env) and how long it may wait for room for its
+    workers (the fleet's setting; FLEET_* names are not a job file's to set)."""
+    return {**node_env(ctx, run), progress.PENDING_ENV: f"{ctx.settings.train_pending_s:g}"}
 
 
 def gave_up(log: str) -> TrainPending | None:

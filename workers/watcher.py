@@ -139,8 +139,8 @@ class Watcher:
             relayed = self._relay(known, known.client, job)
             if relayed is not known.run:
                 known.run = relayed
-                if _goes_on(relayed, known.watch):
-                    return True  # its stage goes on from here, without waiting for the job's end
+                if relayed.progress.done == job:
+                    return True  # the trainer's last line: its stage goes on without waiting for its exit
                 if not _said_done(relayed, known.watch):
                     return False  # it prints: it runs (its end is for a look at a log that stands still)
         info = known.client.info(job)
@@ -163,16 +163,10 @@ class Watcher:
         return False
 
 
-def _goes_on(run: Run, watch: Watch) -> bool:
-    """Whether the job's relayed lines let its stage go on now: the trainer's last line (DONE; its exit is
-    not waited for), or the fetch's FETCHED (prepare's part of the job is done; it trains on)."""
-    return (run.progress.done if watch.stage == Stage.TRAIN else run.progress.fetched) == watch.job
-
-
 def _said_done(run: Run, watch: Watch) -> bool:
-    """Whether the trainer's relayed lines gave its result: the job's info is asked at once, not a tick
-    later (it ends in a moment)."""
-    return watch.stage == Stage.TRAIN and run.progress.finished
+    """Whether the job's relayed lines said it is done (the trainer's result, the fetch's FETCHED): its
+    info is asked at once, not a tick later."""
+    return run.progress.finished if watch.stage == Stage.TRAIN else run.progress.fetched == watch.job
 
 
 def start_watcher(ctx: context.Context, holder: str) -> threading.Event:

@@ -11,8 +11,6 @@ are (a second one is refused with Ray's "already exists"). A job is known by its
 - `python -m trainer train`: RUNNING for `train_s` seconds while its log grows line by line with the
   progress stream of one real run of the tiny job (tests/data/replay/train-progress.jsonl: STARTED, STEPs,
   EVALs, CHECKPOINTs, FINISHED, DONE), its timings scaled to `train_s`, then SUCCEEDED (`exit_s` later);
-  with `--fetch` (the attempt's first train job, which the fleet's prepare stage sends), the fetch's
-  FETCHED line after `JOB_S["fetch"]` first, then the stream;
 - `python -m trainer pack`: the CHUNK and PACKED lines of a small output directory, packed by the
   project's own trainer/pack.py, so the fleet's `pack.unpack` accepts them;
 - `python -m trainer push`: a PUSHED line naming the job's hub_model_id;
@@ -171,10 +169,7 @@ class Replayer:
             why = "a replay node runs only the trainer's jobs and entry scripts"
             return Job(sid, entrypoint, "other", now, now, final="FAILED", message=why)
         if kind == "train":
-            lead = JOB_S["fetch"] if "--fetch" in entrypoint.split() else 0.0  # the fetch's work first
-            timed = [(lead + t, record) for t, record in self.recording.train_lines(self.train_s)]
-            if lead:
-                timed.insert(0, (lead, self.recording.fetched))
+            timed = self.recording.train_lines(self.train_s)
             lines = [(now + t, self._stamped(record, env, now + t)) for t, record in timed]
             job = Job(sid, entrypoint, kind, now, lines[-1][0] + self.exit_s, lines)
         else:

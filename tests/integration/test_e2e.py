@@ -119,8 +119,7 @@ def test_fleet_run_tiny_lora_end_to_end(home: Path) -> None:
     node_logs = fleet(env, "logs", view["run_id"], "--node")
     assert node_logs.returncode == 0, node_logs.stderr[-2000:]
     headers = [line for line in node_logs.stdout.splitlines() if line.startswith("==> ")]
-    # The train job fetched first (no fetch job of its own).
-    jobs = [f"==> {view['run_id']}-1-{what} <==" for what in ("check", "train")]
+    jobs = [f"==> {view['run_id']}-1-{what} <==" for what in ("check", "fetch", "train")]
     assert headers == jobs, headers
     train_part = node_logs.stdout.split(jobs[-1])[1]
     assert sum('"kind":"step"' in line for line in train_part.splitlines()) == kinds.count("train.step")

@@ -72,13 +72,11 @@ def test_a_multi_line_entry_runs_on_the_node_before_the_fetch(
     assert "entry-marker changed-by-the-script" in ended["output"]
     assert "Running entrypoint" not in ended["output"]  # Ray's own line repeating the script is left out
     assert "the token: <redacted>" in ended["output"] and HF_TOKEN not in ended["output"]
-    # The entry, then the train job that fetches first: each submitted once, the latter only after the entry
-    # ended; the train stage follows that job on.
+    # The entry, then the fetch: each submitted once, the fetch only after the entry ended.
     kinds = [(e["type"], e["data"].get("ray_job", "")) for e in evs]
     rid = view["run_id"]
     submitted = [job for kind, job in kinds if kind == "prepare.submitted"]
-    assert submitted == [f"{rid}-1-entry", f"{rid}-1-train"]
-    assert [job for kind, job in kinds if kind == "train.submitted"] == [f"{rid}-1-train"]
+    assert submitted == [f"{rid}-1-entry", f"{rid}-1-fetch"]
     assert kinds.index(("prepare.entry", ended["ray_job"])) < kinds.index(("prepare.submitted", submitted[1]))
 
     logs = fleet(fleet_env(home), "logs", rid)

@@ -62,8 +62,7 @@ def test_a_run_on_a_replay_node_goes_through_every_stage(
         if event["type"] in ("train.step", "train.eval", "prepare.fetched"):
             # Stamped by the node when it appeared in the log; in the ledger after that: relayed by the
             # watcher as it was printed (the run waits parked, with no task), a tick or two later.
-            late = event["time"] - event["data"][EMITTED]
-            assert 0 <= late < 5, f"{event['type']} reached the ledger {late:.1f} s after it was printed"
+            assert 0 <= event["time"] - event["data"][EMITTED] < 5
     steps = [e["time"] for e in evs if e["type"] == "train.step"]
     assert steps[-1] - steps[0] > TRAIN_S / 2  # as it happened, not all at the end
     received: Counter[str] = Counter()
@@ -84,7 +83,7 @@ def test_a_run_on_a_replay_node_goes_through_every_stage(
         assert (Path(view["output_dir"]) / name).read_text() == text
     # The node ran each job once, and was given back.
     journal = [json.loads(line) for line in (tmp_path / "fake" / JOURNAL).read_text().splitlines()]
-    assert [row["kind"] for row in journal] == ["check", "train", "pack"]  # the train job fetched first
+    assert [row["kind"] for row in journal] == ["check", "fetch", "train", "pack"]
     state = fake_state(url)
     assert state["instances"] == [] and state["requests"]["create"] == 1
     # Seen gone in the shared list (no list call of its own), and its tokens (sealed in Redis) forgotten.

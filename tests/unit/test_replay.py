@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.factories import example_config
-from tests.fakes.replay import EMITTED, JOB_S, OUTPUT_FILES, Job, Recording, Replayer, kind_of
+from tests.fakes.replay import EMITTED, OUTPUT_FILES, Job, Recording, Replayer, kind_of
 from trainer import pack, progress
 from trainer.config import TrainJob
 
@@ -20,7 +20,6 @@ from trainer.config import TrainJob
         ("python -m trainer check --gpus=0 --ray=2.9.0 --python=3.11", "check"),
         ("python -m trainer fetch", "fetch"),
         ("python -m trainer train", "train"),
-        ("python -m trainer train --fetch", "train"),
         ("python -m trainer pack --skip-over-limit", "pack"),
         ("python -m trainer push", "push"),
         (shlex.join(["sh", "-c", "echo 'hi'; pip list"]), "entry"),
@@ -58,19 +57,6 @@ def test_a_train_job_shows_its_lines_as_they_come_with_the_runs_own_directories(
     assert whole[-2]["output_dir"] == "runs/r-1/outputs" and whole[-1]["kind"] == "done"
     paths = [r["path"] for r in whole if r["kind"] == "checkpoint"]
     assert paths and all(path.startswith("runs/r-1/") for path in paths)
-
-
-def test_a_train_job_that_fetches_first_prints_the_fetched_line_first() -> None:
-    replayer = Replayer(train_s=2.0)
-    job = TrainJob(run_id="r-1", config=example_config(), work_dir="runs/r-1", output_dir="runs/r-1/outputs")
-    env = {progress.ENV_VAR: job.to_env()}
-    replayed = replayer.job("node", "r-1-1-train", "python -m trainer train --fetch", env)
-    start, lead = replayed.started, JOB_S["fetch"]
-    assert not list(progress.parse(replayed.logs(start + lead - 0.05)))
-    assert [r["kind"] for r in progress.parse(replayed.logs(start + lead + 0.001))] == ["fetched", "started"]
-    whole = [r["kind"] for r in progress.parse(replayed.logs(start + lead + 2.01))]
-    assert whole[0] == "fetched" and whole[1:] == [r["kind"] for _t, r in replayer.recording.train]
-    assert replayed.status(start + lead + 1.9) == "RUNNING"
 
 
 def test_a_stopped_job_prints_nothing_more() -> None:
