@@ -227,7 +227,7 @@ def compute(ctx: dict[str, Any]) -> dict[str, Any]:
         "redis_commands": figures.redis_commands(ctx["before"], ctx["after"], ctx["own"], len(ids)),
         "node_to_ledger_s": figures.spread(figures.node_to_ledger(streams)),
         "node_to_discord_s": (
-            figures.node_to_discord(streams, ctx["discord"], CHANNEL) if ctx["discord"] is not None else None
+            figures.node_to_discord(streams, ctx["discord"]) if ctx["discord"] is not None else None
         ),
         "discord_requests": ctx["discord"]["requests"] if ctx["discord"] is not None else None,
         "stage_transition_s": figures.transitions(streams, ctx["journal"]),

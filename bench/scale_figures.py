@@ -97,25 +97,26 @@ def node_to_ledger(streams: dict[str, Stream]) -> list[float]:
     ]
 
 
-def _status_posts(discord: dict[str, Any], channel: int) -> dict[str, list[float]]:
-    """Per run, when its status message was created and each time it was edited."""
+def _status_posts(discord: dict[str, Any]) -> dict[str, list[float]]:
+    """Per run, when its status message was created and each time it was edited: in the run's thread (a
+    channel of its own, bot.notifier), or in the channel for a run whose thread is gone."""
 
     def at(version: dict[str, Any]) -> float:
         return datetime.fromisoformat(version["at"]).timestamp()
 
     posts: dict[str, list[float]] = {}
-    for message in discord.get("channels", {}).get(str(channel), []):
+    for message in (m for messages in discord.get("channels", {}).values() for m in messages):
         if message.get("embeds"):
             run_id = str(message["embeds"][0].get("title", "")).split(" · ")[0]
             posts.setdefault(run_id, []).extend(at(v) for v in [message["created"], *message["edits"]])
     return {run_id: sorted(times) for run_id, times in posts.items()}
 
 
-def node_to_discord(streams: dict[str, Stream], discord: dict[str, Any], channel: int) -> dict[str, Any]:
+def node_to_discord(streams: dict[str, Stream], discord: dict[str, Any]) -> dict[str, Any]:
     """Seconds from each replayed line's appearance on its node to the first post of its run's status
     message (created or edited) at or after the line's event reached the ledger (as bench/notify.py
     counts a status event), and how many lines had none."""
-    posts = _status_posts(discord, channel)
+    posts = _status_posts(discord)
     found, missing = [], 0
     for run_id, stream in streams.items():
         for sid, event in stream:

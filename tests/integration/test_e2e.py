@@ -290,7 +290,7 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
 
 
 def trainer_drivers(run_id: str) -> list[psutil.Process]:
-    """The `python -m trainer train [--fetch]` process of this run (the Ray job's driver on its head)."""
+    """The `python -m trainer train` process of this run (the Ray job's driver on the local head)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
