@@ -10,7 +10,8 @@ which discord.py waits out and retries; the other side gets none.
 As the bot the notifier gives each run a thread of its own (its own rate-limit buckets, bot.notifier), so
 a 429 in one run's thread holds up that run only. On the 429 side, `with_429_after_first` leaves out each
 run's first event (it waits on the channel's routes, every run's, for the message its thread starts from
-and the thread), and `with_429_other_runs` keeps of those only the runs whose own thread met no 429.
+and the thread), and `with_429_other_runs` keeps of those only the runs whose own thread met no 429, and
+of their events those written once the run's thread had its first message.
 
 An event's latency runs from its `time` (set as the ledger writes it) to the moment the fake recorded what
 it caused: for an event with a message of its own (a result, a failure, a W&B link), that message's
@@ -46,6 +47,7 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bot.notifier import PICTURED  # noqa: E402
 from bot.render import SEPARATE, separate_message  # noqa: E402
 from broker.constants import EVENTS_STREAM  # noqa: E402
 from broker.constants import NOTIFIER_GROUP as GROUP  # noqa: E402
@@ -57,6 +59,7 @@ from tests.fakes.discord import DiscordFault  # noqa: E402
 from tests.integration.fleetproc import fleet_env  # noqa: E402
 
 TOKEN = "bench-bot-token"
+KINDS = ("pictured", "plain")  # results and failures (with the loss picture), and every other event
 CHANNEL = 423456789012345678
 OPS = ("create_message", "edit_message", "start_thread")  # every request a run makes
 ENDLESS = 10**6  # `times` of the 429 rules: they never run out
@@ -148,22 +151,31 @@ def _at(version: dict[str, Any]) -> float:
     return datetime.fromisoformat(version["at"]).timestamp()
 
 
-def latencies(side: Side) -> tuple[list[float], list[float], list[float]]:
+def latencies(side: Side) -> dict[str, list[float]]:
     """Seconds from each run event to what it caused on the fake Discord (see the module docstring): all
-    events; all but each run's first (which waits on the channel's routes, every run's, for its thread);
-    and of those, the ones of runs whose own thread met no 429."""
+    events (`every`); all but each run's first (`later`: the first waits on the channel's routes, every
+    run's, for its thread); of those, the ones of runs whose own thread met no 429, written once the run's
+    thread had its first message (`spared`: before that, an event waits behind its run's first, which may
+    wait on the channel's routes); the results and failures, whose messages carry the run's loss picture
+    (`pictured`), and all the others (`plain`)."""
     state = side.fake.state()
     own = [t for t, thread in state["threads"].items() if thread["parent_id"] == str(CHANNEL)]
     messages = [m for channel in (str(CHANNEL), *own) for m in state["channels"].get(channel, [])]
     hit = {f["channel"] for f in state["faults_served"]}
     hit_runs = {state["threads"][t]["name"].split(" · ")[0] for t in own if t in hit}
+    ready = {
+        state["threads"][t]["name"].split(" · ")[0]: min(_at(m["created"]) for m in state["channels"][t])
+        for t in own
+        if state["channels"].get(t)
+    }
     posted = {m["created"]["content"]: _at(m["created"]) for m in messages if m["created"]["content"]}
     status: dict[str, list[float]] = {}
     for m in messages:
         if m["embeds"]:
             run_id = m["embeds"][0]["title"].split(" · ")[0]
             status.setdefault(run_id, []).extend(_at(v) for v in [m["created"], *m["edits"]])
-    every, later, spared, seen = [], [], [], set()
+    found: dict[str, list[float]] = {k: [] for k in ("every", "later", "spared", "pictured", "plain")}
+    seen = set()
     for _sid, fields in side.client.xrange(EVENTS_STREAM):
         event = Event.model_validate_json(fields["event"])
         text = separate_message(event) if event.type in SEPARATE else None
@@ -173,13 +185,14 @@ def latencies(side: Side) -> tuple[list[float], list[float], list[float]]:
             took = min(t for t in status[event.run_id] if t >= event.time) - event.time
         else:
             continue
-        every.append(took)
+        found["every"].append(took)
+        found["pictured" if event.type in PICTURED else "plain"].append(took)
         if event.run_id in seen:
-            later.append(took)
-            if event.run_id not in hit_runs:
-                spared.append(took)
+            found["later"].append(took)
+            if event.run_id not in hit_runs and event.time >= ready.get(event.run_id or "", math.inf):
+                found["spared"].append(took)
         seen.add(event.run_id)
-    return every, later, spared
+    return found
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -243,9 +256,10 @@ def measure(args: argparse.Namespace, work: Path, redis_url: str) -> dict[str, A
                 side.client.close()
         counts = {side.name: sum(side.fake.state()["requests"].get(op, 0) for op in OPS) for side in sides}
     return {
-        "latencies": {name: every for name, (every, _later, _spared) in result.items()},
-        "later": result["with_429"][1],
-        "spared": result["with_429"][2],
+        "latencies": {name: found["every"] for name, found in result.items()},
+        "later": result["with_429"]["later"],
+        "spared": result["with_429"]["spared"],
+        "by_kind": {f"{name}_{kind}": found[kind] for name, found in result.items() for kind in KINDS},
         "requests": counts,
         "injected": sum(ENDLESS - r.times for r in rules),
     }
@@ -281,6 +295,9 @@ def main() -> None:
         print(f"{name:<10} {count:>7} {requests:>9} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
     spared = figures(got["spared"]) if got["spared"] else {}
     later = figures(got["later"]) if got["later"] else {}
+    by_kind = {name: figures(values) for name, values in got["by_kind"].items() if values}
+    for name, row in by_kind.items():
+        print(f"{name}: {row}")
     print(f"429s injected on the with_429 side: {got['injected']}")
     print(f"with_429, all but each run's first event ({len(got['later'])} events): {later}")
     print(f"... of runs whose own thread met no 429 ({len(got['spared'])} events): {spared}")
@@ -292,6 +309,7 @@ def main() -> None:
         **table,
         "with_429_after_first": later,
         "with_429_other_runs": spared,
+        **by_kind,
         "injected_429": got["injected"],
         "retry_after_s": args.retry_after,
     }

@@ -70,6 +70,7 @@ from core.secrets import Secrets
 from core.settings import Settings
 from service import plot
 from service.describe import loss_curve
+from service.painter import Painter
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Notifier:
         self.ack_enabled = True  # tests turn it off to act out a crash between posting and acking
         self.last_error: str | None = None
         self.lanes: Lanes[tuple[str, Event]] = Lanes(self._lane, lanes, "notify")
+        self.painter = Painter()  # pictures drawn beside, not in, this process (service.painter says why)
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()  # stream ids read and not handled yet (a redelivery skips them)
         self._stopped: dict[str, str] = {}  # run (or "" for fleet events) -> why its lane stopped
@@ -164,7 +166,12 @@ class Notifier:
                 continue
             self._dispatch(self.consumer.read(count=self.batch, block_ms=self.block_ms))
         self.lanes.wait(timeout=10.0)  # what is under way goes out; the rest stays pending for next time
+        self.close()
+
+    def close(self) -> None:
+        """Stop the lanes' threads and the painter (what a lane is doing still ends)."""
         self.lanes.close()
+        self.painter.close()
 
     def process_once(self) -> int:
         """Read one batch (blocking up to `block_ms`), relay it and wait until it is handled; returns how
@@ -237,17 +244,18 @@ class Notifier:
             run = None  # a run removed from the ledger: its messages of their own still go out
         if run is None:
             thread = self._known_thread(run_id)
-            for event in separate:
-                self._post_separate(event, thread)
-            return
-        thread = self._thread(run)
-        status = self.client.get(notify_status_key(run_id))  # its status message's id, once it has one
-        if status is None:
-            self._update_status(run, wandb_url, thread, None)
-        for event in separate:
-            self._post_separate(event, thread)
-        if status is not None:
-            self._update_status(run, wandb_url, thread, status)
+            posted = [(event, self._post_separate(event, thread)) for event in separate]
+        else:
+            thread = self._thread(run)
+            status = self.client.get(notify_status_key(run_id))  # its status message's id, once it has one
+            if status is None:
+                self._update_status(run, wandb_url, thread, None)
+            posted = [(event, self._post_separate(event, thread)) for event in separate]
+            if status is not None:
+                self._update_status(run, wandb_url, thread, status)
+        for event, message_id in posted:  # last: a picture takes a moment to draw, and nothing waits on it
+            if message_id is not None:
+                self._attach_picture(event, message_id, thread)
 
     def _known_thread(self, run_id: str) -> int | None:
         known = self.client.get(notify_thread_key(run_id))
@@ -298,32 +306,37 @@ class Notifier:
             raise self._gone(run_id, thread, exc) from exc
         self.client.set(notify_status_key(run_id), str(message_id), ex=SENT_TTL_S * 4)
 
-    def _post_separate(self, event: Event, thread: int | None) -> None:
+    def _post_separate(self, event: Event, thread: int | None) -> int | None:
+        """Post the event's message of its own; its id (None: it has none, or it went out before)."""
         text = separate_message(event)
         if text is None or self.client.exists(notify_sent_key(event.id)):
-            return
-        content, file = truncate(self.scrub(text), CONTENT_MAX), self._picture(event)
+            return None
         try:
             with self._route(thread, self._posts):
-                self.sink.post(content=content, key=event.id, thread=thread, file=file)
+                message_id = self.sink.post(
+                    content=truncate(self.scrub(text), CONTENT_MAX), key=event.id, thread=thread
+                )
         except discord.NotFound as exc:
             raise self._gone(event.run_id or "", thread, exc) from exc
         self.client.set(notify_sent_key(event.id), "1", ex=SENT_TTL_S)
+        return message_id
 
-    def _picture(self, event: Event) -> tuple[str, bytes] | None:
-        """A run's result or failure carries its loss picture (service.plot), when it reported a loss. A
-        picture that cannot be drawn is logged: the message goes out without it."""
+    def _attach_picture(self, event: Event, message_id: int, thread: int | None) -> None:
+        """A run's result or failure message gets its loss picture (service.plot), when it reported a loss:
+        attached once the message is out, so the message never waits for the drawing. A picture that
+        cannot be drawn or attached is logged; the message stays as it is."""
         if event.type not in PICTURED or not event.run_id:
-            return None
+            return
         try:
             curve = loss_curve(self.client, event.run_id)
             if not plot.has_points(curve):
-                return None
+                return
             title = f"{event.run_id} ({event.type.value.split('.')[1].upper()})"
-            return f"{event.run_id}-loss.png", plot.png(curve, title)
+            picture = (f"{event.run_id}-loss.png", self.painter.png(curve, title))
+            with self._route(thread, self._edits):
+                self.sink.attach(message_id, picture, thread)
         except Exception:
-            log.exception("run %s: its loss picture could not be drawn; posting without it", event.run_id)
-            return None
+            log.exception("run %s: its loss picture could not be drawn or attached", event.run_id)
 
     def _route(self, thread: int | None, channel: threading.Lock) -> AbstractContextManager[object]:
         """A run's thread is its own; the channel's route (`channel`: its lock) is taken in turn."""

@@ -62,9 +62,9 @@ def _in(thread: int | None) -> Any:
     return discord.Object(thread) if thread else discord.utils.MISSING
 
 
-def _file(file: tuple[str, bytes] | None) -> Any:
-    """discord.py's `file=` argument: an upload (a fresh one each try: discord.py reads it to its end)."""
-    return discord.File(io.BytesIO(file[1]), filename=file[0]) if file else discord.utils.MISSING
+def _file(file: tuple[str, bytes]) -> discord.File:
+    """An upload for discord.py (a fresh one each call: discord.py reads it to its end)."""
+    return discord.File(io.BytesIO(file[1]), filename=file[0])
 
 
 class Sink(Protocol):
@@ -81,13 +81,15 @@ class Sink(Protocol):
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
-        file: tuple[str, bytes] | None = None,
     ) -> int:
-        """Post a message (with `file`, (name, bytes), attached); `key` identifies it, so a sink that can
-        dedupe posts it at most once."""
+        """Post a message; `key` identifies it, so a sink that can dedupe posts it at most once."""
         ...
 
     def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None: ...
+
+    def attach(self, message_id: int, file: tuple[str, bytes], thread: int | None = None) -> None:
+        """Attach `file`, (name, bytes), to a message posted without one (its only attachment then)."""
+        ...
 
     def start_thread(self, message_id: int, name: str) -> int | None:
         """Start a thread from the channel's message `message_id` (a second start finds the first); the
@@ -111,13 +113,11 @@ class WebhookSink:
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
-        file: tuple[str, bytes] | None = None,
     ) -> int:
         with discord_errors():
             message = self.webhook.send(
                 content or "",
                 embed=embed or discord.utils.MISSING,
-                file=_file(file),
                 wait=True,
                 allowed_mentions=discord.AllowedMentions.none(),
                 thread=_in(thread),
@@ -127,6 +127,10 @@ class WebhookSink:
     def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
         with discord_errors():
             self.webhook.edit_message(message_id, embed=embed, thread=_in(thread))
+
+    def attach(self, message_id: int, file: tuple[str, bytes], thread: int | None = None) -> None:
+        with discord_errors():
+            self.webhook.edit_message(message_id, attachments=[_file(file)], thread=_in(thread))
 
     def start_thread(self, message_id: int, name: str) -> int | None:
         return None
@@ -153,14 +157,12 @@ class BotSink:
         embed: discord.Embed | None = None,
         key: str,
         thread: int | None = None,
-        file: tuple[str, bytes] | None = None,
     ) -> int:
         channel = self.client.get_partial_messageable(thread or self.channel_id)
         message = self._call(
             channel.send(
                 content,
                 embed=embed or discord.utils.MISSING,
-                file=_file(file),
                 nonce=nonce_of(key),
                 allowed_mentions=discord.AllowedMentions.none(),
             )
@@ -170,6 +172,10 @@ class BotSink:
     def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
         channel = self.client.get_partial_messageable(thread or self.channel_id)
         self._call(channel.get_partial_message(message_id).edit(embed=embed))
+
+    def attach(self, message_id: int, file: tuple[str, bytes], thread: int | None = None) -> None:
+        channel = self.client.get_partial_messageable(thread or self.channel_id)
+        self._call(channel.get_partial_message(message_id).edit(attachments=[_file(file)]))
 
     def start_thread(self, message_id: int, name: str) -> int | None:
         async def start() -> int | None:

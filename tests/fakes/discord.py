@@ -747,6 +747,9 @@ class FakeDiscord(Served):
                 msg.content = str(data["content"] or "")
             if "embeds" in data:
                 msg.embeds = list(data["embeds"] or [])
+            if "attachments" in data:  # v10: the attachments to keep, by id (and the new uploads')
+                keep = {str(a.get("id")) for a in data["attachments"] or []}
+                msg.attachments = [a for a in msg.attachments if a["id"] in keep]
             msg.attachments += self._attach(files)
             msg.edited = _now_iso()
             msg.edits.append({"content": msg.content, "embeds": msg.embeds, "at": msg.edited})

@@ -122,6 +122,9 @@ def test_one_status_message_per_run_edited_in_place(
     # The result carries r1's loss picture (its three steps), as a PNG; r2 reported no loss: no picture.
     pictured = {m["content"].split(":")[0]: m["attachments"] for m in _messages(fake_discord) if m["content"]}
     assert pictured["✅ Run r1 succeeded"] == ["r1-loss.png"] and pictured["❌ Run r2 failed"] == []
+    # ... attached once the message was out (the message never waits for the drawing): by one edit.
+    (result,) = [m for m in _messages(fake_discord) if m["content"].startswith("✅ Run r1 succeeded")]
+    assert [edit["content"] for edit in result["edits"]] == [result["content"]]
     (png,) = [data for name, data in fake_discord.files.values() if name == "r1-loss.png"]
     with Image.open(io.BytesIO(png)) as image:
         assert image.format == "PNG" and image.size == (800, 450)

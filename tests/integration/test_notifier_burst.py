@@ -282,6 +282,22 @@ def test_a_crash_after_posting_as_the_bot_repeats_nothing(
         assert redis_client.xpending(EVENTS_STREAM, GROUP)["pending"] == 0
 
 
+def test_as_the_bot_the_result_in_the_runs_thread_gets_its_loss_picture(
+    redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(redis_client)
+    script.create("r1")
+    script.to_training("r1")
+    script.steps("r1", [1, 2, 3])
+    script.succeed("r1")
+    with FakeDiscord(token=TOKEN) as fake, as_bot(fake, redis_client, monkeypatch) as notifier:
+        assert notifier.process_once() == 10
+        (result,) = [m for m in messages(fake) if m["content"].startswith("✅ Run r1 succeeded")]
+        assert result["attachments"] == ["r1-loss.png"] and len(result["edits"]) == 1
+        notifier.close()
+        assert notifier.painter.pid is None
+
+
 def test_a_429_in_one_runs_thread_holds_up_that_run_only(
     redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
