@@ -222,7 +222,10 @@ def compute(ctx: dict[str, Any]) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "submit_s": ctx["submitted"]["submit_s"],
         "settings": ctx["settings"],
-        "provider_api": {v: figures.api_calls(samples, v, len(ids), wall) for v in ctx["vendors"]},
+        "provider_api": {
+            v: figures.api_calls(samples, v, len(ids), wall, ctx["fake_states"][v]["listed_at"])
+            for v in ctx["vendors"]
+        },
         "celery_tasks": figures.celery_tasks(ctx["logs"], len(ids)),
         "redis_commands": figures.redis_commands(ctx["before"], ctx["after"], ctx["own"], len(ids)),
         "node_to_ledger_s": figures.spread(figures.node_to_ledger(streams)),

@@ -7,17 +7,19 @@ vendors' rate limits). So the list is kept in Redis for `max_age_s` (the setting
 1 s by default) under a key of the provider's account, and every look in that time, from any worker
 process, reads it there: one vendor call per provider per moment, whatever the number of runs.
 
-Only one process asks the vendor at a time, and not more often than every `spacing_s` (half a second):
+Only one process asks the vendor at a time, and not more often than every `spacing_s` (0.6 s):
 the first to miss claims the refresh (SET NX), and the claim outlives the call until `spacing_s` after it
-began (a paged list, vast.ai's, spends a spacing per page). Meanwhile a look is served the list kept a
-moment ago (kept `STALE_S` past its age for that), never made to wait; only a look with no list kept, or
-one that must see the vendor's list as of now (`fresh`: after a destroy, the reaper's pass), waits for
-the next one, up to `wait_s` (then it asks itself: the claimant died or is slow, and a crash never blocks
-a look). A burst of fresh looks is so served by one or two calls, not one each. A change the fleet makes
-(a create, a destroy) makes the kept list old half a second later, so a look soon after sees it. A list
-may so be a moment behind the vendor's: the stages already allow for that (providers' lists lag too:
-several looks in a row before a node is called lost). So the vendor sees at most 1/spacing_s list
-requests a second per account from the whole fleet, whatever the number of runs.
+began. A paged list (vast.ai's) is one request per page: the provider calls `pace` between them, which
+spaces them too and holds the claim. Meanwhile a look is served the list kept a moment ago (kept
+`STALE_S` past its age for that), never made to wait; only a look with no list kept, or one that must
+see the vendor's list as of now (`fresh`: after a destroy, the reaper's pass), waits for the next one,
+until the claimant has not shown it is alive for `wait_s` (then it asks itself: the claimant died or is
+slow, and a crash never blocks a look). A burst of fresh looks is so served by one or two calls, not one
+each. A change the fleet makes (a create, a destroy) makes the kept list old half a second later, so a
+look soon after sees it. A list may so be a moment behind the vendor's: the stages already allow for that
+(providers' lists lag too: several looks in a row before a node is called lost). So the vendor sees at
+most 1/spacing_s list requests a second per account from the whole fleet, whatever the number of runs
+and however many pages the list has.
 
 Within one process the parsed records are kept with the text they came from: 200 runs reading one list
 parse it once, not 200 times.
@@ -47,24 +49,39 @@ class RedisListings:
 
     client: redis.Redis[str]
 
-    def get(self, key: str) -> tuple[str | None, float]:
-        """The kept list (None: none), and when the fleet last changed the account (0: not lately)."""
-        value, changed = self.client.mget([key, key + ":changed"])
-        return value, float(changed or 0)
+    def get(self, key: str) -> tuple[str | None, float, float]:
+        """The kept list (None: none), when the fleet last changed the account (0: not lately), and when the
+        process asking the vendor now last showed it is alive (0: none is)."""
+        value, changed, claim = self.client.mget([key, key + ":changed", key + ":claim"])
+        return value, float(changed or 0), float(claim or 0)
 
     def put(self, key: str, value: str, ttl_s: float, claim_left_s: float) -> None:
         """Keep `value` for `ttl_s`; the refresh's claim lasts `claim_left_s` more (the spacing of calls)."""
         pipe = self.client.pipeline()
         pipe.set(key, value, px=_ms(ttl_s))
+        self._release(pipe, key, claim_left_s)
+        pipe.execute()
+
+    def release(self, key: str, claim_left_s: float) -> None:
+        """The refresh failed: its claim lasts `claim_left_s` more (the spacing), not its whole ttl."""
+        pipe = self.client.pipeline()
+        self._release(pipe, key, claim_left_s)
+        pipe.execute()
+
+    @staticmethod
+    def _release(pipe: redis.client.Pipeline[str], key: str, claim_left_s: float) -> None:
         if claim_left_s > 0:
             pipe.pexpire(key + ":claim", _ms(claim_left_s))
         else:
             pipe.delete(key + ":claim")
-        pipe.execute()
 
     def claim(self, key: str, ttl_s: float) -> bool:
         """True for the one caller that may refresh `key` now (until `ttl_s` passes, or its `put`)."""
-        return bool(self.client.set(key + ":claim", "1", nx=True, px=_ms(ttl_s)))
+        return bool(self.client.set(key + ":claim", repr(time.time()), nx=True, px=_ms(ttl_s)))
+
+    def hold(self, key: str, ttl_s: float) -> None:
+        """The claimant is alive and still asking (a paged list): its claim lasts `ttl_s` from now."""
+        self.client.set(key + ":claim", repr(time.time()), xx=True, px=_ms(ttl_s))
 
     def changed(self, key: str, ttl_s: float) -> None:
         """Note that the account changed now (kept for `ttl_s`)."""
@@ -85,8 +102,10 @@ class ListingCache:
     wait_s: float = 2.0
     changed_age_s: float = 0.5
     """How old a list may still be once the fleet changed the account (a create, a destroy)."""
-    spacing_s: float = 0.5
-    """The least time between two of the fleet's list calls to one account (from their starts)."""
+    spacing_s: float = 0.6
+    """The least time between two of the fleet's list requests to one account (from their starts): at most
+    two in any second at the vendor, with room for a request that reaches it a little late (0.5 s would
+    let three fall within one second there, bench/scale.py saw it)."""
 
 
 @dataclass
@@ -98,9 +117,8 @@ class SharedListing(Generic[R]):
     account: str
     """What tells the provider's accounts apart (its API URL and key), hashed into the key."""
     model: type[R]
-    page_rows: int = 0
-    """Records per request of the vendor's list when it pages (0: one request): the spacing is per request."""
     _parsed: tuple[str, list[R]] | None = field(default=None, repr=False)
+    _asked_at: float = field(default=0.0, repr=False)  # when this process's last request to the vendor began
     _adapter: TypeAdapter[list[R]] = field(init=False, repr=False)
     key: str = field(init=False)
     """Where the list is kept (broker.constants.listing_key), the account hashed into it."""
@@ -117,27 +135,43 @@ class SharedListing(Generic[R]):
             return list(ask())
         store, key, cache = self.cache.store, self.key, self.cache
         since = time.time() if fresh else 0.0
-        deadline = time.monotonic() + cache.wait_s
+        alive_at = time.time()  # when the one asking the vendor last showed it is alive, as far as known here
         while True:
-            kept, changed_at = store.get(key)
+            kept, changed_at, claimed_at = store.get(key)
             if kept is not None:
                 at, _, text = kept.partition("\n")
                 if float(at) >= since if fresh else self._young(float(at), changed_at):
                     return self._parse(text)
-            if store.claim(key, cache.wait_s) or time.monotonic() >= deadline:
-                break  # ours to ask; or the one asking died or is slow: ask too, rather than wait on
+            if store.claim(key, cache.wait_s):
+                break  # ours to ask
+            alive_at = max(alive_at, claimed_at) if claimed_at else time.time()  # none read: one just claimed
+            if time.time() >= alive_at + cache.wait_s:
+                break  # the one asking died or is slow: ask too, rather than wait on
             if kept is not None and not fresh:
                 return self._parse(text)  # being asked (or not yet again): the kept one, a moment older
             time.sleep(WAIT_POLL_S)
         began = time.time()
-        found = list(ask())
+        self._asked_at = time.monotonic()
+        try:
+            found = list(ask())
+        except BaseException:  # the next may ask once the spacing is over, not wait for this claim's end
+            store.release(key, cache.spacing_s - (time.monotonic() - self._asked_at))
+            raise
         text = self._adapter.dump_json(found, by_alias=True).decode()
         kept_s = cache.max_age_s + STALE_S  # young for max_age_s, then stale (and long enough for waiters)
-        requests = -(-len(found) // self.page_rows) if self.page_rows else 1
-        spacing_s = cache.spacing_s * max(1, requests)  # a paged list spends a request's spacing per page
-        store.put(key, f"{began!r}\n{text}", kept_s, spacing_s - (time.time() - began))
+        left_s = cache.spacing_s - (time.monotonic() - self._asked_at)  # after the last request (page) began
+        store.put(key, f"{began!r}\n{text}", kept_s, left_s)
         self._parsed = (text, found)
         return found
+
+    def pace(self) -> None:
+        """Between two requests of one paged list (the provider calls it): wait until `spacing_s` after the
+        last began, and hold the claim meanwhile (the lookers waiting on this list see it is under way)."""
+        if self.cache is None:
+            return
+        time.sleep(max(0.0, self._asked_at + self.cache.spacing_s - time.monotonic()))
+        self._asked_at = time.monotonic()
+        self.cache.store.hold(self.key, self.cache.wait_s)
 
     def changed(self) -> None:
         """The fleet changed the account's instances (a create, a destroy): the kept list is out of date,

@@ -100,8 +100,6 @@ class RemoteProvider(Provider, Generic[S, R]):
 
     record_model: ClassVar[type[BaseModel]]
     """The model of `R`, to keep the list in the shared cache (providers.listing) and read it back."""
-    list_page_rows: ClassVar[int] = 0
-    """Instances per request of the vendor's list (it pages: one request per that many), 0: one request."""
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
@@ -114,7 +112,6 @@ class RemoteProvider(Provider, Generic[S, R]):
             self.name.value,
             "|".join([self.api_url, *keys]),
             self.record_model,
-            self.list_page_rows,
         )
 
     def _records(self, name: str | None = None, fresh: bool = False) -> list[R]:

@@ -12,7 +12,7 @@ Listings are parsed here into providers.vastai.models; an answer that does not p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -22,7 +22,7 @@ from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from providers.vastai.models import VastInstance, VastOffer
 
 SEARCH_LIMIT = 64  # the cheapest offers that pass the filters; more would only be more expensive
-LIST_PAGE_ROWS = 25  # show_instances pages GET /api/v1/instances/ 25 rows a request (vastai 1.9's `limit`)
+LIST_PAGE_ROWS = 25  # instances per request of the paged list (what vastai 1.9's show_instances asks)
 MB_PER_GB = 1000  # vast.ai's own factor for cpu_ram and gpu_ram
 
 Filters = dict[str, dict[str, str | float | bool]]
@@ -147,9 +147,19 @@ class VastAIClient:
         """Let `public_key` into the instance (`POST /api/v0/instances/{id}/ssh/`)."""
         self._vast.attach_ssh(instance_id, public_key)
 
-    def show_instances(self) -> list[VastInstance]:
-        """Every instance of the account (all pages)."""
-        return _parse(VastInstance, self._vast.show_instances(), "instances")
+    def show_instances(self, pace: Callable[[], None] = lambda: None) -> list[VastInstance]:
+        """Every instance of the account: `GET /api/v1/instances/` page after page (the library's
+        show_instances does the same, with no way to space the pages), `pace()` between two."""
+        rows: list[object] = []
+        query: dict[str, Any] = {"select_filters": {}, "order_by": [{"col": "id", "dir": "asc"}]}
+        query["limit"] = LIST_PAGE_ROWS
+        while True:
+            page = self._vast.show_instances_v1(dict(query))
+            rows.extend(page.get("instances") or [])
+            if not page.get("next_token"):
+                return _parse(VastInstance, rows, "instances")
+            query["after_token"] = page["next_token"]
+            pace()
 
     def destroy_instance(self, instance_id: int) -> None:
         self._vast.destroy_instance(instance_id)

@@ -55,7 +55,7 @@ from providers.bootstrap import (
 from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Priced, Rule, choose
 from providers.remote import RemoteProvider
-from providers.vastai.client import LIST_PAGE_ROWS, MB_PER_GB, VastAIClient, offer_query
+from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastInstance, VastOffer, first_number
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,6 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     default_api_url: ClassVar[str] = DEFAULT_API
     api_url_env: ClassVar[str] = "VAST_URL"
     record_model: ClassVar[type[BaseModel]] = VastInstance
-    list_page_rows: ClassVar[int] = LIST_PAGE_ROWS
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
@@ -270,7 +269,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
 
     def _list(self) -> list[VastInstance]:
         try:
-            rows = self.client.show_instances()
+            rows = self.client.show_instances(pace=self.listing.pace)
         except requests.RequestException as exc:
             raise translate(exc) from None
         return sorted(rows, key=lambda r: r.id)

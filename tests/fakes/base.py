@@ -204,6 +204,7 @@ class FakeCloud(Served):
         self.lock = threading.RLock()
         self.instances: dict[str, Instance] = {}
         self.requests: dict[str, int] = {}
+        self.listed_at: list[float] = []  # when each list request came (benches count them per second)
         self.faults: list[Fault] = []
         self.most_live: dict[str, int] = {}  # name -> most instances of that name live at once
         self.faults_served: dict[str, int] = {}  # "op:kind" -> faults applied to a request
@@ -226,14 +227,16 @@ class FakeCloud(Served):
             self.faults.extend(parsed)
 
     def state(self) -> dict[str, Any]:
-        """What the fake holds: live instances (env names only), request counts per operation, the most
-        instances of each name ever live at once, and the scripted faults served ("op:kind" -> count)."""
+        """What the fake holds: live instances (env names only), request counts per operation, when each
+        list request came, the most instances of each name ever live at once, and the scripted faults
+        served ("op:kind" -> count)."""
         with self.lock:
             for inst in self.instances.values():
                 self.refresh(inst)
             return {
                 "instances": [i.public() for i in self.instances.values() if i.state != "terminated"],
                 "requests": dict(self.requests),
+                "listed_at": list(self.listed_at),
                 "most_live": dict(self.most_live),
                 "faults_served": dict(self.faults_served),
             }
@@ -350,6 +353,8 @@ class FakeCloud(Served):
         op, handler = self.route(request)
         with self.lock:
             self.requests[op] = self.requests.get(op, 0) + 1
+            if op == "list":
+                self.listed_at.append(time.time())
         fault = self.take_fault(op)
         if fault is None:
             return handler(request)

@@ -122,6 +122,7 @@ class FakeVastAI(FakeCloud):
     vendor = "vastai"
 
     def __init__(self, api_key: str = "test-key", page_size: int = 25, **kwargs: Any) -> None:
+        """`page_size`: the most instances one list request gets (a larger `limit` gets that many)."""
         super().__init__(api_key, **kwargs)
         self.page_size = page_size
         self.offers: dict[int, dict[str, Any]] = {}
@@ -291,7 +292,8 @@ class FakeVastAI(FakeCloud):
 
     def _list(self, query: dict[str, str]) -> Response:
         filters = json.loads(query.get("select_filters") or "{}")
-        limit = int(json.loads(query.get("limit") or str(self.page_size)))
+        asked = int(json.loads(query.get("limit") or str(self.page_size)))
+        limit = min(asked, self.page_size)  # page_size: the server's own cap
         start = int(query.get("after_token") or 0)
         rows = []
         for inst in sorted(self.instances.values(), key=lambda i: int(i.id)):

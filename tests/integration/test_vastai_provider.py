@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 from pydantic import SecretStr
 
 from core.errors import AuthFailed, NoCapacity, ProviderUnavailable
 from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeState, ProviderContext
+from providers.listing import ListingCache, RedisListings
 from providers.vastai.provider import VastAIProvider
+from tests.fakes.base import Instance
 from tests.fakes.vastai import FakeVastAI
 
 pytestmark = pytest.mark.integration
@@ -217,3 +220,26 @@ def test_an_instance_key_manages_only_its_own_instance(fake: FakeVastAI, tmp_pat
     )
     assert mine.status_code == 200
     assert [r["name"] for r in fake.state()["instances"]] == ["tf-rb-1"]
+
+
+def test_the_paged_list_is_read_whole_its_pages_spaced_like_lists(
+    tmp_path: Path, redis_client: redis.Redis[str]
+) -> None:
+    """vast.ai pages its instance list (25 a request; 2 here): every page is read, and with the fleet's
+    shared listing the pages are spaced as lists are (spacing_s), so 200 instances never make a burst."""
+    with FakeVastAI(api_key=KEY, home=tmp_path / "fake", nodes="none", page_size=2) as fake:
+        for n in range(5):
+            fake.add_instance(Instance(str(n + 1), f"tf-r{n}-1", "RTX_A5000", 1, 0.1, None, {}))
+        lists = fake.state()["requests"].get("list", 0)
+        cache = ListingCache(RedisListings(redis_client), max_age_s=0.01, spacing_s=0.3)
+        context = ProviderContext(
+            home=tmp_path,
+            credentials={"VAST_API_KEY": SecretStr(KEY)},
+            urls={"vastai": fake.url},
+            listings=cache,
+        )
+        began = time.monotonic()
+        names = sorted(i.name for i in VastAIProvider(context).list_instances())
+        took = time.monotonic() - began
+        assert names == [f"tf-r{n}-1" for n in range(5)]
+        assert fake.state()["requests"]["list"] - lists == 3 and took >= 0.6  # 3 pages, 0.3 s apart

@@ -8,6 +8,7 @@ import itertools
 import threading
 import time
 
+import pytest
 import redis
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +39,9 @@ class Vendor:
 def listing(
     client: redis.Redis[str], account: str = "url|key", max_age_s: float = 5.0, changed_age_s: float = 0.1
 ) -> SharedListing[Row]:
-    cache = ListingCache(RedisListings(client), max_age_s=max_age_s, wait_s=1.0, changed_age_s=changed_age_s)
+    cache = ListingCache(
+        RedisListings(client), max_age_s=max_age_s, wait_s=1.0, changed_age_s=changed_age_s, spacing_s=0.5
+    )
     return SharedListing(cache, "runpod", account, Row)
 
 
@@ -145,16 +148,50 @@ def test_the_vendor_is_asked_at_most_once_per_spacing_whatever_the_lookers(
     assert all(b - a > 0.45 for a, b in itertools.pairwise(calls_at)), calls_at
 
 
-def test_a_paged_list_spends_a_spacing_per_page(redis_client: redis.Redis[str]) -> None:
-    vendor = Vendor()
-    vendor.rows = [Row(id=i, name=f"tf-{i}-1") for i in range(5)]  # 3 requests at 2 rows a page
+def paged(shared: SharedListing[Row], rows: int, page: int, began: float, starts: list[float]) -> list[Row]:
+    """A vendor's paged list, as providers.vastai.client asks it: a request per `page` rows, `pace()`
+    between two; each request's start is noted (seconds since `began`)."""
+    found: list[Row] = []
+    for first in range(0, rows, page):
+        if first:
+            shared.pace()
+        starts.append(time.monotonic() - began)
+        time.sleep(0.02)  # the request itself
+        found += [Row(id=i, name=f"tf-{i}-1") for i in range(first, min(rows, first + page))]
+    return found
+
+
+def test_a_paged_lists_requests_are_spaced_like_lists(redis_client: redis.Redis[str]) -> None:
     cache = ListingCache(RedisListings(redis_client), max_age_s=0.01, wait_s=3.0, spacing_s=0.2)
-    shared = SharedListing(cache, "vastai", "url|key", Row, page_rows=2)
-    began = time.monotonic()
-    shared.records(vendor)
-    shared.records(vendor, fresh=True)  # must wait for the next call: 3 pages x 0.2 s after the first
-    assert vendor.calls == 2
-    assert 0.55 < time.monotonic() - began < 2.0
+    shared = SharedListing(cache, "vastai", "url|key", Row)
+    began, starts = time.monotonic(), list[float]()
+    assert len(shared.records(lambda: paged(shared, 5, 2, began, starts))) == 5  # 3 requests
+    assert len(shared.records(lambda: paged(shared, 5, 2, began, starts), fresh=True)) == 5  # 3 more
+    assert len(starts) == 6 and all(b - a > 0.18 for a, b in itertools.pairwise(starts)), starts
+
+
+def test_lookers_wait_out_a_paged_list_longer_than_the_wait_without_asking_beside_it(
+    redis_client: redis.Redis[str],
+) -> None:
+    # 5 pages spaced 0.3 s take 1.2 s, more than wait_s: the claimant shows it is alive at each page, so
+    # the fresh lookers meanwhile wait for it instead of asking the vendor too.
+    cache = ListingCache(RedisListings(redis_client), max_age_s=0.01, wait_s=0.5, spacing_s=0.3)
+    began, starts = time.monotonic(), list[float]()
+
+    def look() -> None:
+        shared = SharedListing(cache, "vastai", "url|key", Row)
+        assert len(shared.records(lambda: paged(shared, 10, 2, began, starts), fresh=True)) == 10
+
+    threads = [threading.Thread(target=look) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    starts.sort()
+    assert len(starts) >= 10 and all(b - a > 0.27 for a, b in itertools.pairwise(starts)), [
+        round(t, 3) for t in starts
+    ]
 
 
 def test_a_dead_claimant_delays_a_look_by_at_most_the_wait(redis_client: redis.Redis[str]) -> None:
@@ -164,6 +201,22 @@ def test_a_dead_claimant_delays_a_look_by_at_most_the_wait(redis_client: redis.R
     started = time.monotonic()
     assert shared.records(vendor) and vendor.calls == 1
     assert 0.9 < time.monotonic() - started < 3.0  # wait_s = 1: then it asked the vendor itself
+
+
+def test_a_failed_vendor_call_holds_the_next_look_back_by_the_spacing_only(
+    redis_client: redis.Redis[str],
+) -> None:
+    cache = ListingCache(RedisListings(redis_client), max_age_s=5.0, wait_s=3.0, spacing_s=0.2)
+    calls: list[float] = []
+
+    def failing() -> list[Row]:
+        calls.append(time.monotonic())
+        raise ConnectionError("vendor down")
+
+    for _ in range(2):  # two processes in turn, the vendor failing each
+        with pytest.raises(ConnectionError):
+            SharedListing(cache, "runpod", "url|key", Row).records(failing)
+    assert len(calls) == 2 and 0.18 < calls[1] - calls[0] < 1.0  # not the claim's 3 s
 
 
 def test_without_a_cache_every_look_asks_the_vendor() -> None:
