@@ -368,4 +368,4 @@ def main() -> None:
         why = f"error: the fleet's Redis does not answer ({exc}). Is it running? REDIS_URL names it; "
         why += "without one, the embedded Redis under FLEET_HOME is started for you."
         err.print(why, style="red", markup=False, highlight=False)
-        sys.exit(2)
+        sys.exit(1)  # what was asked did not happen; 2 is for a command that cannot start (README)

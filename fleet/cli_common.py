@@ -41,7 +41,8 @@ def settings_or_exit() -> Settings:
 
 
 def connect_or_exit(settings: Settings, reading: bool = False) -> runs.Fleet:
-    """A connection to the fleet (starting the embedded Redis if needed), or exit 2 saying why. A command
+    """A connection to the fleet (starting the embedded Redis if needed), or exit saying why: 2 for a
+    REDIS_URL that is not valid, 1 for a Redis that cannot be reached or started. A command
     only `reading` the fleet (status, logs, plot, ...) that had to start the embedded Redis stops it again
     as it exits, unless someone else connected to it meanwhile: it leaves no server running."""
     started = reading and settings.redis_url is None and not embedded.running(settings.home)
@@ -49,7 +50,7 @@ def connect_or_exit(settings: Settings, reading: bool = False) -> runs.Fleet:
         fleet = runs.Fleet.connect(settings)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
     if started:
         atexit.register(embedded.stop_if_alone, settings.home, fleet.redis)
     return fleet

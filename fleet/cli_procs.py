@@ -152,6 +152,7 @@ class Part(enum.StrEnum):
     beat = "beat"
     flower = "flower"
     notifier = "notifier"
+    bot = "bot"
 
 
 def health(
@@ -161,7 +162,7 @@ def health(
     """Exit 0 when this machine's PART works, else 1 saying why (docker-compose's healthchecks): worker, a
     worker here keeps its heartbeat in Redis; beat, a periodic reaper ran within three reap intervals (beat
     sent it, a reap worker ran it); flower, its /healthcheck answers OK; notifier, `fleet notify` here reads
-    the events (it marks itself alive in Redis)."""
+    the events (it marks itself alive in Redis); bot, `fleet bot` here has its Discord gateway session up."""
     if part == Part.flower:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/healthcheck")
         try:
@@ -173,9 +174,10 @@ def health(
         raise typer.Exit(0 if ok else 1)
     settings = settings_or_exit()
     fleet = connect_or_exit(settings)
-    if part == Part.notifier:
-        if not fleet.redis.exists(alive_key("notifier", socket.gethostname())):
-            err.print(f"no notifier on {socket.gethostname()} marks itself alive", markup=False)
+    if part in (Part.notifier, Part.bot):
+        if not fleet.redis.exists(alive_key(part.value, socket.gethostname())):
+            what = "marks itself alive" if part == Part.notifier else "has its gateway session up"
+            err.print(f"no {part.value} on {socket.gethostname()} {what}", markup=False)
             raise typer.Exit(1)
         return
     if part == Part.worker:

@@ -17,11 +17,13 @@ channels/{c}/messages/{m}; GET/POST webhooks/{id}/{token} (`?wait=true` returns 
 GET/PATCH webhooks/{id}/{token}/messages/{m|@original}; POST interactions/{id}/{token}/callback. Each
 interaction's followups record `ephemeral` as Discord decides it (the first one after a deferral is as
 private as the deferral, whatever its own flags); a callback's flags are in its recorded data.
+GET gateway/bot, and the gateway itself: a WebSocket on the fake's port (tests.fakes.discord_gateway, for
+discord.py's client to connect, identify, become ready and keep its heartbeat; no events).
 Outside the API: GET /attachments/{id}/{filename} (bytes from `add_attachment`, or files sent with a
 message). Bot routes need `Authorization: Bot <token>`, webhook routes the webhook's (or interaction's)
 token in the path; otherwise 401 in Discord's error shape.
 
-Operations (request counts, fault rules): get_me, get_application, put_commands, create_message,
+Operations (request counts, fault rules): get_me, get_application, get_gateway, put_commands, create_message,
 list_messages, get_message, edit_message, start_thread, get_webhook, execute_webhook, get_webhook_message,
 edit_webhook_message, interaction_callback, attachment, other. Fault kinds: "429" (Discord's body plus
 Retry-After, X-RateLimit-* and, unless the rule says `"via": false`, `Via: 1.1 google`; discord.py's webhook
@@ -55,6 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from tests.fakes.discord_gateway import GatewayState, gateway_bot
+from tests.fakes.discord_gateway import serve as gateway_serve
 from tests.fakes.discord_limits import Limits, RateLimits
 from tests.fakes.faults import FaultRule
 from tests.fakes.serving import Served
@@ -209,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def _serve(self) -> None:
+        if self.headers.get("Upgrade", "").lower() == "websocket":  # the gateway (discord_gateway)
+            self.close_connection = True
+            self.server.fake.serve_gateway(self.headers, self.rfile, self.wfile, self.connection)
+            return
         split = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         request = DRequest(
@@ -284,12 +292,35 @@ class FakeDiscord(Served):
         self.interactions: dict[str, dict[str, Any]] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
         self.commands: dict[str, list[dict[str, Any]]] = {}  # scope ("global" or a guild id) -> commands
+        self.gateway = GatewayState()
         self._ids = itertools.count(1)
 
     # -- lifecycle (start, url, stop, `with`: tests.fakes.serving); discord.py wants
     # `Route.BASE = f"{url}/api/v10"` -------------------------------------------------------------
     def new_server(self) -> _Server:
         return _Server(self, self.port)
+
+    def after_stop(self) -> None:
+        self.gateway.close_all()
+
+    # -- the gateway (tests.fakes.discord_gateway) -----------------------------------------------
+    def serve_gateway(self, headers: Any, reader: Any, writer: Any, sock: Any) -> None:
+        ready = {
+            "user": self._bot_user(),
+            "guilds": [],
+            "resume_gateway_url": self.url.replace("http://", "ws://"),
+            "application": {"id": APPLICATION_ID, "flags": 0},
+        }
+        lowered = {k.lower(): v for k, v in headers.items()}
+        gateway_serve(lowered, reader, writer, sock, self.gateway, self.token, ready)
+
+    def close_gateway(self) -> None:
+        """Drop the bot's gateway sessions and refuse new ones (until `open_gateway`)."""
+        self.gateway.close_all()
+
+    def open_gateway(self) -> None:
+        with self.gateway.lock:
+            self.gateway.refusing = False
 
     # -- knobs for in-process tests (some also behind /_fake/...) ----------------------------------
     def snowflake(self) -> str:
@@ -441,6 +472,7 @@ class FakeDiscord(Served):
                         "windows_filled": self.limits.windows_filled,
                         "held": self.held,
                         "faults_served": self.served,
+                        "gateway": self.gateway.public(),
                     }
                 )
             )
@@ -533,6 +565,8 @@ class FakeDiscord(Served):
         bot = r.headers.get("authorization") == f"Bot {self.token}"
         if rest == ["users", "@me"] and m == "GET":
             return "get_me", lambda _: Reply(200, self._bot_user()), bot
+        if rest == ["gateway", "bot"] and m == "GET":
+            return "get_gateway", lambda _: Reply(200, gateway_bot(int(self.url.rsplit(":", 1)[1]))), bot
         if rest == ["oauth2", "applications", "@me"] and m == "GET":
             return "get_application", lambda _: Reply(200, self._application()), bot
         if rest[:1] == ["applications"] and rest[-1] == "commands" and len(rest) in (3, 5) and m == "PUT":

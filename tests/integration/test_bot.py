@@ -37,6 +37,7 @@ from service.runs import Fleet
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
 from tests.integration.fleetproc import Worker, events_of, fleet_env, wait_for_end, wait_until
+from tests.integration.fleetproc import fleet as run_fleet
 
 TOKEN = DEFAULT_TOKEN
 GUILD, CHANNEL, OTHER_CHANNEL = 700000000000000001, 700000000000000002, 700000000000000003
@@ -511,21 +512,40 @@ def test_sweep_from_discord_validates_queues_and_shows_its_table(
     assert sweep.runs[1] in starred and "1.1" in starred
 
 
-def test_fleet_bot_starts_and_registers_its_commands(
+def test_fleet_bot_starts_registers_its_commands_and_its_health_follows_its_gateway(
     tmp_path: Path, fake_discord: FakeDiscord, redis_url: str
 ) -> None:
-    """`fleet bot` as a process: refused without its token; with one, it logs in and registers its commands
-    in the configured server, then connects to the gateway, which the fake does not serve (so it stops
-    there). Its token shows up in nothing it prints."""
+    """`fleet bot` as a process: refused without its token; with one, it logs in, registers its commands in
+    the configured server and connects to the gateway (the fake's), and `fleet health bot` says so; while
+    Discord drops it, health fails, and passes again once it is back; after SIGTERM it fails at once. Its
+    token shows up in nothing it prints."""
     env = fleet_env(tmp_path / "home", REDIS_URL=redis_url, FLEET_DISCORD_GUILD_ID=str(GUILD))
     cmd = [sys.executable, "-m", "fleet", "bot"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "FLEET_DISCORD_BOT_TOKEN is not set" in done.stderr
     assert fake_discord.state()["requests"] == {}
 
+    def healthy() -> bool:
+        return run_fleet(env, "health", "bot", timeout=60).returncode == 0
+
+    assert not healthy()
     env.update(FLEET_DISCORD_BOT_TOKEN=TOKEN, FLEET_DISCORD_API_BASE=f"{fake_discord.url}/api/v10")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    registered = fake_discord.state()["commands"]
-    assert list(registered) == [str(GUILD)], done.stderr[-2000:]
-    assert {c["name"] for c in registered[str(GUILD)]} == set(OPTIONS)
-    assert TOKEN not in done.stdout + done.stderr
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(healthy, 60, "fleet health bot to pass", every=1.0)
+        registered = fake_discord.state()["commands"]
+        assert list(registered) == [str(GUILD)]
+        assert {c["name"] for c in registered[str(GUILD)]} == set(OPTIONS)
+        gateway = fake_discord.state()["gateway"]
+        assert gateway["identified"] == 1 and gateway["open"] == 1 and gateway["heartbeats"] >= 1
+
+        fake_discord.close_gateway()  # Discord drops the bot and does not take it back for a while
+        wait_until(lambda: not healthy(), 30, "fleet health bot to fail", every=1.0)
+        fake_discord.open_gateway()
+        wait_until(healthy, 60, "fleet health bot to pass again", every=1.0)
+        assert fake_discord.state()["gateway"]["open"] == 1
+    finally:
+        proc.terminate()
+        out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and not healthy(), errs[-2000:]  # a clean close, its mark taken away
+    assert TOKEN not in out + errs
