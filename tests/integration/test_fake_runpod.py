@@ -234,7 +234,13 @@ def test_command_line_serve(tmp_path: Path) -> None:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
         state = requests.get(f"{url}/_fake/state", timeout=5).json()
-        assert state == {"instances": [], "requests": {}, "most_live": {}, "faults_served": {}}
+        assert state == {
+            "instances": [],
+            "requests": {},
+            "listed_at": [],
+            "most_live": {},
+            "faults_served": {},
+        }
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
