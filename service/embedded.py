@@ -86,7 +86,8 @@ def tighten(home: Path) -> list[Path]:
     """The home and Redis's directory 0700, every file in it 0600 (an older fleet left them 0755/0644): the
     paths changed, each logged."""
     base = home / "redis"
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new home is owner-only from the start
+    base.mkdir(mode=0o700, exist_ok=True)
     changed = [d for d in (home, base) if _private(d, 0o700)]
     for path in sorted(base.rglob("*")):
         if path.is_dir() and not path.is_symlink():
