@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from broker.constants import Stage
 from broker.payloads import GitOrigin, HubPush, Metrics, NodeCheck
 from core.errors import FailureReason
-from jobs.sections import ProviderName
+from jobs.sections import CloudSection, ProviderName, SectionBase
 from jobs.spec import JobSpec
 from trainer.config import WandbPlan
 
@@ -90,6 +90,30 @@ class Retrying(BaseModel):
     failures: int = Field(0, description="Failed tries of the step in a row.")
 
 
+class Placement(BaseModel):
+    """Where a `cloud:` job's attempt was rented (provision's choice among the clouds), and, once the run
+    moved on from it, why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int
+    cloud: ProviderName
+    offer: str = Field(description="The cloud's offer id (RunPod: GPU type/cloud type; vast.ai: the ask).")
+    gpu: str = Field(description="The GPU type in the fleet's names (jobs.gpus).")
+    vendor_gpu: str = Field(description="The cloud's own name for it, as its section is written.")
+    secure: bool = Field(description="A datacenter host (the section's cloud_type for this offer).")
+    price_per_hour: float
+    at: float = Field(
+        default_factory=time.time, description="When it was chosen: the node's deadline counts from it."
+    )
+    left: str | None = Field(None, description="Why the run moved on to another offer (None: still on it).")
+
+    @property
+    def key(self) -> str:
+        """The offer's identity across clouds, as providers.anycloud names it."""
+        return f"{self.cloud.value}:{self.offer}"
+
+
 class RunProgress(BaseModel):
     """What the stages have learned about a run as it went; each stage writes its own fields."""
 
@@ -117,6 +141,10 @@ class RunProgress(BaseModel):
     )
     hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
     pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
+    placements: list[Placement] = Field(
+        default_factory=list,
+        description="A `cloud:` job's offers, one per attempt that rented (or tried to), the latest last.",
+    )
 
     @property
     def pushed(self) -> bool:
@@ -185,9 +213,12 @@ class Run(BaseModel):
 
     @model_validator(mode="after")
     def _provider_is_the_jobs(self) -> Run:
-        if self.provider != self.spec.provider:
-            raise ValueError(f"provider {self.provider} is not the job's ({self.spec.provider})")
-        return self
+        if self.provider == self.spec.provider:
+            return self
+        section = self.spec.section
+        if isinstance(section, CloudSection) and self.provider in section.clouds:
+            return self  # a `cloud:` job's run is on the cloud its provision chose
+        raise ValueError(f"provider {self.provider} is not the job's ({self.spec.provider})")
 
     def stage(self, name: Stage) -> StageTiming:
         for timing in self.stages:
@@ -209,6 +240,23 @@ class Run(BaseModel):
         return [base] if self.num_nodes == 1 else [f"{base}-{k}" for k in range(self.num_nodes)]
 
     @property
+    def placement(self) -> Placement | None:
+        """A `cloud:` job's offer for this attempt (None: none chosen yet, or not a `cloud:` job)."""
+        last = self.progress.placements[-1] if self.progress.placements else None
+        return last if last is not None and last.attempt == self.attempt else None
+
+    def node_section(self, node: int) -> SectionBase:
+        """The section that rents node `node` of this attempt: a `cloud:` job's, its cloud's own section for
+        the offer chosen (ValueError before one is); any other job's, its section's (`node_section`)."""
+        section = self.spec.section
+        if not isinstance(section, CloudSection):
+            return section.node_section(node)
+        placed = self.placement
+        if placed is None:
+            raise ValueError(f"run {self.run_id}: no offer chosen for attempt {self.attempt} yet")
+        return section.on(placed.cloud, placed.vendor_gpu, placed.secure)
+
+    @property
     def instance_names(self) -> list[str]:
         """This attempt's instances, the head first."""
         return self.instance_names_of(self.attempt)
@@ -225,7 +273,7 @@ class Instance(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    provider: ProviderName
+    provider: ProviderName = Field(description="The cloud that rents it (never `cloud`: a choice).")
     run_id: str
     head: str | None = Field(
         None, description="A cluster's worker node: the instance whose Ray head it joins (None: a head)."

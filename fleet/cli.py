@@ -22,7 +22,7 @@ from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
 from core.errors import ConfigError, FleetError
 from core.settings import Settings
-from fleet import cli_nodes, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
+from fleet import cli_nodes, cli_offers, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
 from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
 from jobs.spec import LoadedJob, format_problems, load_job
 from service import runs as svc
@@ -353,6 +353,7 @@ def cancel(
 cli_procs.register(cli)
 cli_status.register(cli)
 cli_nodes.register(cli)
+cli_offers.register(cli)
 cli_sweep.register(cli)
 cli_watch.register(cli)
 cli_ops.register(cli)

@@ -1,4 +1,4 @@
-"""`fleet instances`, `fleet terminate`, `fleet offers`, `fleet node`, `fleet ssh`, `fleet jupyter`: the
+"""`fleet instances`, `fleet terminate`, `fleet node`, `fleet ssh`, `fleet jupyter`: the
 machines behind the runs, and the ways into one."""
 
 from __future__ import annotations
@@ -6,19 +6,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from core.errors import ConfigError, FleetError, NodeError, NotFound
+from core.errors import FleetError, NodeError, NotFound
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
-from jobs.spec import format_problems, load_job
 from providers.base import INSTANCE_PREFIX, NodeEndpoint
 from providers.node import NodeSummary, cluster_nodes, cluster_status, node_summary
-from providers.offers import Choice
-from providers.registry import get_provider, provider_context
 from service.runs import Fleet
 
 
@@ -26,7 +22,6 @@ def register(cli: typer.Typer) -> None:
     """Add these commands to the `fleet` app."""
     cli.command()(instances)
     cli.command()(terminate)
-    cli.command()(offers)
     cli.command()(node)
     cli.command()(ssh)
     cli.command()(jupyter)
@@ -74,66 +69,6 @@ def terminate(
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     out.print(f"terminated {row.node.name} ({row.node.provider.value})", highlight=False)
-
-
-def offers(
-    file: Annotated[Path, typer.Argument(help="A job YAML file.")],
-    head: Annotated[
-        bool, typer.Option("--head", help="The offers for the head's own shape (`head:` in a cluster).")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """The offers that fit the job's provider section, cheapest first, and why the others do not."""
-    settings = settings_or_exit()
-    try:
-        job = load_job(file, default_provider=settings.default_provider, data_roots=settings.data_roots)
-        section = job.spec.section.node_section(0) if head else job.spec.section
-        provider = get_provider(job.spec.provider.value, provider_context(settings))
-        chooser = getattr(provider, "choose", None)
-        choice: Choice | None = chooser(section) if chooser is not None else None
-        plain = provider.list_offers(section) if choice is None else []
-    except ConfigError as exc:
-        err.print(format_problems(exc), markup=False, highlight=False)
-        raise typer.Exit(1) from None
-    except FleetError as exc:
-        err.print(str(exc), style="red", markup=False, highlight=False)
-        raise typer.Exit(1) from None
-    fits: list[dict[str, Any]] = [
-        {"offer": o.offer_id, "gpu": o.gpu, "gpu_count": o.gpu_count, "price_per_hour": o.price_per_hour}
-        for o in plain
-    ]
-    rejected: list[dict[str, Any]] = []
-    if choice is not None:
-        for p in choice.fits:
-            c = p.candidate
-            fits.append(
-                {
-                    "offer": c.offer_id,
-                    "gpu": c.gpu,
-                    "gpu_count": c.gpu_count,
-                    "price_per_hour": p.price_per_hour,
-                }
-                | {"bid_per_gpu": p.bid_per_gpu}
-            )
-        rejected = [{"offer": r.candidate.offer_id, "why": list(r.reasons)} for r in choice.rejected]
-    if not head and job.spec.section.has_own_head:
-        err.print(f"the head has its own shape: fleet offers {file} --head", markup=False, highlight=False)
-    if as_json:
-        out.print_json(json.dumps({"provider": provider.name.value, "fits": fits, "rejected": rejected}))
-        return
-    table = Table("offer", "gpu", "GPUs", "$/h", "bid $/GPU/h", title="fits, cheapest first")
-    for f in fits:
-        bid = f.get("bid_per_gpu")
-        shown = "-" if bid is None else f"{bid:.3f}"
-        table.add_row(
-            str(f["offer"]), str(f["gpu"]), str(f["gpu_count"]), f"{f['price_per_hour']:.3f}", shown
-        )
-    out.print(table)
-    if rejected:
-        left = Table("offer", "why not", title="left out")
-        for r in rejected:
-            left.add_row(str(r["offer"]), "; ".join(r["why"]))
-        out.print(left)
 
 
 def node(

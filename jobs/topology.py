@@ -134,7 +134,7 @@ def _rented(
     accelerator = None
     if isinstance(section, RunPodSection) and section.gpu_count > 0:
         accelerator = section.accelerator_type(section.gpu)
-    gpu = section.gpu if accelerator is not None else None
+    gpu = section.gpu if accelerator is not None and isinstance(section, RunPodSection) else None
     cpus = section.min_vcpu_count
     return NodeShape(provider, section.gpu_count, cpus, nodes, True, gpu, accelerator, head, beside_head)
 

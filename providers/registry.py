@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import redis
 
-from core.errors import ConfigError, CredentialsMissing, Problem
+from core.errors import ConfigError, CredentialsMissing, Problem, ProviderError
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
 from core.settings import AS_IS, Settings
-from jobs.sections import ProviderName
+from jobs.sections import RENTED_CLOUDS, ProviderName
 from providers.base import Provider, ProviderContext
 from providers.listing import ListingCache, RedisListings
 from providers.local.provider import LocalProvider
@@ -105,8 +105,12 @@ def provider_name(name: str) -> ProviderName:
 
 
 def get_provider(name: str, context: ProviderContext) -> Provider:
-    """An instance of the provider called `name` (CredentialsMissing when it needs one it lacks)."""
-    return PROVIDERS[provider_name(name)](context)
+    """An instance of the provider called `name` (CredentialsMissing when it needs one it lacks;
+    ProviderError for `cloud`, which is a choice among the clouds, made per run: providers.anycloud)."""
+    which = provider_name(name)
+    if which.is_choice:
+        raise ProviderError(f"{which.value} is a choice among {', '.join(RENTED_CLOUDS)}, not one provider")
+    return PROVIDERS[which](context)
 
 
 def configured_providers(context: ProviderContext) -> list[Provider]:

@@ -171,9 +171,14 @@ class RemoteProvider(Provider, Generic[S, R]):
         section = cast(S, request.section)
         require_ours(request.name)
         with before_create():
-            best = self.choose(section).best
+            fits = self.choose(section).fits
+        if request.offer is not None:  # the offer chosen among the clouds, or none
+            fits = tuple(p for p in fits if p.candidate.offer_id == request.offer)
+        best = fits[0] if fits else None
         if best is None:
             wanted = f"{section.gpu} x{section.gpu_count}"
+            if request.offer is not None:
+                wanted = f"offer {request.offer} ({wanted}): it is no longer offered, or no longer fits"
             raise made_nothing(
                 NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
             )

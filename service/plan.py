@@ -7,12 +7,15 @@ hour of the cheapest offer that fits now (asked of the provider; a provider that
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import FleetError
 from core.settings import Settings
-from jobs.sections import LocalSection, ProviderName, RunPodSection
+from jobs.sections import CloudSection, LocalSection, ProviderName, RunPodSection
 from jobs.spec import LoadedJob
+from providers.anycloud import providers_of, rank, summary
 from providers.base import NodeSoftware, ProviderContext
 from providers.local.client import axolotl_python, node_python
 from providers.offers import Choice
@@ -63,7 +66,7 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
         where = str(axolotl_python(settings.axolotl_python) if axolotl else node_python(settings.node_python))
     else:
         where = context.image(getattr(section, "image", None), software)
-    price, note = _price(context, job)
+    price, note = _price(context, job, settings.providers)
     return JobPlan(
         source=job.source,
         provider=spec.provider,
@@ -72,7 +75,7 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
         command=_command(train),
         axolotl_version=software.axolotl_version,
         software=where,
-        gpu=None if local else str(getattr(section, "gpu", "")) or None,
+        gpu=None if local else _gpu(section),
         gpus_per_node=spec.gpu_count,
         head=_head(section),
         nodes=section.num_nodes,
@@ -80,6 +83,12 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
         price_per_hour=price,
         price_note=note,
     )
+
+
+def _gpu(section: object) -> str | None:
+    if isinstance(section, CloudSection):
+        return " or ".join(section.gpu)
+    return str(getattr(section, "gpu", "")) or None
 
 
 def _head(section: object) -> str | None:
@@ -106,12 +115,21 @@ def _workers(train: FleetKeys, gpus: int) -> str:
     return "1 process"
 
 
-def _price(context: ProviderContext, job: LoadedJob) -> tuple[float | None, str]:
+def _price(
+    context: ProviderContext, job: LoadedJob, fleet_runs: Collection[str] | None = None
+) -> tuple[float | None, str]:
     """The cheapest fitting offers' price for the whole cluster (the head's own shape priced apart), and a
     note on where it came from."""
     spec = job.spec
     if isinstance(spec.section, LocalSection):
         return 0.0, "this machine"
+    if isinstance(spec.section, CloudSection):
+        ranked = rank(spec.section, providers_of(context), fleet_runs)
+        if not ranked.fits:
+            return None, f"no offer fits now: {summary(ranked)} (`fleet offers FILE` says why)"
+        best = ranked.fits[0]
+        note = f"cheapest of {len(ranked.fits)} fitting offer(s), any cloud: {best.gpu} on {best.cloud}"
+        return best.priced.price_per_hour, note
     nodes = spec.section.num_nodes
     head = spec.section.node_section(0)
     shapes = [(head, 1), (spec.section, nodes - 1)] if spec.section.has_own_head else [(spec.section, nodes)]

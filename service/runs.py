@@ -20,7 +20,9 @@ from broker.models import Run, RunState
 from broker.payloads import GitOrigin, RunCancelled, RunCancelRequested, RunQueued
 from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
+from core.secrets import Secrets
 from core.settings import Settings
+from jobs.sections import CloudSection
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from providers.base import ProviderContext
@@ -97,17 +99,20 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         message = "this file is a sweep: submit it with `fleet sweep FILE` (or /sweep in Discord)"
         raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
     provider = job.spec.provider.value
-    if provider not in settings.providers:
+    secrets = load_fleet_secrets()
+    if isinstance(job.spec.section, CloudSection):
+        _check_clouds(settings, job, job.spec.section, secrets)
+    elif provider not in settings.providers:
         message = (
             f"cannot submit: this fleet runs {', '.join(settings.providers)} jobs only (FLEET_PROVIDERS)"
             + (LOCAL_ELSEWHERE if provider == "local" else "")
         )
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
-    secrets = load_fleet_secrets()
-    try:
-        get_provider(provider, provider_context(settings, secrets))
-    except CredentialsMissing as exc:
-        raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
+    else:
+        try:
+            get_provider(provider, provider_context(settings, secrets))
+        except CredentialsMissing as exc:
+            raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
     if job.spec.train.hub_model_id and secrets.get("HF_TOKEN") is None:
         message = (
             "cannot submit: pushing to the hub needs HF_TOKEN (a write token) in the environment or in the "
@@ -122,6 +127,28 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
             "(or set wandb_mode: offline / disabled)"
         )
         raise ConfigError(job.source, [Problem("wandb_project", message)])
+
+
+def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, secrets: Secrets) -> None:
+    """A `cloud:` job needs one cloud it allows that this fleet runs and has the credential of."""
+    where = "cloud.clouds" if "cloud.clouds" in job.lines else "cloud"
+    line = job.lines.get(where)
+    runs = [c for c in section.clouds if c.value in settings.providers]
+    if not runs:
+        message = (
+            f"cannot submit: none of the clouds the job allows ({', '.join(section.clouds)}) is one this "
+            f"fleet runs ({', '.join(settings.providers)}; FLEET_PROVIDERS)"
+        )
+        raise ConfigError(job.source, [Problem(where, message, line)])
+    missing = []
+    for cloud in runs:
+        try:
+            get_provider(cloud.value, provider_context(settings, secrets))
+            return
+        except CredentialsMissing as exc:
+            missing.append(str(exc).split(":", 1)[0])
+    message = f"cannot submit: the fleet has no credential for any cloud it may use: {'; '.join(missing)}"
+    raise ConfigError(job.source, [Problem(where, message, line)])
 
 
 def check_budget(fleet: Fleet) -> None:
@@ -164,7 +191,7 @@ def submit(
             # The run trains with the release the fleet names now, even if the setting changes later.
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})
-        if not PROVIDERS[spec.provider].shares_files:
+        if spec.provider.is_choice or not PROVIDERS[spec.provider].shares_files:  # `cloud:`: a rented node
             shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths)
             spec = spec.model_copy(update={"train": shipped})
         run = Run(

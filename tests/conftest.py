@@ -23,6 +23,7 @@ TRAINING_MODULES = frozenset(
         "integration/test_axolotl_node.py",
         "integration/test_bot.py",
         "integration/test_e2e.py",
+        "integration/test_e2e_anycloud.py",
         "integration/test_e2e_axolotl.py",
         "integration/test_e2e_clouds.py",
         "integration/test_e2e_entry.py",

@@ -15,11 +15,11 @@ from broker.ledger import Draft
 from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
-from core.errors import FailureReason, FleetError, NodeLost, ProviderError, StageFailed
+from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
-from workers import context, readiness, wandb_plan
+from workers import context, failover, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
 from workers.node_secrets import node_secrets
@@ -33,6 +33,10 @@ def step(ctx: context.Context, run: Run) -> Next:
         run = ctx.ledger.update_run(run.run_id, lambda r: _start(ctx, r))
         if run.state.is_terminal():
             return Next.done()
+    if run.spec.provider.is_choice:  # a `cloud:` job: this attempt's cloud and offer, chosen once
+        run = failover.place(ctx, run)
+        if run.placement is None:  # the run ended or moved on meanwhile: look again
+            return Next.done() if run.state.is_terminal() else Next.poll(Stage.PROVISION, 0)
     provider = ctx.provider(run.provider)
     names = run.instance_names
     head = names[0]
@@ -49,7 +53,13 @@ def step(ctx: context.Context, run: Run) -> Next:
     for k, name in enumerate(names):
         if k > 0 and head not in nodes:
             break  # the workers join the head: they are asked for once it exists
-        found = _bring_up(ctx, run, provider, name, k, head if k else None)
+        try:
+            found = _bring_up(ctx, run, provider, name, k, head if k else None)
+        except NoCapacity as exc:
+            if run.placement is None or not exc.made_nothing:
+                raise  # a job on one cloud waits for capacity there (the stage retries)
+            failover.move_on(ctx, run, str(exc))  # a `cloud:` job tries its next offer
+            return Next.poll(Stage.PROVISION, 0)
         if found is not None:
             nodes[name] = found
     for name, found in nodes.items():
@@ -70,11 +80,15 @@ def step(ctx: context.Context, run: Run) -> Next:
             cluster = {"instances": names, "num_nodes": len(names)} if len(names) > 1 else {}
             ready = InstanceReady(instance=head, dashboard_url=endpoint.dashboard_url, **cluster)
             return readiness.check_node(ctx, run, head, endpoint, ready)
-    started = run.stage(Stage.PROVISION).started or run.created_at
+    placed = run.placement
+    started = placed.at if placed is not None else run.stage(Stage.PROVISION).started or run.created_at
     if time.time() - started > ctx.settings.node_ready_timeout_s:
         late = [name for name in names if name not in up]
         what = f"instance {', '.join(late)}" if late else "the cluster's nodes"
         why = f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
+        if placed is not None:  # a `cloud:` job tries its next offer
+            failover.move_on(ctx, run, why)
+            return Next.poll(Stage.PROVISION, 0)
         if len(names) > 1:
             joined_now = len(run.progress.cluster)
             why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
@@ -118,11 +132,12 @@ def _bring_up(
         request = LaunchRequest(
             name,
             run.run_id,
-            run.spec.section.node_section(k),  # the head may have its own shape
+            run.node_section(k),  # the head may have its own shape; a `cloud:` job's, its offer's cloud's
             node_secrets(ctx, run),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,
             software=node_software(ctx, run),
+            offer=run.placement.offer if run.placement is not None else None,
         )
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:

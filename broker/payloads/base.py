@@ -27,6 +27,8 @@ class EventType(StrEnum):
     WANDB_RUN = "wandb.run"
     STAGE_STARTED = "stage.started"
     STAGE_FINISHED = "stage.finished"
+    OFFER_CHOSEN = "offer.chosen"  # a `cloud:` job's attempt: the cloud and offer it rents, of how many
+    OFFER_LEFT = "offer.left"  # ... and why the run moved on from one (no capacity, not ready in time)
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_ADOPTED = "instance.adopted"
     INSTANCE_READY = "instance.ready"

@@ -133,6 +133,30 @@ class RunReleased(Payload):
     sweep_id: str | None = None
 
 
+# A `cloud:` job's offers
+
+
+class OfferChosen(Payload):
+    type = EventType.OFFER_CHOSEN
+    attempt: int
+    cloud: ProviderName
+    gpu: str = Field(description="The GPU type in the fleet's names.")
+    offer: str = Field(description="The cloud's offer id.")
+    price_per_hour: float
+    fits: int = Field(description="Offers that fitted, across the clouds asked.")
+    unasked: list[str] = Field(default_factory=list, description="Clouds not asked, and why.")
+
+
+class OfferLeft(Payload):
+    type = EventType.OFFER_LEFT
+    attempt: int
+    cloud: ProviderName
+    gpu: str
+    offer: str
+    why: str
+    instance: str
+
+
 # Instances and nodes
 
 

@@ -31,11 +31,22 @@ from core.settings import DEFAULT_NODE_IMAGE
 
 
 class ProviderName(StrEnum):
-    """The providers a job section may name."""
+    """The providers a job section may name. `cloud` is a choice among the rented-GPU clouds, made when the
+    run is provisioned (jobs.sections.cloud): no instance is ever a `cloud` one."""
 
     LOCAL = "local"
     RUNPOD = "runpod"
     VASTAI = "vastai"
+    CLOUD = "cloud"
+
+    @property
+    def is_choice(self) -> bool:
+        """Whether the section names no one provider: the run's provider is chosen at provision."""
+        return self is ProviderName.CLOUD
+
+
+RENTED_CLOUDS = (ProviderName.RUNPOD, ProviderName.VASTAI)
+"""The clouds that rent GPU machines, which a `cloud:` section chooses among."""
 
 
 THIRTY_DAYS = 30 * 24 * 3600

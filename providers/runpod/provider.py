@@ -132,7 +132,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
                         secure=secure,
                         detail={
                             "display_name": str(gpu.display_name),
-                            "memory_gb": str(gpu.memory_in_gb),
+                            "gpu_memory_gb": str(gpu.memory_in_gb),
                         },
                     )
                 )

@@ -213,6 +213,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
                 "verified": str(offer.verified),
                 "cuda": str(offer.cuda_max_good),
                 "location": str(offer.geolocation),
+                "gpu_memory_gb": f"{gpu_mb / MB_PER_GB:g}" if (gpu_mb := first_number(offer.gpu_ram)) else "",
             },
         )
 

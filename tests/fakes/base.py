@@ -40,6 +40,7 @@ FAULT_KINDS = frozenset(
         "terminate_ok_but_listed",
         "not_found",
         "stuck",
+        "no_capacity",
     }
 )
 TOKEN_ENV = "FLEET_RAY_TOKEN"
@@ -386,6 +387,8 @@ class FakeCloud(Served):
             return Response(500, self.error_body(500, "Internal server error"))
         if fault.kind == "not_found":
             return self.not_found(op)
+        if fault.kind == "no_capacity":  # the create is refused: nothing is made
+            return self.no_capacity()
         return self.terminate_but_list(request, fault.times)
 
     def bearer(self, request: Request) -> str:
@@ -450,6 +453,10 @@ class FakeCloud(Served):
     def quota_body(self) -> Any:
         """The vendor's body for a spent quota (a 429 its client should not simply retry)."""
         return self.error_body(429, "Quota exceeded")
+
+    def no_capacity(self) -> Response:
+        """The vendor's answer to a create it has no machine for (nothing is made)."""
+        raise NotImplementedError
 
     def not_found(self, op: str) -> Response:
         """The vendor's not-found answer."""

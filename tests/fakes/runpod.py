@@ -249,6 +249,10 @@ class FakeRunPod(FakeCloud):
         """GraphQL-style error body."""
         return {"errors": [{"message": message, "extensions": {"code": "INTERNAL_SERVER_ERROR"}}]}
 
+    def no_capacity(self) -> Response:
+        """RunPod's answer to a create with no machine for it (HTTP 200 with an error entry)."""
+        return Response(200, {"errors": [{"message": NO_CAPACITY}], "data": None})
+
     def not_found(self, op: str) -> Response:
         """RunPod's not-found answer (HTTP 200 with an error entry)."""
         message = "pod not found to terminate" if op == "terminate" else "pod not found"

@@ -162,6 +162,12 @@ class FakeVastAI(FakeCloud):
         error = "rate_limited" if status == 429 else "server_error"
         return {"success": False, "error": error, "msg": message}
 
+    def no_capacity(self) -> Response:
+        """vast.ai's answer to a create on an ask that is gone (someone else rented it)."""
+        return Response(
+            400, {"success": False, "error": "no_such_ask", "msg": "Instance type no longer available."}
+        )
+
     def quota_body(self) -> Any:
         """What vast.ai says when the account's offer searches are spent (the library does not retry)."""
         return {"success": False, "error": "search_quota_exceeded", "msg": "Search quota exceeded, slow down"}

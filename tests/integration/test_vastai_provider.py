@@ -89,6 +89,18 @@ def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
     assert extra["disk"] == SECTION.container_disk_in_gb
 
 
+def test_a_launch_for_a_chosen_offer_rents_that_one_or_none(fake: FakeVastAI, tmp_path: Path) -> None:
+    """A `cloud:` job's create is for the offer chosen among the clouds, not the cheapest one now."""
+    provider = provider_for(fake, tmp_path)
+    loose = VastAISection(gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
+    inst = provider.launch(LaunchRequest("tf-r1-1", "r1", loose, offer="1004"))  # 1005 is cheaper
+    (row,) = fake.state()["instances"]
+    assert fake.instances[str(row["id"])].extra["offer"] == 1004 and inst.price_per_hour == 0.17
+    with pytest.raises(NoCapacity, match=r"offer 1001 .* no longer offered, or no longer fits") as caught:
+        provider.launch(LaunchRequest("tf-r2-1", "r2", loose, offer="1001"))  # an A5000: not this section's
+    assert caught.value.made_nothing and len(fake.state()["instances"]) == 1
+
+
 def test_error_after_create_leaves_exactly_one_instance(fake: FakeVastAI, tmp_path: Path) -> None:
     fake.add_faults([{"op": "create", "kind": "error_after_create"}])
     provider = provider_for(fake, tmp_path)

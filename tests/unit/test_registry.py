@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from core.errors import ConfigError
+from core.errors import ConfigError, ProviderError
 from core.secrets import FLEET_CREDENTIALS
 from core.settings import Settings, load_settings
 from jobs.sections import SECTION_MODELS, ProviderName
@@ -23,13 +23,19 @@ from providers.registry import (
 )
 from providers.remote import RemoteProvider
 
-NAMES = sorted(ProviderName)
+NAMES = sorted(name for name in ProviderName if not name.is_choice)
 
 
 def test_every_provider_name_is_registered_under_its_own_name() -> None:
-    assert set(PROVIDERS) == set(ProviderName)
+    assert set(PROVIDERS) == set(NAMES)  # `cloud` is a choice among them, made per run
     for name, cls in PROVIDERS.items():
         assert cls.name is name, cls
+
+
+def test_cloud_is_no_provider_of_its_own_and_says_what_it_chooses_among() -> None:
+    context = ProviderContext(home=Path("/nonexistent"))
+    with pytest.raises(ProviderError, match="cloud is a choice among runpod, vastai, not one provider"):
+        get_provider("cloud", context)
 
 
 @pytest.mark.parametrize("name", NAMES, ids=str)

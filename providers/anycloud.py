@@ -1,0 +1,173 @@
+"""The offers for a `cloud:` job from every cloud it allows, ranked together, cheapest first.
+
+For each allowed cloud the fleet has credentials for, and each GPU type the section names, the cloud's own
+section for that type (CloudSection.on) is priced by the cloud's chooser (providers.offers via the
+provider's `choose`), so an offer is judged by the same rules as a `runpod:` or `vastai:` job's. The fits
+of all clouds are merged by price; an offer left out keeps every reason; a cloud that could not be asked
+(no credentials, `avoid` on a cloud that does not say where its offers are, its API failing) says why, so
+`fleet offers` and a failed run can name it. Nothing here creates anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import FleetError
+from jobs.gpus import GPU_TYPES, GpuType
+from jobs.sections import CloudSection, ProviderName
+from providers.base import ProviderContext
+from providers.offers import Candidate, Priced, Rejected, same_gpu
+from providers.registry import get_provider
+from providers.remote import RemoteProvider
+
+
+@dataclass(frozen=True)
+class CloudOffer:
+    """An offer that fits, with the fleet's name for its GPU type and the cloud's (how its section is
+    written)."""
+
+    gpu: str
+    vendor_gpu: str
+    priced: Priced
+
+    @property
+    def cloud(self) -> ProviderName:
+        return self.priced.candidate.provider
+
+    @property
+    def key(self) -> str:
+        """The offer's identity across clouds (`runpod:NVIDIA A100 80GB PCIe/SECURE`)."""
+        return f"{self.cloud.value}:{self.priced.candidate.offer_id}"
+
+
+@dataclass(frozen=True)
+class CloudChoice:
+    """Every cloud's fits for the job, cheapest first; the offers of its GPU types left out, and why; and
+    the clouds not asked, and why."""
+
+    fits: tuple[CloudOffer, ...]
+    rejected: tuple[Rejected, ...]
+    unasked: tuple[tuple[ProviderName, str], ...]
+    errors: tuple[FleetError, ...] = ()
+    """What the clouds that failed to answer raised (among `unasked`): whether asking again may help."""
+
+    def best(self, tried: Iterable[str] = ()) -> CloudOffer | None:
+        """The cheapest fit whose `key` is not in `tried`."""
+        skip = set(tried)
+        return next((o for o in self.fits if o.key not in skip), None)
+
+
+Provide = Callable[[ProviderName], RemoteProvider[Any, Any]]
+
+
+def clouds_to_ask(
+    section: CloudSection, fleet_runs: Collection[str] | None = None
+) -> list[tuple[ProviderName, str | None]]:
+    """Each cloud the section allows, with why it is not asked (None: it is); `fleet_runs`: the providers
+    the fleet runs jobs on (settings.providers; None: all)."""
+    out: list[tuple[ProviderName, str | None]] = []
+    for cloud in section.clouds:
+        why = None
+        if fleet_runs is not None and cloud.value not in fleet_runs:
+            why = "this fleet does not run it (FLEET_PROVIDERS)"
+        elif section.avoid and cloud is ProviderName.RUNPOD:
+            why = "RunPod does not say where an offer is, so `avoid` cannot hold there"
+        out.append((cloud, why))
+    return out
+
+
+def _in_size(t: GpuType, c: Candidate) -> str | None:
+    """Why `c` is not `t` though the cloud calls both the same (vast.ai's A100 PCIE is 40 or 80 GB)."""
+    shared = [u for u in GPU_TYPES.values() if u is not t and set(u.vastai) & set(t.vastai)]
+    said = c.detail.get("gpu_memory_gb", "")
+    if c.provider is not ProviderName.VASTAI or not shared:
+        return None
+    low, high = t.memory_range
+    try:
+        have = float(said)
+    except ValueError:
+        return f"GPU memory unknown: cannot tell a {t.name} from a {shared[0].name}"
+    return None if low <= have <= high else f"{have:g} GB per GPU: not a {t.name}"
+
+
+def _avoided(section: CloudSection, c: Candidate) -> str | None:
+    where = c.detail.get("location", "")
+    hit = next((a for a in section.avoid if where and a.lower() in where.lower()), None)
+    return f"in {where}, which the job avoids ({hit})" if hit else None
+
+
+def rank(section: CloudSection, provide: Provide, fleet_runs: Collection[str] | None = None) -> CloudChoice:
+    """Every allowed cloud's offers for every GPU type of `section`, priced, cheapest first. `provide`
+    makes a cloud's provider (FleetError, e.g. CredentialsMissing: that cloud is not asked, and why);
+    `fleet_runs` (settings.providers) leaves out the clouds the fleet does not run."""
+    fits: dict[str, CloudOffer] = {}
+    rejected: dict[str, Rejected] = {}
+    unasked: list[tuple[ProviderName, str]] = []
+    errors: list[FleetError] = []
+    for cloud, why_not in clouds_to_ask(section, fleet_runs):
+        if why_not is not None:
+            unasked.append((cloud, why_not))
+            continue
+        try:
+            provider = provide(cloud)
+            for t in section.types:
+                for vendor_gpu in t.vendor_names(cloud):
+                    _price(section, provider, t, vendor_gpu, fits, rejected)
+        except FleetError as exc:
+            unasked.append((cloud, str(exc)))
+            errors.append(exc)
+            continue
+        if not any(t.vendor_names(cloud) for t in section.types):
+            names = ", ".join(t.name for t in section.types)
+            unasked.append((cloud, f"it rents no {names}"))
+    ordered = sorted(fits.values(), key=lambda o: (o.priced.price_per_hour, o.key))
+    return CloudChoice(tuple(ordered), tuple(rejected.values()), tuple(unasked), tuple(errors))
+
+
+def _price(
+    section: CloudSection,
+    provider: RemoteProvider[Any, Any],
+    t: GpuType,
+    vendor_gpu: str,
+    fits: dict[str, CloudOffer],
+    rejected: dict[str, Rejected],
+) -> None:
+    """One cloud's offers for one of its names of GPU type `t`, into `fits` and `rejected`."""
+    choice = provider.choose(section.on(provider.name, vendor_gpu))
+    for p in choice.fits:
+        c = p.candidate
+        key = f"{c.provider.value}:{c.offer_id}"
+        extra = [r for r in (_in_size(t, c), _avoided(section, c)) if r]
+        if extra:
+            rejected.setdefault(key, Rejected(c, tuple(extra)))
+        else:
+            fits.setdefault(key, CloudOffer(t.name, vendor_gpu, p))
+    for r in choice.rejected:  # the offers of the type asked for; another type's are not this job's
+        if same_gpu(r.candidate.gpu, vendor_gpu):
+            rejected.setdefault(f"{r.candidate.provider.value}:{r.candidate.offer_id}", r)
+
+
+def providers_of(context: ProviderContext) -> Provide:
+    """Make each cloud's provider once, from `context`."""
+    made: dict[ProviderName, RemoteProvider[Any, Any]] = {}
+
+    def provide(cloud: ProviderName) -> RemoteProvider[Any, Any]:
+        if cloud not in made:
+            provider = get_provider(cloud.value, context)
+            assert isinstance(provider, RemoteProvider)
+            made[cloud] = provider
+        return made[cloud]
+
+    return provide
+
+
+def summary(choice: CloudChoice, tried: Mapping[str, str] | None = None) -> str:
+    """What was asked and found, for a run that found nothing (more) to rent: the offers tried and why
+    each was left, the clouds not asked and why."""
+    parts = [f"{key} ({why})" for key, why in (tried or {}).items()]
+    parts += [f"{cloud.value} not asked: {why}" for cloud, why in choice.unasked]
+    if not choice.fits and not tried:
+        parts.append(f"{len(choice.rejected)} offer(s) of the GPU types asked for, none fits")
+    return "; ".join(parts) or "no cloud was asked"
