@@ -1,0 +1,89 @@
+"""F7: a `cloud:` job's failover under faults, on the fake RunPod and vast.ai at once (stub nodes:
+provisioning reaches RUNNING; nothing trains), through the fleet's own stage code (tests.faults.direct).
+
+vast.ai's offer is the cheaper one, so every run goes there first. A node that never becomes ready is
+left once FLEET_NODE_READY_TIMEOUT_S has passed since its offer was chosen: it is terminated (nothing stays
+billing) and the run moves to RunPod under its next attempt's name. A create without a clear answer
+(carried out after the client's timeout) is no reason to move on: the name is looked up until the instance
+shows, and adopted, so the run never holds an instance on both clouds. Every run must reach RUNNING on one
+instance, end CANCELLED, and leave nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.events import read_run
+from broker.models import RunState
+from tests.factories import light_job_file
+from tests.fakes import FakeRunPod, FakeVastAI
+from tests.faults.case import Case
+from tests.faults.direct import DirectFleet, up
+
+pytestmark = pytest.mark.faults
+
+CLOUD_SECTION = "cloud:\n  gpu: RTX-A5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+READY_TIMEOUT_S = 3.0
+
+
+def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud(
+    case: Case,
+    redis_client: redis.Redis[str],
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
+    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
+    fleet = DirectFleet(
+        case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch, node_ready_timeout_s=READY_TIMEOUT_S
+    )
+    vast.add_faults([{"op": "create", "kind": "stuck"}])  # made, and never starts
+    run_id = fleet.submit(light_job_file(tmp_path / "job", CLOUD_SECTION))
+    case.expect(run_id, RunState.CANCELLED)
+
+    fleet.drive(run_id, until=up)
+    run = fleet.ctx.ledger.get_run(run_id)
+    assert run.state == RunState.PREPARING and run.provider == "runpod", (run.state, run.failure_message)
+    fleet.cancel(run_id)
+    fleet.drive(run_id, until=lambda r: False)
+    case.check()
+
+    events = [e for _, e in read_run(fleet.ctx.redis, run_id)]
+    (left,) = [e.data.wire() for e in events if e.type.value == "offer.left"]
+    assert left["cloud"] == "vastai" and f"not ready after {READY_TIMEOUT_S:.0f} s" in left["why"]
+    assert vast.state()["most_live"] == {f"tf-{run_id}-1": 1} and vast.state()["instances"] == []
+    assert runpod.state()["most_live"] == {f"tf-{run_id}-2": 1} and runpod.state()["instances"] == []
+    ended = [e.data.wire()["instance"] for e in events if e.type.value == "instance.terminated"]
+    assert ended == [f"tf-{run_id}-1", f"tf-{run_id}-2"]  # the stuck one as the run left it
+
+
+def test_a_create_without_a_clear_answer_is_adopted_not_left(
+    case: Case,
+    redis_client: redis.Redis[str],
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
+    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
+    fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch)
+    fleet.client_timeout("vastai", 1.0)
+    vast.add_faults([{"op": "create", "kind": "timeout", "delay": 3.0}])  # made 3 s late, after the timeout
+    run_id = fleet.submit(light_job_file(tmp_path / "job", CLOUD_SECTION))
+    case.expect(run_id, RunState.CANCELLED)
+
+    fleet.drive(run_id, until=up)
+    run = fleet.ctx.ledger.get_run(run_id)
+    assert run.state == RunState.PREPARING and run.provider == "vastai", (run.state, run.failure_message)
+    fleet.cancel(run_id)
+    fleet.drive(run_id, until=lambda r: False)
+    case.check()
+
+    kinds = [e.type.value for _, e in read_run(fleet.ctx.redis, run_id)]
+    # The create had no clear answer: the name was looked up until the late instance showed, and adopted.
+    assert "instance.adopted" in kinds and "offer.left" not in kinds, kinds
+    assert vast.state()["requests"]["create"] == 1 and "create" not in runpod.state()["requests"]
