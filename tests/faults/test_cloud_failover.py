@@ -5,8 +5,9 @@ vast.ai's offer is the cheaper one, so every run goes there first. A node that n
 left once FLEET_NODE_READY_TIMEOUT_S has passed since its offer was chosen: it is terminated (nothing stays
 billing) and the run moves to RunPod under its next attempt's name. A create without a clear answer
 (carried out after the client's timeout) is no reason to move on: the name is looked up until the instance
-shows, and adopted, so the run never holds an instance on both clouds. Every run must reach RUNNING on one
-instance, end CANCELLED, and leave nothing.
+shows, and adopted, so the run never holds an instance on both clouds. A sweep whose children do not all fit
+on one cloud spreads over both. Every run must reach RUNNING on one instance, end CANCELLED, and leave
+nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import redis
 
 from broker.events import read_run
 from broker.models import RunState
+from service.sweep_load import load_sweep
+from service.sweeps import cancel_sweep, submit_sweep
 from tests.factories import light_job_file
 from tests.fakes import FakeRunPod, FakeVastAI
 from tests.faults.case import Case
@@ -87,3 +90,30 @@ def test_a_create_without_a_clear_answer_is_adopted_not_left(
     # The create had no clear answer: the name was looked up until the late instance showed, and adopted.
     assert "instance.adopted" in kinds and "offer.left" not in kinds, kinds
     assert vast.state()["requests"]["create"] == 1 and "create" not in runpod.state()["requests"]
+
+
+def test_a_sweep_spreads_over_the_clouds_when_one_cannot_hold_it(
+    case: Case,
+    redis_client: redis.Redis[str],
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two children at once and one A5000 on vast.ai: the first rents it, the second finds it taken (the
+    offer is no longer listed) and rents RunPod's, the next cheapest."""
+    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
+    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
+    fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch)
+    job = light_job_file(tmp_path / "job", CLOUD_SECTION)
+    job.write_text(job.read_text() + "sweep:\n  max_parallel: 2\n  grid:\n    learning_rate: [0.01, 0.02]\n")
+    sweep = submit_sweep(fleet.fleet, load_sweep(job))
+    for run_id in sweep.runs:
+        case.expect(run_id, RunState.CANCELLED)
+        fleet.drive(run_id, until=up)
+    placed = {fleet.ctx.ledger.get_run(run_id).provider.value for run_id in sweep.runs}
+    assert placed == {"vastai", "runpod"}
+    cancel_sweep(fleet.fleet, sweep.sweep_id)
+    for run_id in sweep.runs:
+        fleet.drive(run_id, until=lambda r: False)
+    case.check()
+    assert vast.state()["requests"]["create"] == 1 and runpod.state()["requests"]["create"] == 1
