@@ -92,6 +92,18 @@ def _in_size(t: GpuType, c: Candidate) -> str | None:
     return None if low <= have <= high else f"{have:g} GB per GPU: not a {t.name}"
 
 
+def _short_of_memory(section: CloudSection, c: Candidate) -> str | None:
+    """`min_gpu_ram_in_gb` on every cloud (vast.ai's chooser checks it too; RunPod's has no such key)."""
+    need = section.min_gpu_ram_in_gb
+    if need is None:
+        return None
+    try:
+        have = float(c.detail.get("gpu_memory_gb", ""))
+    except ValueError:
+        return f"GPU memory unknown (the job asks for at least {need} GB)"
+    return f"GPU memory {have:g} GB < {need} GB" if have < need else None
+
+
 def _avoided(section: CloudSection, c: Candidate) -> str | None:
     where = c.detail.get("location", "")
     hit = next((a for a in section.avoid if where and a.lower() in where.lower()), None)
@@ -139,7 +151,7 @@ def _price(
     for p in choice.fits:
         c = p.candidate
         key = f"{c.provider.value}:{c.offer_id}"
-        extra = [r for r in (_in_size(t, c), _avoided(section, c)) if r]
+        extra = [r for r in (_in_size(t, c), _short_of_memory(section, c), _avoided(section, c)) if r]
         if extra:
             rejected.setdefault(key, Rejected(c, tuple(extra)))
         else:

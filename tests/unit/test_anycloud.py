@@ -152,12 +152,24 @@ def offer(cloud: ProviderName, offer_id: str, gpu: str, bid: float, **kw: Any) -
     return Candidate(**(values | kw))
 
 
+A100 = {"gpu_memory_gb": "80"}
 RUNPOD = [
-    offer(ProviderName.RUNPOD, "NVIDIA A100 80GB PCIe/SECURE", "NVIDIA A100 80GB PCIe", 0.82),
+    offer(ProviderName.RUNPOD, "NVIDIA A100 80GB PCIe/SECURE", "NVIDIA A100 80GB PCIe", 0.82, detail=A100),
     offer(
-        ProviderName.RUNPOD, "NVIDIA A100 80GB PCIe/COMMUNITY", "NVIDIA A100 80GB PCIe", 0.60, secure=False
+        ProviderName.RUNPOD,
+        "NVIDIA A100 80GB PCIe/COMMUNITY",
+        "NVIDIA A100 80GB PCIe",
+        0.60,
+        secure=False,
+        detail=A100,
     ),
-    offer(ProviderName.RUNPOD, "NVIDIA RTX A5000/SECURE", "NVIDIA RTX A5000", 0.13),
+    offer(
+        ProviderName.RUNPOD,
+        "NVIDIA RTX A5000/SECURE",
+        "NVIDIA RTX A5000",
+        0.13,
+        detail={"gpu_memory_gb": "24"},
+    ),
 ]
 VAST = [
     offer(ProviderName.VASTAI, "11", "A100 PCIE", 0.55, detail={"gpu_memory_gb": "80", "location": "US"}),
@@ -204,6 +216,16 @@ def test_avoid_leaves_out_offers_there_and_the_cloud_that_cannot_say_where() -> 
     assert choice.unasked == (
         (ProviderName.RUNPOD, "RunPod does not say where an offer is, so `avoid` cannot hold there"),
     )
+
+
+def test_gpu_memory_holds_on_every_cloud() -> None:
+    section = CloudSection(
+        gpu=("RTX-A5000", "A100-80GB"), cloud_type="ALL", max_bid_per_gpu=1.0, min_gpu_ram_in_gb=40
+    )
+    choice = rank(section, clouds().__getitem__)  # type: ignore[arg-type]
+    assert "runpod:NVIDIA RTX A5000/SECURE" not in [o.key for o in choice.fits] and choice.fits
+    why = {r.candidate.offer_id: r.reasons for r in choice.rejected}
+    assert why["NVIDIA RTX A5000/SECURE"] == ("GPU memory 24 GB < 40 GB",)
 
 
 def test_a_cloud_that_cannot_be_asked_says_why_and_the_others_still_are() -> None:
