@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.sentinel import Sentinel
@@ -68,6 +68,16 @@ def sentinel_parts(url: str) -> SentinelUrl:
         raise ValueError(f"must be {SENTINEL_SCHEME}://[:password@]host:port[,host:port...]/master[/db]")
     password = unquote(auth.partition(":")[2]) if auth else None
     return SentinelUrl(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password or None)
+
+
+def shown(url: str) -> str:
+    """The URL as it may be shown: its password, if any, as `***` (`redis://:***@host:6379/0`)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    auth, hosts = parts.netloc.rsplit("@", 1)
+    user = auth.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 def connect(url: str, **options: Any) -> redis.Redis[str]:

@@ -20,8 +20,9 @@ import typer
 from broker import events, nodelogs
 from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
+from core import redisurl
 from core.errors import ConfigError, FleetError
-from core.settings import Settings
+from core.settings import Settings, load_settings
 from fleet import cli_nodes, cli_offers, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
 from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
 from jobs.spec import LoadedJob, format_problems, load_job
@@ -359,6 +360,16 @@ cli_watch.register(cli)
 cli_ops.register(cli)
 
 
+def _redis_at() -> str:
+    """` at <the settings' Redis URL, its password masked>`, or nothing (the embedded Redis, or settings that
+    cannot be read)."""
+    try:
+        url = load_settings().redis_url
+    except ConfigError:
+        return ""
+    return f" at {redisurl.shown(url)}" if url else ""
+
+
 def main() -> None:
     try:
         cli()
@@ -366,7 +377,8 @@ def main() -> None:
         err.print(f"error: {exc}", style="red", markup=False, highlight=False)
         sys.exit(2)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # the fleet's Redis went away, or never was
-        why = f"error: the fleet's Redis does not answer ({exc}). Is it running? REDIS_URL names it; "
+        why = f"error: the fleet's Redis{_redis_at()} does not answer ({exc}). Is it running? "
+        why += "REDIS_URL names it; "
         why += "without one, the embedded Redis under FLEET_HOME is started for you."
         err.print(why, style="red", markup=False, highlight=False)
         sys.exit(1)  # what was asked did not happen; 2 is for a command that cannot start (README)

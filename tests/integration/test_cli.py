@@ -243,12 +243,12 @@ def test_cancel_with_no_worker_up_ends_a_queued_run_at_once_and_does_not_wait_on
 
 
 def test_a_redis_that_does_not_answer_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
-    env = {**fleet_env(tmp_path / "home"), "REDIS_URL": "redis://127.0.0.1:9/0"}  # nothing listens on 9
+    env = {**fleet_env(tmp_path / "home"), "REDIS_URL": "redis://:pw-canary-7@127.0.0.1:9/0"}  # nothing on 9
     done = fleet(env, "status", timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "the fleet's Redis does not answer (Error 111 connecting to 127.0.0.1:9" in " ".join(
-        done.stderr.split()
-    )
+    said = " ".join(done.stderr.split())
+    assert "the fleet's Redis at redis://:***@127.0.0.1:9/0 does not answer (Error 111 connecting to" in said
+    assert "pw-canary-7" not in done.stderr + done.stdout
 
 
 def test_a_read_only_command_leaves_no_redis_it_started_and_keeps_one_it_found(tmp_path: Path) -> None:

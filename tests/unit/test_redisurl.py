@@ -6,8 +6,25 @@ from __future__ import annotations
 import pytest
 
 from core.errors import ConfigError
-from core.redisurl import SentinelUrl, check, kombu_url, sentinel_parts
+from core.redisurl import SentinelUrl, check, kombu_url, sentinel_parts, shown
 from core.settings import load_settings
+
+
+@pytest.mark.parametrize(
+    ("url", "seen"),
+    [
+        ("redis://:s3cret@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
+        ("rediss://fleet:s3cret@redis.example:6380/1", "rediss://fleet:***@redis.example:6380/1"),
+        (
+            "redis+sentinel://:s3cret@s1:26379,s2:26379/mymaster/0",
+            "redis+sentinel://:***@s1:26379,s2:26379/mymaster/0",
+        ),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("unix:///tmp/redis.sock?db=0", "unix:///tmp/redis.sock?db=0"),
+    ],
+)
+def test_a_url_is_shown_without_its_password(url: str, seen: str) -> None:
+    assert shown(url) == seen
 
 
 def test_a_sentinel_url_names_its_sentinels_the_master_and_its_db() -> None:
