@@ -71,6 +71,11 @@ def show_run(fleet: svc.Fleet, run: Run, as_json: bool) -> None:
         table.add_row("failure_message", Text(view.failure_message or ""))  # whole: a traceback's end is why
     if view.origin:
         table.add_row("origin", cli_watch.origin_text(view.origin))
+    for placed in view.progress.placements:  # a `cloud:` job's offers, one per attempt
+        said = f"{placed.cloud.value} {placed.offer} ({placed.gpu}) ${placed.price_per_hour:.3f}/h"
+        table.add_row(
+            f"offer {placed.attempt}", Text(said + (f": left, {placed.left}" if placed.left else ""))
+        )
     for stage in view.stages:
         took = f"{stage.seconds}s" if stage.seconds is not None else "..."
         table.add_row(f"stage {stage.name.value}", took)

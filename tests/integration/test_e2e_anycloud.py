@@ -44,17 +44,22 @@ def clouds(tmp_path: Path) -> Iterator[dict[str, str]]:
         yield {"runpod": runpod, "vastai": vastai}
 
 
-def run_cloud_job(home: Path, tmp_path: Path, clouds: dict[str, str]) -> tuple[dict[str, Any], list[Any]]:
-    """`fleet run --json` of the cloud job while both fakes' live instances are watched; the run's view
-    and events. Checks what every case must hold: at most one instance live at once on each cloud, and
-    none left on either."""
-    env = fleet_env(
+def env_of(home: Path, clouds: dict[str, str]) -> dict[str, str]:
+    """A test fleet's environment with both clouds' URLs and keys."""
+    return fleet_env(
         home,
         RUNPOD_API_BASE_URL=clouds["runpod"],
         RUNPOD_API_KEY=API_KEY,
         VAST_URL=clouds["vastai"],
         VAST_API_KEY=VAST_KEY,
     )
+
+
+def run_cloud_job(home: Path, tmp_path: Path, clouds: dict[str, str]) -> tuple[dict[str, Any], list[Any]]:
+    """`fleet run --json` of the cloud job while both fakes' live instances are watched; the run's view
+    and events. Checks what every case must hold: at most one instance live at once on each cloud, and
+    none left on either."""
+    env = env_of(home, clouds)
     watches = {name: MostLive(url) for name, url in clouds.items()}
     done = fleet(env, "run", str(job_for(tmp_path, CLOUD)), "--json", timeout=420)
     most = {name: watch.stop() for name, watch in watches.items()}
@@ -137,6 +142,12 @@ def test_with_every_cloud_out_the_run_fails_no_capacity_naming_what_it_tried(
     assert "3 offer(s) tried (max_attempts)" in message and "no longer available" in message
     assert [e["attempt"] for e in of(evs, "offer.left")] == [1, 2, 3]
     assert of(evs, "instance.requested") == [] and view["most_live"] == {"runpod": 0, "vastai": 0}
+    status = fleet(env_of(home, clouds), "status", view["run_id"], timeout=60)  # each offer, why it was left
+    shown = " ".join(status.stdout.split())
+    assert (
+        "offer 1 vastai 1001 (RTX-A5000) $0.090/h: left, vast.ai: Instance type no longer available" in shown
+    )
+    assert "offer 3 runpod NVIDIA RTX A5000/SECURE (RTX-A5000) $0.130/h: left" in shown
 
 
 def test_a_run_preempted_on_one_cloud_resumes_on_the_other_from_its_checkpoint(
