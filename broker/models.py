@@ -110,7 +110,7 @@ class Placement(BaseModel):
 
     @property
     def key(self) -> str:
-        """The offer's identity across clouds, as providers.anycloud names it."""
+        """The offer's identity across clouds, as providers.offers.Candidate.key writes it."""
         return f"{self.cloud.value}:{self.offer}"
 
 

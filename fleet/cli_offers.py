@@ -44,7 +44,7 @@ def offers(
         section = job.spec.section.node_section(0) if head else job.spec.section
         context = provider_context(settings)
         if isinstance(section, CloudSection):
-            ranked = rank(section, providers_of(context), settings.providers)
+            ranked = rank(section, providers_of(lambda name: get_provider(name, context)), settings.providers)
             fits, rejected, unasked = _cloud_rows(ranked)
         else:
             provider = get_provider(job.spec.provider.value, context)

@@ -17,9 +17,8 @@ from typing import Any
 from core.errors import FleetError
 from jobs.gpus import GPU_TYPES, GpuType
 from jobs.sections import CloudSection, ProviderName
-from providers.base import ProviderContext
+from providers.base import Provider
 from providers.offers import Candidate, Priced, Rejected, same_gpu
-from providers.registry import get_provider
 from providers.remote import RemoteProvider
 
 
@@ -38,8 +37,7 @@ class CloudOffer:
 
     @property
     def key(self) -> str:
-        """The offer's identity across clouds (`runpod:NVIDIA A100 80GB PCIe/SECURE`)."""
-        return f"{self.cloud.value}:{self.priced.candidate.offer_id}"
+        return self.priced.candidate.key
 
 
 @dataclass(frozen=True)
@@ -150,27 +148,24 @@ def _price(
     choice = provider.choose(section.on(provider.name, vendor_gpu))
     for p in choice.fits:
         c = p.candidate
-        key = f"{c.provider.value}:{c.offer_id}"
         extra = [r for r in (_in_size(t, c), _short_of_memory(section, c), _avoided(section, c)) if r]
         if extra:
-            rejected.setdefault(key, Rejected(c, tuple(extra)))
+            rejected.setdefault(c.key, Rejected(c, tuple(extra)))
         else:
-            fits.setdefault(key, CloudOffer(t.name, vendor_gpu, p))
+            fits.setdefault(c.key, CloudOffer(t.name, vendor_gpu, p))
     for r in choice.rejected:  # the offers of the type asked for; another type's are not this job's
         if same_gpu(r.candidate.gpu, vendor_gpu):
-            rejected.setdefault(f"{r.candidate.provider.value}:{r.candidate.offer_id}", r)
+            rejected.setdefault(r.candidate.key, r)
 
 
-def providers_of(context: ProviderContext) -> Provide:
-    """Make each cloud's provider once, from `context`."""
-    made: dict[ProviderName, RemoteProvider[Any, Any]] = {}
+def providers_of(make: Callable[[str], Provider]) -> Provide:
+    """Each cloud's provider as `make` gives it by name (a worker's own, `workers.context.Context.provider`;
+    or a new one: `lambda name: get_provider(name, context)`); `rank` asks for each cloud once."""
 
     def provide(cloud: ProviderName) -> RemoteProvider[Any, Any]:
-        if cloud not in made:
-            provider = get_provider(cloud.value, context)
-            assert isinstance(provider, RemoteProvider)
-            made[cloud] = provider
-        return made[cloud]
+        provider = make(cloud.value)
+        assert isinstance(provider, RemoteProvider)
+        return provider
 
     return provide
 

@@ -145,7 +145,7 @@ class LaunchRequest:
     head: str | None = None
     software: NodeSoftware = NodeSoftware()
     offer: str | None = None
-    """The offer to rent (a `cloud:` job's choice, workers.placement); None: the cheapest that fits now."""
+    """The offer to rent (a `cloud:` job's choice, workers.failover); None: the cheapest that fits now."""
 
     def node_env(
         self, section_env: Mapping[str, str], own: Mapping[str, str] | None = None

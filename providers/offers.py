@@ -35,6 +35,11 @@ class Candidate:
     disk_gb: float | None = None
     detail: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def key(self) -> str:
+        """The offer's identity across clouds (`runpod:NVIDIA A100 80GB PCIe/SECURE`, `vastai:1001`)."""
+        return f"{self.provider.value}:{self.offer_id}"
+
 
 @dataclass(frozen=True)
 class Priced:

@@ -124,7 +124,7 @@ def _price(
     if isinstance(spec.section, LocalSection):
         return 0.0, "this machine"
     if isinstance(spec.section, CloudSection):
-        ranked = rank(spec.section, providers_of(context), fleet_runs)
+        ranked = rank(spec.section, providers_of(lambda name: get_provider(name, context)), fleet_runs)
         if not ranked.fits:
             return None, f"no offer fits now: {summary(ranked)} (`fleet offers FILE` says why)"
         best = ranked.fits[0]

@@ -8,15 +8,13 @@ nothing left that fits, the run fails NO_CAPACITY naming each offer it tried and
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from broker.ledger import Draft
 from broker.models import InstanceState, Placement, Run
 from broker.payloads import OfferChosen, OfferLeft
 from core.errors import RETRYABLE, FailureReason, FleetError, StageFailed
-from jobs.sections import CloudSection, ProviderName
-from providers.anycloud import CloudChoice, rank, summary
-from providers.remote import RemoteProvider
+from jobs.sections import CloudSection
+from providers.anycloud import CloudChoice, providers_of, rank, summary
 from workers import context
 from workers.ending import terminate_instance
 
@@ -36,13 +34,7 @@ def tried(run: Run) -> dict[str, str]:
 
 def offers(ctx: context.Context, section: CloudSection) -> CloudChoice:
     """The section's offers on every cloud it allows, through this worker's providers."""
-
-    def provide(cloud: ProviderName) -> RemoteProvider[Any, Any]:
-        provider = ctx.provider(cloud.value)
-        assert isinstance(provider, RemoteProvider)
-        return provider
-
-    return rank(section, provide, ctx.settings.providers)
+    return rank(section, providers_of(ctx.provider), ctx.settings.providers)
 
 
 def place(ctx: context.Context, run: Run) -> Run:
