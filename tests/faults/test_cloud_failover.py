@@ -13,6 +13,7 @@ nothing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -32,6 +33,33 @@ CLOUD_SECTION = "cloud:\n  gpu: RTX-A5000\n  cloud_type: ALL\n  max_bid_per_gpu:
 READY_TIMEOUT_S = 3.0
 
 
+def both_clouds(
+    case: Case, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[FakeRunPod, FakeVastAI, DirectFleet]:
+    """The case's two fake clouds (stub nodes) and its fleet on both."""
+    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
+    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
+    return (
+        runpod,
+        vast,
+        DirectFleet(case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch, **settings),
+    )
+
+
+def up_on_then_cancelled(case: Case, fleet: DirectFleet, tmp_path: Path, cloud: str) -> str:
+    """Submit the cloud job, see it reach RUNNING on `cloud`, cancel it and let it end; the case's checks
+    hold. The run's id."""
+    run_id = fleet.submit(light_job_file(tmp_path / "job", CLOUD_SECTION))
+    case.expect(run_id, RunState.CANCELLED)
+    fleet.drive(run_id, until=up)
+    run = fleet.ctx.ledger.get_run(run_id)
+    assert run.state == RunState.PREPARING and run.provider == cloud, (run.state, run.failure_message)
+    fleet.cancel(run_id)
+    fleet.drive(run_id, until=lambda r: False)
+    case.check()
+    return run_id
+
+
 def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud(
     case: Case,
     redis_client: redis.Redis[str],
@@ -39,21 +67,11 @@ def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
-    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
-    fleet = DirectFleet(
-        case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch, node_ready_timeout_s=READY_TIMEOUT_S
+    runpod, vast, fleet = both_clouds(
+        case, redis_url, tmp_path, monkeypatch, node_ready_timeout_s=READY_TIMEOUT_S
     )
     vast.add_faults([{"op": "create", "kind": "stuck"}])  # made, and never starts
-    run_id = fleet.submit(light_job_file(tmp_path / "job", CLOUD_SECTION))
-    case.expect(run_id, RunState.CANCELLED)
-
-    fleet.drive(run_id, until=up)
-    run = fleet.ctx.ledger.get_run(run_id)
-    assert run.state == RunState.PREPARING and run.provider == "runpod", (run.state, run.failure_message)
-    fleet.cancel(run_id)
-    fleet.drive(run_id, until=lambda r: False)
-    case.check()
+    run_id = up_on_then_cancelled(case, fleet, tmp_path, "runpod")
 
     events = [e for _, e in read_run(fleet.ctx.redis, run_id)]
     (left,) = [e.data.wire() for e in events if e.type.value == "offer.left"]
@@ -71,20 +89,10 @@ def test_a_create_without_a_clear_answer_is_adopted_not_left(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
-    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
-    fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch)
+    runpod, vast, fleet = both_clouds(case, redis_url, tmp_path, monkeypatch)
     fleet.client_timeout("vastai", 1.0)
     vast.add_faults([{"op": "create", "kind": "timeout", "delay": 3.0}])  # made 3 s late, after the timeout
-    run_id = fleet.submit(light_job_file(tmp_path / "job", CLOUD_SECTION))
-    case.expect(run_id, RunState.CANCELLED)
-
-    fleet.drive(run_id, until=up)
-    run = fleet.ctx.ledger.get_run(run_id)
-    assert run.state == RunState.PREPARING and run.provider == "vastai", (run.state, run.failure_message)
-    fleet.cancel(run_id)
-    fleet.drive(run_id, until=lambda r: False)
-    case.check()
+    run_id = up_on_then_cancelled(case, fleet, tmp_path, "vastai")
 
     kinds = [e.type.value for _, e in read_run(fleet.ctx.redis, run_id)]
     # The create had no clear answer: the name was looked up until the late instance showed, and adopted.
@@ -101,9 +109,7 @@ def test_a_sweep_spreads_over_the_clouds_when_one_cannot_hold_it(
 ) -> None:
     """Two children at once and one A5000 on vast.ai: the first rents it, the second finds it taken (the
     offer is no longer listed) and rents RunPod's, the next cheapest."""
-    runpod = case.cloud(FakeRunPod, tmp_path / "runpod", nodes="stub")
-    vast = case.cloud(FakeVastAI, tmp_path / "vastai", nodes="stub")
-    fleet = DirectFleet(case, redis_url, tmp_path / "fleet", [runpod, vast], monkeypatch)
+    runpod, vast, fleet = both_clouds(case, redis_url, tmp_path, monkeypatch)
     job = light_job_file(tmp_path / "job", CLOUD_SECTION)
     job.write_text(job.read_text() + "sweep:\n  max_parallel: 2\n  grid:\n    learning_rate: [0.01, 0.02]\n")
     sweep = submit_sweep(fleet.fleet, load_sweep(job))
