@@ -43,9 +43,8 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
     bf16 = cuda and precision != "fp32" and torch.cuda.is_bf16_supported()
     if precision == "bf16" and not bf16:
         raise SystemExit("gpu_node: --precision bf16, but torch says this device has no bf16")
-    by_key = bf16 and "bf16" in TrainConfig.model_fields  # the recipe's own bf16, else autocast around it
-    if by_key:
-        raw["bf16"] = True
+    raw["bf16"] = bf16  # the recipe's own key (its `auto` would be bf16 on CUDA even for --precision fp32);
+    # never an autocast around the recipe (trainer.precision._forward_autocast says why)
     job = TrainJob(
         run_id="gpu-node-bench",
         config=TrainConfig.model_validate(raw),
@@ -57,8 +56,7 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.monotonic()
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and not by_key):
-        metrics = dict(train_job(job, JOB_YAML.parent))
+    metrics = dict(train_job(job, JOB_YAML.parent))
     if cuda:
         torch.cuda.synchronize()
     train_s = time.monotonic() - started
@@ -67,7 +65,7 @@ def child(work: Path, precision: str, max_steps: int | None) -> None:
     out = {
         "device": "cuda" if cuda else "cpu",
         "bf16": bf16,
-        "bf16_via": ("the job's bf16 key" if by_key else "autocast around the recipe") if bf16 else None,
+        "bf16_via": "the job's bf16 key" if bf16 else None,
         "train_s": round(train_s, 3),
         "peak_gpu_mem_mib": None if peak is None else round(peak, 1),
         "peak_gpu_reserved_mib": None if reserved is None else round(reserved, 1),

@@ -9,8 +9,8 @@ this interpreter if it has the node's packages (trainer/requirements-node.txt), 
 out/gpu-node-venv. Then it runs the node's readiness check (`python -m trainer check --gpus N`, as the
 fleet does before a node counts as ready) and trains the tiny example job (configs/examples/tiny-lora.yml)
 with the builtin recipe in one process (`use_ray: false`) on CUDA, in bf16 where torch says the GPU supports
-it: the job's `bf16: true` where the recipe has that key, else autocast around the recipe (`bf16_via` says
-which; `--precision fp32` for the recipe as the fleet runs a job without the key, which is float32).
+it: the job's `bf16: true` (`bf16_via`), never an autocast around the recipe (trainer.precision says why);
+`--precision fp32` sets `bf16: false`, float32 throughout).
 `--allow-missing ray,wandb` accepts an interpreter without those (one process trains without them, as on a
 bare GPU machine with the other packages carried in on PYTHONPATH, which the children keep); the readiness
 check then reports them, so such a run is never `ok`.
@@ -287,7 +287,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--precision",
         choices=("auto", "bf16", "fp32"),
         default="auto",
-        help="auto: bf16 autocast where the GPU supports it (default); fp32: as the fleet trains",
+        help="auto: bf16 where the GPU supports it (default); fp32: bf16: false",
     )
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N steps (default: the job's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds the training may take")

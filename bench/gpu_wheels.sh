@@ -7,7 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON_VERSION=${PYTHON_VERSION:-3.12}
 LIMIT_MIB=60  # what a device run carries is 64 MiB in all
+# trl, datasets, dill, multiprocess: bench/trainer.py's third trainer (TRL's SFTTrainer); gpu_check.sh puts
+# them on the path of bench/trainer.py alone (the node check runs without datasets, as on a bare node).
 WHEELS=(
+  trl==1.16.0
+  datasets==5.2.0
+  dill==0.4.1
+  multiprocess==0.70.19
   bitsandbytes==0.50.2
   pydantic==2.14.4
   pydantic-core==2.50.5

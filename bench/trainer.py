@@ -40,8 +40,7 @@ and `mfu` ≥ 35% on an H100/H200.
 Sizes. CPU: the tiny model (trainer.tiny.TINY_SPEC), fp32, micro batch 8, 60 steps, 2 rounds (about a
 minute on two quiet cores, several when others load them). CUDA: trainer.tiny.SMALL_SPEC (~116M parameters,
 built here: nothing is downloaded), bf16 (the recipe gets `bf16: true`, `tf32: true`, `sdp_attention:
-true` where its TrainConfig has those keys, else it runs under an outer bf16 autocast and says so), micro
-batch 256, 100 steps, 2 rounds.
+true`; nothing runs it under an outer autocast), micro batch 256, 100 steps, 2 rounds.
 
 The last line printed is one JSON object with all of it. Exit status: 0 when every trainer asked for ran
 (goals met or not), 1 when one failed, 2 when the setup failed. A benchmark: it never gates CI.

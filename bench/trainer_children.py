@@ -19,15 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = "@@bench-trainer "  # a child's result line
 MARKER = "@@fleet "  # trainer.progress.MARKER
 MIB = 2**20
-BF16_KEYS = ("bf16", "tf32", "sdp_attention")  # the recipe's precision keys (issue 20, P1)
 
 
 Plan, DATA, shape_of = figures.Plan, figures.DATA, figures.shape_of
 
 
-def train_config(plan: Plan, model_path: Path, keys: list[str]) -> Any:
-    """The recipe's TrainConfig for `plan` (the one source of every hyperparameter, for all three trainers);
-    `keys`: the recipe's precision keys it has (bf16 as planned; tf32 and sdp_attention on a GPU)."""
+def train_config(plan: Plan, model_path: Path) -> Any:
+    """The recipe's TrainConfig for `plan` (the one source of every hyperparameter, for all three trainers),
+    with its precision keys: bf16 as planned (not the recipe's `auto`), tf32 and sdp_attention on a GPU."""
     from trainer.config import TrainConfig
 
     raw: dict[str, Any] = {
@@ -51,11 +50,10 @@ def train_config(plan: Plan, model_path: Path, keys: list[str]) -> Any:
         "eval_table_size": 0,
         "seed": plan.seed,
         "use_ray": False,
+        "bf16": plan.bf16,
     }
-    if "bf16" in keys:
-        raw["bf16"] = plan.bf16  # not the recipe's `auto`: the plan decides
     if plan.cuda:
-        raw.update({key: True for key in ("tf32", "sdp_attention") if key in keys})
+        raw.update(tf32=True, sdp_attention=True)
     return TrainConfig.model_validate(raw)
 
 
@@ -113,7 +111,7 @@ def prepare_child(payload: dict[str, Any]) -> dict[str, Any]:
     model = build_tiny(Path(payload["cache"]), SIZES[plan.size])
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    split = prepare(train_config(plan, model, []), tokenizer, REPO)
+    split = prepare(train_config(plan, model), tokenizer, REPO)
     steps = step_stats([len(e.input_ids) for e in split.train], schedule(len(split.train), plan))
     missing = {}
     for name in ("trl", "datasets"):
@@ -173,13 +171,11 @@ class StepLines:
 
 def run_builtin(plan: Plan, model: Path, work: Path, clock: Clock) -> dict[str, Any]:
     """trainer.recipe.run in this process, timed at its STEP lines (logging_steps 1)."""
-    import torch
 
     from trainer import recipe
-    from trainer.config import TrainConfig, TrainJob
+    from trainer.config import TrainJob
 
-    keys = [k for k in BF16_KEYS if k in TrainConfig.model_fields]
-    cfg = train_config(plan, model, keys)
+    cfg = train_config(plan, model)
     job = TrainJob(
         run_id="bench-builtin",
         config=cfg,
@@ -188,17 +184,13 @@ def run_builtin(plan: Plan, model: Path, work: Path, clock: Clock) -> dict[str, 
         cache_dir=str(work / "cache"),
         use_gpu=plan.cuda,
     )
-    outer = plan.bf16 and "bf16" not in keys
-    notes = []
-    if outer:
-        notes.append("TrainConfig has no bf16 key: the recipe ran under an outer bf16 autocast, tf32 on")
-        torch.backends.cuda.matmul.allow_tf32 = True
-    elif keys:
-        notes.append("the recipe got " + ", ".join(f"{k}: {str(getattr(cfg, k)).lower()}" for k in keys))
+    keys = ("bf16", "tf32", "sdp_attention")
+    notes = ["the recipe got " + ", ".join(f"{k}: {str(getattr(cfg, k)).lower()}" for k in keys)]
+    # No autocast around the recipe, not even a disabled one: torch would keep its cache of cast weights
+    # across the recipe's forwards (trainer.precision._forward_autocast says why the recipe now copes).
     real, sys.stdout = sys.stdout, StepLines(sys.stdout, clock)  # type: ignore[assignment]
     try:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=outer):
-            metrics = recipe.run(job, model, base_dir=REPO)
+        metrics = recipe.run(job, model, base_dir=REPO)
     finally:
         sys.stdout = real
     return {
@@ -277,7 +269,7 @@ def run_hf(plan: Plan, model: Path, work: Path, clock: Clock, trl: bool) -> dict
     from trainer.data import Collator, prepare
     from trainer.lora import lora_targets
 
-    cfg = train_config(plan, model, [])
+    cfg = train_config(plan, model)
     torch.manual_seed(plan.seed)  # as the recipe does, before the adapter is made
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     pad_id = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id

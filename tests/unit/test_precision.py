@@ -80,6 +80,17 @@ def test_bf16_on_cpu_loads_the_base_in_bf16_keeps_lora_in_fp32_and_trains(
     assert metrics["eval_loss"] < metrics["eval_loss_first"] - 0.1
 
 
+def test_bf16_learns_inside_a_callers_autocast_even_a_disabled_one(tmp_path: Path, model_path: Path) -> None:
+    # torch empties autocast's cache of cast weights only when the outermost context exits: a harness's
+    # disabled autocast around the recipe once froze the LoRA weights each forward saw at their first cast
+    # (found on an H200 by bench/gpu_node.py: eval loss unchanged over 180 steps).
+    config = quick(bf16=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        metrics = recipe.run(train_job(tmp_path, config), model_path)
+    assert metrics["eval_loss"] is not None and metrics["eval_loss_first"] is not None
+    assert metrics["eval_loss"] < metrics["eval_loss_first"] - 0.1
+
+
 def test_bf16_auto_is_bf16_on_a_gpu_and_float32_on_a_cpu() -> None:
     assert precision.decide(quick(), CPU).dtype is None  # the default, auto: float32 on a CPU
     assert precision.decide(quick(bf16=False), CPU).dtype is None
