@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLEET_PREFIX = "FLEET_"
-JOB_SETTABLE = frozenset({"FLEET_INJECT"})  # the trainer's fault injection (trainer.faults), for drills
+FAULT_INJECTION = "FLEET_INJECT"  # trainer.faults' variable: set by the fleet for a drill, never by a job
 
 SSH_PUBLIC_KEY = "PUBLIC_KEY"  # the fleet's SSH key in a node's environment (the start script reads it)
 JUPYTER_TOKEN = "JUPYTER_TOKEN"  # JupyterLab's token, which the start script sets from the fleet's
@@ -93,13 +93,17 @@ NODE = Reserved(
     "the provider and the fleet set this name (the instance's id and own key, which the node's failsafe "
     "uses to give it back; the fleet's SSH key) and a job cannot set it",
 )
-RESERVED = (LOADER, FLEET, RAY, NODE)
+DRILL = Reserved(
+    frozenset({FAULT_INJECTION}),
+    (),
+    "the trainer's fault injection is for the fleet's drills and a job cannot set it (a fleet's operator "
+    "sets fault_injection in its settings for one)",
+)
+RESERVED = (DRILL, LOADER, FLEET, RAY, NODE)
 
 
 def refusal(name: str) -> str | None:
     """Why a job may not set the variable `name`; None when it may."""
-    if name in JOB_SETTABLE:
-        return None
     return next((group.reason for group in RESERVED if group.covers(name)), None)
 
 

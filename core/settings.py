@@ -13,20 +13,11 @@ from typing import Any, Literal
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from core import redisurl
 from core.errors import ConfigError, Problem
-from core.sshkey import SshPublicKey, parse_ssh_public_key
-
-# A rented node's image when neither its section nor the settings name one: Ray's, at the fleet's Ray and
-# Python, with CUDA; its start installs the rest of the node's software (providers.nodesetup).
-DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
-# axolotl jobs: the axolotl release their nodes train with, and its official image (axolotl's own CI tags a
-# release `<version>-py<python>-cu<cuda>-<torch>`); the node's start adds Ray where the image lacks it.
-DEFAULT_AXOLOTL_VERSION = "0.19.0"
-DEFAULT_AXOLOTL_IMAGE = "axolotlai/axolotl:0.19.0-py3.12-cu130-2.12.0"
-DEFAULT_RUNPOD_PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy of a pod's port
+from core.node_settings import NodeSettings
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 
@@ -38,8 +29,9 @@ PROVIDER_API_TIMEOUT_S = 60.0
 UPLOAD_TIMEOUT_S = 900.0
 
 
-class Settings(BaseModel):
-    """Every knob of the fleet. See docs/ARCHITECTURE.md for how they are used."""
+class Settings(NodeSettings):
+    """Every knob of the fleet (the node's own in core.node_settings). See docs/ARCHITECTURE.md for how they
+    are used."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -234,46 +226,6 @@ class Settings(BaseModel):
         "under its own directory; the only ones a Discord attachment may name. Empty: none.",
     )
     worker_concurrency: int = Field(2, ge=1, le=64, description="Processes of a worker started by the CLI.")
-    node_image: str = Field(
-        DEFAULT_NODE_IMAGE,
-        description="The image of a rented node whose section names none: point it at the node image you "
-        "published (`make node-image`); a stock image works too, its start installs what it lacks.",
-    )
-    axolotl_version: str = Field(
-        DEFAULT_AXOLOTL_VERSION,
-        pattern=r"^[0-9][0-9A-Za-z.+-]*$",
-        description="The axolotl release an axolotl job trains with when it names none (`axolotl_version:`).",
-    )
-    axolotl_image: str = Field(
-        DEFAULT_AXOLOTL_IMAGE,
-        description="The image of a rented node for an axolotl job whose section names none.",
-    )
-    axolotl_python: Path | None = Field(
-        None,
-        description="The Python of the local nodes that run axolotl jobs (`make axolotl-env`); unset: "
-        ".venv-axolotl beside the fleet's venv.",
-    )
-    node_python: Path | None = Field(
-        None,
-        description="The Python of the local nodes' own environment (the node's software only, `make "
-        "node-env`); unset: .venv-node beside the fleet's venv if there is one, else the fleet's own Python.",
-    )
-    runpod_proxy_url: str = Field(
-        DEFAULT_RUNPOD_PROXY_URL,
-        pattern=r"^https://",
-        description="Where RunPod's HTTPS proxy publishes a pod's port ({pod_id}, {port}): the only way the "
-        "fleet reaches a pod's Jobs API (a fake's in tests).",
-    )
-    runpod_proxy_ca_file: Path | None = Field(
-        None,
-        description="The certificate authorities trusted for RunPod's proxy; unset: the system's (a fake's "
-        "own in tests).",
-    )
-    ssh_public_key: SshPublicKey | None = Field(
-        None,
-        description="An OpenSSH public key line, or the path of a .pub file: installed on every rented node "
-        "(`fleet ssh RUN`); unset: nodes get no SSH.",
-    )
 
     @field_validator(
         "discord_allowed_users",
@@ -301,14 +253,6 @@ class Settings(BaseModel):
         if not value:
             return None
         redisurl.check(value)
-        return value
-
-    @field_validator("ssh_public_key", mode="before")
-    @classmethod
-    def _ssh_key(cls, value: Any) -> Any:
-        """The key's text or a .pub file's path, checked as an OpenSSH public key line; empty: none."""
-        if isinstance(value, str | Path):
-            return parse_ssh_public_key(value) if str(value).strip() else None
         return value
 
     @field_validator("node_heartbeat_timeout_s")

@@ -22,13 +22,8 @@ from pydantic import BaseModel, SecretStr
 
 from core import envnames
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
-from core.settings import (
-    API_CONNECT_TIMEOUT_S,
-    DEFAULT_AXOLOTL_IMAGE,
-    DEFAULT_NODE_IMAGE,
-    DEFAULT_RUNPOD_PROXY_URL,
-    PROVIDER_API_TIMEOUT_S,
-)
+from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE, DEFAULT_RUNPOD_PROXY_URL
+from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from jobs.sections import ProviderName, SectionBase
 from providers.listing import ListingCache
 from providers.sealed import SecretStore

@@ -1,4 +1,5 @@
 """Fault injection for tests: the FLEET_INJECT environment variable, read once per worker; unset, nothing.
+The fleet sets it for a drill (its setting fault_injection); a job file cannot (core.envnames).
 
 FLEET_INJECT holds comma-separated ``name:value`` items; a value may end in ``@R`` to act on worker rank R
 only (default: every rank).

@@ -16,6 +16,7 @@ from broker import nodelogs
 from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import PAYLOADS, EventType, Payload, RunRetrying
+from core import envnames
 from core.errors import ConfigError, Problem
 from jobs import shipping
 from jobs.redact import redact_job, redact_values
@@ -91,10 +92,13 @@ def known_secrets(ctx: context.Context) -> list[str]:
 
 
 def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
-    """The environment of each of the run's Ray jobs: the TrainJob and where the hub is. No secrets."""
+    """The environment of each of the run's Ray jobs: the TrainJob, where the hub is, and a drill's fault
+    injection. No secrets."""
     env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
     if ctx.settings.hf_hub_disable_xet:
         env["HF_HUB_DISABLE_XET"] = "1"
+    if ctx.settings.fault_injection:  # a drill the fleet's operator asked for (a job file cannot)
+        env[envnames.FAULT_INJECTION] = ctx.settings.fault_injection
     return env
 
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from core import envnames
-from core.settings import DEFAULT_NODE_IMAGE
+from core.node_settings import DEFAULT_NODE_IMAGE
 
 
 class ProviderName(StrEnum):
@@ -55,7 +55,6 @@ _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY")
 # Values that are unmistakably credentials, whatever the variable is called (Hugging Face, RunPod tokens).
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{30,}|rpa_[A-Za-z0-9]{30,})\b")
 RESERVED_ENV_PREFIX = envnames.FLEET_PREFIX  # the node's root, failsafe, token, the fakes' CPU stand-in...
-JOB_SETTABLE = envnames.JOB_SETTABLE  # the trainer's fault injection (trainer.faults), for drills
 SECRETS_ADVICE = "secrets do not belong in the job file; set them in the fleet's secrets/settings"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.settings import DEFAULT_AXOLOTL_IMAGE
+from core.node_settings import DEFAULT_AXOLOTL_IMAGE
 from jobs.sections.base import DEFAULT_IMAGE
 from providers import nodesetup
 from providers.bootstrap import SETUP_ENV, SETUP_LOADER

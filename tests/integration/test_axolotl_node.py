@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import DEFAULT_AXOLOTL_VERSION
+from core.node_settings import DEFAULT_AXOLOTL_VERSION
 from tests.factories import REPO_ROOT, axolotl_config, train_job
 from tests.wandb_log import read_finished_run
 from trainer import faults, progress

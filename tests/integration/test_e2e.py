@@ -240,20 +240,16 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
     home: Path, tmp_path: Path
 ) -> None:
     """Two faults in one run. kill -9 of the trainer on the node after its first checkpoint: the train stage
-    runs it again, and it goes on from that checkpoint's step, not from step 0. A NaN loss at step 30
-    (FLEET_INJECT in the node's env): the watchdog rolls back to the last checkpoint with half the learning
-    rate and goes on. The run ends SUCCEEDED, and its events say all of it."""
+    runs it again, and it goes on from that checkpoint's step, not from step 0. A NaN loss at step 30 (the
+    fleet's drill setting fault_injection; a job file cannot set FLEET_INJECT): the watchdog rolls back to
+    the last checkpoint with half the learning rate and goes on. The run ends SUCCEEDED, and its events say
+    all of it."""
     job = tmp_path / "job" / "tiny.yml"
     job.parent.mkdir()
     text = EXAMPLE_YAML.read_text().replace("save_steps: 40", "save_steps: 10")
-    job.write_text(
-        text.replace(
-            "local:\n  one_shot: true\n",
-            "local:\n  one_shot: true\n  env:\n    FLEET_INJECT: nan_at_step:30\n",
-        )
-    )
+    job.write_text(text)
     copy_example_data(job.parent)
-    env = fleet_env(home)
+    env = {**fleet_env(home), "FLEET_FAULT_INJECTION": "nan_at_step:30"}
     worker = Worker(env, home / "worker.log")
     try:
         (queued,) = fleet_json(env, "enqueue", str(job))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import DEFAULT_AXOLOTL_VERSION
+from core.node_settings import DEFAULT_AXOLOTL_VERSION
 from providers.local.client import AXOLOTL_VENV
 from tests.factories import REPO_ROOT, copy_example_data
 from tests.integration.fleetproc import events_of, fleet, fleet_env, fleet_json, live_heads

@@ -108,10 +108,19 @@ def test_a_job_env_may_not_set_what_the_fleet_ray_or_the_failsafe_reads(name: st
     assert message.startswith(f"{name}: ") and "a job cannot set" in message
 
 
-def test_ordinary_names_and_the_fault_drill_stay_settable() -> None:
-    text = HEAD + "vastai:\n  env:\n    NCCL_DEBUG: INFO\n    FLEET_INJECT: x\n    HF_HUB_OFFLINE: 1\n"
+def test_ordinary_names_stay_settable() -> None:
+    text = HEAD + "vastai:\n  env:\n    NCCL_DEBUG: INFO\n    HF_HUB_OFFLINE: 1\n"
     env = parse_job(text.encode(), source="job.yml", base_dir=REPO).spec.section.env
-    assert env == {"NCCL_DEBUG": "INFO", "FLEET_INJECT": "x", "HF_HUB_OFFLINE": "1"}
+    assert env == {"NCCL_DEBUG": "INFO", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.parametrize("section", ["local", "runpod", "vastai", "cloud"])
+def test_a_job_cannot_inject_faults_into_its_trainer(section: str) -> None:
+    # A job that crashed or NaN'd its own trainer at will could also starve its rollbacks or stall a
+    # node the fleet pays for: fault injection is the operator's drill (settings.fault_injection).
+    key, line, message = problem_for(section, "FLEET_INJECT", "crash_after_step:1")
+    assert (key, line) == (f"{section}.env.FLEET_INJECT", 6)
+    assert "fault injection" in message and "fault_injection" in message
 
 
 ENV_GETTERS = {"env", "environ"}

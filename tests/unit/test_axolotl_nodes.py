@@ -7,7 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from core.settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE, Settings
+from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
+from core.settings import Settings
 from providers import nodesetup
 from providers.base import NodeSoftware, ProviderContext
 from providers.bootstrap import axolotl_pins, node_pins, node_setup_env
