@@ -22,23 +22,8 @@ import time
 from typing import Any
 
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Handler, Instance, Request, Response
+from tests.fakes.vastai_search import OFFER_KEYS, OFFER_ROWS, BadFilter, check_filters, matches, sort_key
 
-_OFFER_KEYS = (
-    "id", "gpu_name", "num_gpus", "dph_total", "min_bid", "gpu_ram", "cpu_cores_effective", "cpu_ram",
-    "inet_down", "inet_up", "disk_space", "reliability2", "verified", "hosting_type", "cuda_max_good",
-    "score", "geolocation",
-)  # fmt: skip
-_OFFER_ROWS = [
-    (1001, "RTX A5000", 1, 0.18, 0.09, 24564, 8.0, 32000, 900, 400, 120, 0.991, True, 0, 12.4, 86, "CZ"),
-    (1002, "RTX A6000", 1, 0.42, 0.21, 49140, 12.0, 64000, 2500, 900, 250, 0.995, True, 1, 12.4, 91, "US"),
-    (1003, "RTX A6000", 2, 0.80, 0.40, 49140, 24.0, 128000, 3000, 1200, 500, 0.989, True, 1, 12.2, 88, "DE"),
-    (1004, "RTX 4090", 1, 0.35, 0.17, 24564, 16.0, 64000, 1800, 700, 200, 0.978, True, 0, 12.4, 93, "SE"),
-    (1005, "RTX 4090", 1, 0.29, 0.14, 24564, 8.0, 32000, 600, 300, 100, 0.952, False, 0, 12.2, 70, "BR"),
-    (1006, "A100 PCIE", 1, 1.10, 0.55, 81920, 32.0, 256000, 5000, 5000, 1000, 0.998, True, 1, 12.4, 97, "US"),
-    (1007, "RTX 3090", 1, 0.16, 0.08, 24576, 6.0, 32000, 500, 200, 80, 0.970, True, 0, 12.0, 80, "PL"),
-    (1008, "RTX 4090", 4, 1.30, 0.64, 24564, 64.0, 256000, 4000, 2000, 800, 0.993, True, 1, 12.4, 95, "US"),
-]
-_SEARCH_META = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
 _ROUTES: list[tuple[str, str, str]] = [
     ("POST", r"/api/v0/bundles/?", "search"),
     ("PUT", r"/api/v0/asks/(?P<id>\d+)/?", "create"),
@@ -52,47 +37,6 @@ _ROUTES: list[tuple[str, str, str]] = [
 ]
 RUNTYPES = frozenset({"ssh", "ssh_proxy", "ssh_direc", "jupyter", "jupyter_proxy", "jupyter_direc", "args"})
 SSH_KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
-
-
-def _coerce(want: Any, have: Any) -> Any:
-    """The filter value in the type of the offer's field (the library sends numbers as strings)."""
-    if isinstance(have, bool):
-        return want if isinstance(want, bool) else str(want).lower() in ("true", "1")
-    if isinstance(have, int | float):
-        return float(want)
-    return str(want)
-
-
-def matches(row: dict[str, Any], filters: dict[str, Any]) -> bool:
-    """Whether a row passes every `{field: {op: value}}` filter; fields the row lacks are ignored."""
-    for key, conds in filters.items():
-        if key in _SEARCH_META or key not in row or not isinstance(conds, dict):
-            continue
-        have = row[key]
-        for op, want in conds.items():
-            if op in ("in", "notin"):
-                found = have in [_coerce(w, have) for w in want]
-                ok = found if op == "in" else not found
-            elif have is None:
-                ok = op == "eq" and want is None
-            else:
-                value = _coerce(want, have)
-                ok = {
-                    "eq": have == value,
-                    "neq": have != value,
-                    "lt": have < value,
-                    "lte": have <= value,
-                    "gt": have > value,
-                    "gte": have >= value,
-                }.get(op, True)
-            if not ok:
-                return False
-    return True
-
-
-def _sort_key(row: dict[str, Any], key: str) -> float:
-    value = row.get(key)
-    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def _host_ports(published: list[str], runtype: str) -> dict[int, int]:
@@ -126,8 +70,8 @@ class FakeVastAI(FakeCloud):
         super().__init__(api_key, **kwargs)
         self.page_size = page_size
         self.offers: dict[int, dict[str, Any]] = {}
-        for row in _OFFER_ROWS:
-            offer: dict[str, Any] = dict(zip(_OFFER_KEYS, row, strict=True))
+        for row in OFFER_ROWS:
+            offer: dict[str, Any] = dict(zip(OFFER_KEYS, row, strict=True))
             offer.update(rentable=True, rented=False, external=False, machine_id=int(row[0]) + 5000)
             self.offers[int(row[0])] = offer
         self._ids = itertools.count(24_000_001)
@@ -244,12 +188,16 @@ class FakeVastAI(FakeCloud):
     def _search(self, query: dict[str, Any]) -> Response:
         bid = query.get("type") == "bid"
         rows = []
-        for offer in self.offers.values():
-            row = dict(offer, dph_total=offer["min_bid"] if bid else offer["dph_total"], is_bid=bid)
-            if matches(row, query):
-                rows.append(row)
+        try:
+            check_filters(query)
+            for offer in self.offers.values():
+                row = dict(offer, dph_total=offer["min_bid"] if bid else offer["dph_total"], is_bid=bid)
+                if matches(row, query):
+                    rows.append(row)
+        except BadFilter as exc:
+            return Response(400, {"success": False, "error": "invalid_args", "msg": str(exc)})
         for key, direction in reversed(query.get("order") or []):
-            rows.sort(key=lambda r: _sort_key(r, str(key)), reverse=direction == "desc")
+            rows.sort(key=lambda r: sort_key(r, str(key)), reverse=direction == "desc")
         limit = int(query.get("limit") or 64)
         return Response(200, {"offers": rows[:limit]})
 

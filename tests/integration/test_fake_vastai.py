@@ -49,7 +49,7 @@ def test_search_filters_and_order(vast: VastAI, fake: FakeVastAI) -> None:
     prices = [o["dph_total"] for o in offers]
     assert prices == sorted(prices) and {o["gpu_name"] for o in offers} == {"RTX 4090", "RTX A6000"}
     assert len(offers) == 5
-    bids = vast.search_offers("num_gpus=1 reliability2>0.99", type="bid", order="dph_total-", limit=2)
+    bids = vast.search_offers("num_gpus=1 reliability>0.99", type="bid", order="dph_total-", limit=2)
     assert [o["dph_total"] for o in bids] == [0.55, 0.21]  # min_bid, most expensive first
     assert vast.search_offers("gpu_name notin [RTX_4090,RTX_A6000,RTX_A5000,A100_PCIE]")[0]["id"] == 1007
     assert fake.state()["requests"]["search"] == 4

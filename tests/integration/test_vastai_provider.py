@@ -20,6 +20,7 @@ from core.errors import AuthFailed, NoCapacity, ProviderUnavailable
 from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.listing import ListingCache, RedisListings
+from providers.vastai.client import VastAIClient, offer_query
 from providers.vastai.provider import VastAIProvider
 from tests.fakes.base import Instance
 from tests.fakes.vastai import FakeVastAI
@@ -56,10 +57,31 @@ def test_offers_fit_the_section_cheapest_first_and_say_why_not(fake: FakeVastAI,
 
     strict = provider.choose(loose.model_copy(update={"min_reliability": 0.96}))
     assert [p.candidate.offer_id for p in strict.fits] == ["1004"]
-    assert [r.reasons for r in strict.rejected] == [("reliability 0.952 < 0.96",)]
+    assert not strict.rejected  # the search itself left 1005 (0.952) out: vast.ai filters on reliability
 
     on_demand = provider.list_offers(loose.model_copy(update={"pod_type": "ON_DEMAND"}))
     assert [(o.offer_id, o.price_per_hour) for o in on_demand] == [("1005", 0.29), ("1004", 0.35)]
+
+
+def test_the_reliability_and_datacenter_filters_filter_and_a_misspelled_one_fails(fake: FakeVastAI) -> None:
+    client = VastAIClient(SecretStr(KEY), fake.url)
+
+    def ids(**asks: Any) -> list[int]:
+        return [int(o.id or 0) for o in client.search_offers(offer_query("RTX_4090", 1, **asks), bid=False)]
+
+    assert ids(verified_only=False) == [1005, 1004]  # reliability 0.952 and 0.978, both community hosts
+    assert ids(verified_only=False, min_reliability=0.96) == [1004]
+    assert ids(verified_only=False, min_reliability=0.99) == []
+    assert ids(verified_only=False, datacenter=True) == []  # the only datacenter 4090 is a 4-GPU machine
+    assert ids(verified_only=False, datacenter=False) == [1005, 1004]
+    a6000 = client.search_offers(offer_query("RTX_A6000", 1, datacenter=True), bid=False)
+    assert [o.id for o in a6000] == [1002]
+    # A typo is an error, never a filter that filters nothing.
+    with pytest.raises(requests.HTTPError) as caught:
+        client.search_offers({**offer_query("RTX_4090", 1), "reliabilty": {"gte": 0.9}}, bid=False)
+    assert caught.value.response.status_code == 400 and "'reliabilty'" in caught.value.response.text
+    with pytest.raises(requests.HTTPError, match="400"):
+        client.search_offers({**offer_query("RTX_4090", 1), "num_gpus": {"atleast": 1}}, bid=False)
 
 
 def test_a_bid_is_per_gpu_in_the_fleet_and_per_machine_at_vastai(fake: FakeVastAI, tmp_path: Path) -> None:
