@@ -60,10 +60,11 @@ class Field:
 
 @dataclass
 class Operation:
-    """A parsed `query` or `mutation`."""
+    """A parsed `query` or `mutation`, with its declared variables' types as written (`PodFilter!`)."""
 
     kind: str
     fields: list[Field]
+    variables: dict[str, str] = field(default_factory=dict)
 
 
 def _unescape(raw: str) -> str:
@@ -116,24 +117,46 @@ class _Parser:
         return self.peek()[1] == value and self.peek()[0] == "punct"
 
     def operation(self) -> Operation:
-        kind = "query"
+        kind, declared = "query", dict[str, str]()
         if self.peek()[0] == "name":
             kind = self.take("name")
             if kind not in ("query", "mutation"):
                 raise GraphQLError(f'Syntax Error: Unexpected Name "{kind}".')
             if self.peek()[0] == "name":
                 self.take("name")
-            if self.at("("):  # variable definitions: types do not matter here
-                depth = 0
-                while True:
-                    value = self.take(self.peek()[0])
-                    depth += {"(": 1, ")": -1}.get(value, 0)
-                    if depth == 0:
-                        break
+            if self.at("("):
+                declared = self.variable_definitions()
         fields = self.selection_set()
         if self.peek()[0] != "eof":
             raise GraphQLError("Syntax Error: only one operation per request is supported.")
-        return Operation(kind, fields)
+        return Operation(kind, fields, declared)
+
+    def variable_definitions(self) -> dict[str, str]:
+        """`($a: Type!, $b: [Type] = default)`: each variable's type as text (defaults are read, unused)."""
+        declared: dict[str, str] = {}
+        self.take("punct", "(")
+        while not self.at(")"):
+            self.take("punct", "$")
+            name = self.take("name")
+            self.take("punct", ":")
+            declared[name] = self.type_ref()
+            if self.at("="):
+                self.take("punct", "=")
+                self.value()
+        self.take("punct", ")")
+        return declared
+
+    def type_ref(self) -> str:
+        if self.at("["):
+            self.take("punct", "[")
+            text = f"[{self.type_ref()}]"
+            self.take("punct", "]")
+        else:
+            text = self.take("name")
+        if self.at("!"):
+            self.take("punct", "!")
+            text += "!"
+        return text
 
     def selection_set(self) -> list[Field]:
         self.take("punct", "{")

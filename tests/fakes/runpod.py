@@ -20,6 +20,7 @@ network volumes (`add_network_volume`) are one directory each: every pod created
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import secrets
@@ -36,6 +37,7 @@ from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Respo
 from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
 from tests.fakes.nodes import Join
 from tests.fakes.runpod_proxy import RunPodProxy
+from tests.fakes.runpod_schema import ARGUMENTS, LOWEST_PRICE_ARGUMENTS, check_arguments, check_value
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,13 @@ def parse_ports(spec: object) -> list[tuple[int, str]]:
     return found
 
 
+def _past(when: object, now: float) -> bool:
+    """Whether a DateTime input (checked at create: tests.fakes.runpod_schema) is at or before `now`."""
+    if not isinstance(when, str):
+        return False
+    return dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp() <= now
+
+
 def _pod_id() -> str:
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(14))
@@ -139,6 +148,17 @@ class FakeRunPod(FakeCloud):
             if inst.state != "running":
                 return None
             return inst.public_port
+
+    def refresh(self, inst: Instance) -> None:
+        """RunPod's own deadlines before the usual start: a pod past its `terminateAfter` is terminated
+        (its node stopped, whoever is looking), one past its `stopAfter` stopped, as RunPod does."""
+        now = time.time()
+        if inst.state != "terminated" and _past(inst.extra.get("terminateAfter"), now):
+            self.terminate(inst)
+        elif inst.state in ("starting", "running") and _past(inst.extra.get("stopAfter"), now):
+            self.set_stopped(inst)
+        else:
+            super().refresh(inst)
 
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
@@ -288,9 +308,11 @@ class FakeRunPod(FakeCloud):
         try:
             for sel in operation.fields:
                 resolver = roots.get(sel.name)
+                kind = "Mutation" if operation.kind == "mutation" else "Query"
                 if resolver is None:
-                    kind = "Mutation" if operation.kind == "mutation" else "Query"
                     raise GraphQLError(f'Cannot query field "{sel.name}" on type "{kind}".')
+                wanted = ARGUMENTS[kind][sel.name]  # nothing is done for a request RunPod would refuse
+                check_arguments(kind, sel.name, wanted, sel.args, operation.variables, variables)
                 with self.lock:
                     value = resolver(substitute(sel.args, variables))
                 data[sel.key] = project(value, sel.selections, variables, sel.name)
@@ -339,8 +361,16 @@ class FakeRunPod(FakeCloud):
             "oneMonthPrice": None,
             "threeMonthPrice": None,
             "oneWeekPrice": None,
-            "lowestPrice": lambda _args: lowest,
+            "lowestPrice": lambda args: self._lowest(args, lowest),
         }
+
+    @staticmethod
+    def _lowest(args: dict[str, Any], lowest: dict[str, Any]) -> dict[str, Any]:
+        for name, value in args.items():  # already substituted: variables were checked as declared
+            if name not in LOWEST_PRICE_ARGUMENTS:
+                raise GraphQLError(f'Unknown argument "{name}" on field "GpuType.lowestPrice".')
+            check_value(value, LOWEST_PRICE_ARGUMENTS[name], literal=False)
+        return lowest
 
     def _create(self, args: dict[str, Any], spot: bool) -> dict[str, Any]:
         spec = dict(args.get("input") or {})

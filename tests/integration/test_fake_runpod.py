@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -16,8 +17,11 @@ import pytest
 import requests
 import runpod
 import runpod.error
+from pydantic import SecretStr
 
 from providers.local.client import LocalHeads
+from providers.runpod.client import RunPodAPIError, RunPodClient
+from providers.runpod.models import PodSpec
 from tests.fakes import FakeRunPod
 from trainer.progress import NODE_ROOT_ENV
 
@@ -395,3 +399,64 @@ def test_pods_on_the_global_network_make_one_ray_cluster_on_a_shared_volume(
             runpod.terminate_pod(pod_id)
         left = [proc.pid for meta in metas for proc in heads.processes(meta)]  # before the fake's cleanup
     assert left == [], f"Ray processes outlived their pods: {left}"
+
+
+def test_an_input_runpod_would_refuse_is_an_error_and_creates_nothing(fake: FakeRunPod) -> None:
+    """RunPod's GraphQL server checks every argument against its input types before doing anything: the
+    fake does too (tests.fakes.runpod_schema), so a misspelled or mistyped create field fails here as there,
+    instead of being copied into a pod."""
+    client = RunPodClient(SecretStr(KEY), fake.url)
+    spec: PodSpec = {
+        "name": "tf-s-1",
+        "imageName": "img",
+        "gpuTypeId": GPU,
+        "gpuCount": 1,
+        "cloudType": "ALL",
+    }
+    misspelled = {**spec, "terminateAfer": "2030-01-01T00:00:00+00:00"}
+    with pytest.raises(RunPodAPIError, match='Field "terminateAfer" is not defined by type'):
+        client.deploy_on_demand(misspelled)  # type: ignore[arg-type]
+    with pytest.raises(RunPodAPIError, match="Int cannot represent non-integer value"):
+        client.deploy_on_demand({**spec, "gpuCount": "1"})  # type: ignore[typeddict-item]
+    with pytest.raises(RunPodAPIError, match="DateTime cannot represent"):
+        client.deploy_on_demand({**spec, "terminateAfter": "in an hour"})
+    with pytest.raises(RunPodAPIError, match=r'"PodRentInterruptableInput\.bidPerGpu" of required type'):
+        client.rent_interruptable(spec)
+    wrong_type = (
+        "mutation D($input: PodRentInterruptableInput!) { podFindAndDeployOnDemand(input: $input) { id } }"
+    )
+    assert (
+        "used in position expecting" in gql(fake, wrong_type, {"input": spec}).json()["errors"][0]["message"]
+    )
+    quoted_enum = (
+        'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "' + GPU + '", cloudType: "ALL"}) { id } }'
+    )
+    assert "cannot represent non-enum value" in gql(fake, quoted_enum).json()["errors"][0]["message"]
+    assert fake.state()["instances"] == []
+    made = client.deploy_on_demand(
+        {**spec, "terminateAfter": "2030-01-01T00:00:00+00:00", "globalNetwork": True}
+    )
+    assert made.id and len(fake.state()["instances"]) == 1  # the fleet's own fields pass
+
+
+def test_runpod_ends_a_pod_at_its_terminate_after(fake: FakeRunPod) -> None:
+    """The fleet sets RunPod's `terminateAfter` on every pod (its failsafe of last resort): RunPod ends the
+    pod then, whatever the fleet does, and so does the fake, which only stored the field before."""
+    client = RunPodClient(SecretStr(KEY), fake.url)
+    spec: PodSpec = {
+        "name": "tf-t-1",
+        "imageName": "img",
+        "gpuTypeId": GPU,
+        "gpuCount": 1,
+        "cloudType": "ALL",
+    }
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    ends = client.deploy_on_demand({**spec, "terminateAfter": soon.isoformat()})
+    stays = client.deploy_on_demand({**spec, "name": "tf-t-2", "terminateAfter": "2030-01-01T00:00:00Z"})
+    assert {p.id for p in client.pods()} == {ends.id, stays.id}
+    deadline = time.monotonic() + 10
+    while ends.id in {p.id for p in client.pods()} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert dt.datetime.now(dt.UTC) >= soon  # not before its time
+    assert [p.id for p in client.pods()] == [stays.id]
+    assert [i["name"] for i in fake.state()["instances"]] == ["tf-t-2"]
