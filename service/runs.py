@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from pydantic import JsonValue
+from pydantic import JsonValue, SecretStr
 
 from broker import app as broker_app
 from broker.constants import Stage
@@ -28,6 +28,7 @@ from jobs.spec import LoadedJob
 from providers.base import ProviderContext
 from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context, shared_context
 from service.embedded import ensure_redis
+from service.hubtoken import push_refusal
 from trainer.config import AxolotlConfig
 from workers.process import served_queues
 
@@ -113,12 +114,8 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
             get_provider(provider, provider_context(settings, secrets))
         except CredentialsMissing as exc:
             raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
-    if job.spec.train.hub_model_id and secrets.get("HF_TOKEN") is None:
-        message = (
-            "cannot submit: pushing to the hub needs HF_TOKEN (a write token) in the environment or in the "
-            "fleet's secrets file (mode 600), never in a job file"
-        )
-        raise ConfigError(job.source, [Problem("hub_model_id", message)])
+    if hub_model_id := job.spec.train.hub_model_id:
+        _check_push(settings, job, hub_model_id, secrets.get("HF_TOKEN"))
     train = job.spec.train
     online = (train.wandb_mode or settings.wandb_mode) == "online"
     if train.wandb_project and online and secrets.get("WANDB_API_KEY") is None:
@@ -127,6 +124,20 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
             "(or set wandb_mode: offline / disabled)"
         )
         raise ConfigError(job.source, [Problem("wandb_project", message)])
+
+
+def _check_push(settings: Settings, job: LoadedJob, repo_id: str, token: SecretStr | None) -> None:
+    """A job that pushes needs HF_TOKEN, and one the Hub says may write there (service.hubtoken)."""
+    line = job.lines.get("hub_model_id")
+    if token is None:
+        message = (
+            "cannot submit: pushing to the hub needs HF_TOKEN (a write token) in the environment or in the "
+            "fleet's secrets file (mode 600), never in a job file"
+        )
+        raise ConfigError(job.source, [Problem("hub_model_id", message, line)])
+    why = push_refusal(settings.hf_endpoint, token, repo_id)
+    if why is not None:
+        raise ConfigError(job.source, [Problem("hub_model_id", f"cannot submit: {why}", line)])
 
 
 def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, secrets: Secrets) -> None:

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from tests.fakes.faults import FaultRule
 from tests.fakes.hub_routes import HubRoutes, Refused, Target
 from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
+from tests.fakes.hub_tokens import Role, TokenScope
 from tests.fakes.hub_wire import HubRequest, HubServer, Reply
 from tests.fakes.serving import Served
 
@@ -79,7 +80,7 @@ class FakeHub(Served, HubRoutes):
         token: str = DEFAULT_TOKEN,
         throttle_bps: float | None = None,
         port: int = 0,
-        user: str = "fake-user",
+        user: str = "tester",
     ) -> None:
         self._own_home = home is None
         self.home = Path(tempfile.mkdtemp(prefix="fake-hub-")) if home is None else home
@@ -102,6 +103,16 @@ class FakeHub(Served, HubRoutes):
             shutil.rmtree(self.home, ignore_errors=True)
 
     # -- knobs for in-process tests (also behind /_fake/...) ---------------------------------------
+    def add_token(self, token: str, role: Role = "write", namespaces: Iterable[str] | None = None) -> None:
+        """Another valid token: a read token, a write token for the user's and its orgs' namespaces, or,
+        with `namespaces`, a fine-grained one that may write there only."""
+        if namespaces is None:
+            self.tokens[token] = TokenScope(
+                role, frozenset({self.user, *self.orgs}) if role == "write" else frozenset()
+            )
+        else:
+            self.tokens[token] = TokenScope(role, frozenset(namespaces), fine_grained=True)
+
     def put_files(
         self,
         repo_id: str,
@@ -167,7 +178,7 @@ class FakeHub(Served, HubRoutes):
         op, handler, target = self.route(request)
         with self.lock:
             self.requests[op] = self.requests.get(op, 0) + 1
-        if op != "lfs_upload" and self.bearer(request) not in ("", self.token):
+        if op != "lfs_upload" and self.bearer(request) not in ("", *self.tokens):
             message = "Invalid credentials in Authorization header"
             return Reply(401, {"error": message}, {"X-Error-Message": message})
         fault = self.take_fault(op)

@@ -31,6 +31,7 @@ from tests.fakes.hub_store import (
     lfs_pointer,
     wants_lfs,
 )
+from tests.fakes.hub_tokens import TokenScope
 from tests.fakes.hub_wire import FileBody, HubRequest, Reply
 
 REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -137,8 +138,10 @@ class HubRoutes:
 
     def __init__(self, store: RepoStore, token: str, user: str) -> None:
         self.store = store
-        self.token = token
+        self.token = token  # the user's write token
         self.user = user
+        self.orgs: list[str] = []
+        self.tokens: dict[str, TokenScope] = {token: TokenScope("write", frozenset({user}))}
         self._tickets: dict[str, tuple[str, int]] = {}  # LFS upload URL ticket -> (sha256, size)
         self._tickets_lock = threading.Lock()
 
@@ -153,8 +156,8 @@ class HubRoutes:
         return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
 
     def authorized(self, request: HubRequest) -> bool:
-        """Whether the request carries the valid token."""
-        return self.bearer(request) == self.token
+        """Whether the request carries a valid token."""
+        return self.bearer(request) in self.tokens
 
     def require_token(self, request: HubRequest) -> None:
         """Refuse a request without the token (a wrong one was refused before routing)."""
@@ -173,8 +176,15 @@ class HubRoutes:
     def writable(self, request: HubRequest, target: Target) -> Repo:
         """The target repo, if this request may write to it."""
         repo = self.readable(request, target)
-        self.require_token(request)
+        self.require_write(request, repo.repo_id.split("/")[0], f"write to {repo.repo_id}")
         return repo
+
+    def require_write(self, request: HubRequest, namespace: str, what: str) -> None:
+        """Refuse (403, the Hub's reason) a request whose token may not write in `namespace`."""
+        self.require_token(request)
+        why = self.tokens[self.bearer(request)].refusal(namespace, what)
+        if why is not None:
+            raise Refused(Reply(403, {"error": why}, {"X-Error-Message": why}))
 
     def commit_at(self, repo: Repo, revision: str) -> Commit:
         """The commit a revision names, or RevisionNotFound."""
@@ -187,9 +197,10 @@ class HubRoutes:
     def whoami(self, request: HubRequest, target: Target) -> Reply:
         """GET /api/whoami-v2."""
         self.require_token(request)
-        auth = {"type": "access_token", "accessToken": {"displayName": "fake-hub", "role": "write"}}
+        auth = self.tokens[self.bearer(request)].whoami_auth("fake-hub")
         user = {"type": "user", "id": "fake0001", "name": self.user, "fullname": "Fake Hub User"}
-        return Reply(200, {**user, "isPro": False, "orgs": [], "auth": auth})
+        orgs = [{"type": "org", "name": org, "roleInOrg": "write"} for org in self.orgs]
+        return Reply(200, {**user, "isPro": False, "orgs": orgs, "auth": auth})
 
     def validate_yaml(self, request: HubRequest, target: Target) -> Reply:
         """POST /api/validate-yaml (upload_folder sends a README.md's metadata here first): 400 with the
@@ -212,6 +223,7 @@ class HubRoutes:
         body = request.json() or {}
         name, namespace = str(body.get("name", "")), str(body.get("organization") or self.user)
         repo_type = str(body.get("type") or "model")
+        self.require_write(request, namespace, f"create a {repo_type}")
         if repo_type not in REPO_TYPES or not REPO_NAME.fullmatch(name) or not REPO_NAME.fullmatch(namespace):
             return Reply(400, {"error": f"Invalid repo name or type: {namespace}/{name} ({repo_type})"})
         private = body.get("visibility", "private" if body.get("private") else "public") == "private"
@@ -223,9 +235,9 @@ class HubRoutes:
 
     def delete_repo(self, request: HubRequest, target: Target) -> Reply:
         """DELETE /api/repos/delete."""
-        self.require_token(request)
         body = request.json() or {}
         repo_id = f"{body.get('organization') or self.user}/{body.get('name')}"
+        self.require_write(request, repo_id.split("/")[0], f"delete {repo_id}")
         if not self.store.delete(str(body.get("type") or "model"), repo_id):
             raise hub_error(404, "RepoNotFound", "Repository not found")
         return Reply(200, {})

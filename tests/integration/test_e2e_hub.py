@@ -97,3 +97,26 @@ def test_a_hub_job_without_a_token_is_refused_at_submit(home: Path, hub: FakeHub
     assert done.returncode != 0
     assert "hub_model_id" in done.stderr and "HF_TOKEN" in done.stderr
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # nothing was enqueued
+
+
+READ_TOKEN = "hf_readonlycanary0123456789abcdefghij"
+
+
+@pytest.mark.parametrize(
+    ("token", "repo_id", "said"),
+    [
+        (READ_TOKEN, "tester/refused", "HF_TOKEN is a read token"),  # the Hub's user is `tester`
+        (TOKEN, "someone/refused", "under the namespace someone"),  # a write token, another's namespace
+    ],
+)
+def test_a_push_the_token_cannot_make_is_refused_at_submit(
+    home: Path, hub: FakeHub, tmp_path: Path, token: str, repo_id: str, said: str
+) -> None:
+    """The push comes after the GPU hours: a token the Hub says cannot write there is refused at once."""
+    hub.add_token(READ_TOKEN, role="read")
+    env = fleet_env(home, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=token)
+    done = fleet(env, "enqueue", str(hub_job(tmp_path, repo_id)), timeout=120)
+    assert done.returncode != 0
+    assert "hub_model_id" in done.stderr and said in done.stderr, done.stderr
+    assert token not in done.stderr + done.stdout  # named, never shown
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # nothing was enqueued

@@ -35,7 +35,7 @@ def no_xet(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[FakeHub]:
-    with FakeHub(home=tmp_path / "hub", token=TOKEN) as server:
+    with FakeHub(home=tmp_path / "hub", token=TOKEN, user="me") as server:
         yield server
 
 
@@ -148,7 +148,7 @@ def test_private_repo_is_not_found_without_token(hub: FakeHub, api: HfApi, tmp_p
     assert not isinstance(bad_token.value, RepositoryNotFoundError)
     with pytest.raises(HfHubHTTPError):
         anonymous.create_repo("me/other")
-    assert api.whoami()["name"] == "fake-user"
+    assert api.whoami()["name"] == "me"
 
     assert files_under(download(hub, "me/secret", tmp_path / "ok"))["config.json"] == b"{}"
 
@@ -228,7 +228,7 @@ def test_command_line_serves_the_hf_cli(tmp_path: Path) -> None:
         url = proc.stdout.readline().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
         whoami = requests.get(f"{url}/api/whoami-v2", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
-        assert whoami.json()["name"] == "fake-user"
+        assert whoami.json()["name"] == "tester"
 
         src = tmp_path / "src"
         src.mkdir()
@@ -243,12 +243,43 @@ def test_command_line_serves_the_hf_cli(tmp_path: Path) -> None:
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         }
         hf = str(Path(sys.executable).parent / "hf")
-        subprocess.run([hf, "upload", "me/cli", str(src), ".", "--private"], env=env, check=True, timeout=60)
+        upload = [hf, "upload", "tester/cli", str(src), ".", "--private"]  # the served fake's user
+        subprocess.run(upload, env=env, check=True, timeout=60)
         out = tmp_path / "out"
-        subprocess.run([hf, "download", "me/cli", "--local-dir", str(out)], env=env, check=True, timeout=60)
+        download_cmd = [hf, "download", "tester/cli", "--local-dir", str(out)]
+        subprocess.run(download_cmd, env=env, check=True, timeout=60)
         assert (out / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert "stopped" in err
+
+
+def test_a_token_writes_only_where_the_hub_lets_it(hub: FakeHub, api: HfApi, tmp_path: Path) -> None:
+    """Read tokens read; a write token writes to its user's namespace and orgs'; a fine-grained one to the
+    namespaces it names. Anything else is 403 with the Hub's reason, which huggingface_hub shows."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    api.create_repo("me/mine", exist_ok=True)
+    hub.put_files("someone/theirs", {"a.txt": b"a"})
+    hub.add_token("hf-read", role="read")
+    hub.add_token("hf-scoped", namespaces=["team"])
+    reader, scoped = HfApi(endpoint=hub.url, token="hf-read"), HfApi(endpoint=hub.url, token="hf-scoped")
+
+    assert reader.model_info("me/mine").id == "me/mine"  # reading is what a read token is for
+    with pytest.raises(HfHubHTTPError, match="read token") as read_only:
+        reader.upload_folder(repo_id="me/mine", folder_path=src)
+    assert read_only.value.response.status_code == 403
+    with pytest.raises(HfHubHTTPError, match='under the namespace "someone"') as foreign:
+        api.upload_folder(repo_id="someone/theirs", folder_path=src)
+    assert foreign.value.response.status_code == 403
+    with pytest.raises(HfHubHTTPError, match='create a model under the namespace "someone"'):
+        api.create_repo("someone/new")
+    with pytest.raises(HfHubHTTPError, match='under the namespace "me"'):
+        scoped.create_repo("me/other")
+    assert scoped.create_repo("team/shared").repo_id == "team/shared"
+    assert reader.whoami()["auth"]["accessToken"]["role"] == "read"
+    assert scoped.whoami()["auth"]["accessToken"]["role"] == "fineGrained"
+    assert [r["id"] for r in hub.state()["repos"]] == ["me/mine", "someone/theirs", "team/shared"]

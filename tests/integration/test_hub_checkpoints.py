@@ -21,7 +21,7 @@ def test_a_new_node_resumes_from_the_checkpoint_on_the_hub(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # the fake speaks plain HTTP and LFS
-    with FakeHub(home=tmp_path / "hub", token=TOKEN) as hub:
+    with FakeHub(home=tmp_path / "hub", token=TOKEN, user="me") as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         config = train_config(
