@@ -363,11 +363,16 @@ def _unfinished(ctx: context.Context, run: Run, report: Report) -> None:
     # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
     if ctx.dispatcher.send(stage, run.run_id, after=None):
         report.kicked.append(run.run_id)
-        ctx.ledger.update_run(run.run_id, _kicked_event(stage, bound))
+        ctx.ledger.update_run(run.run_id, kick_record(stage, bound))
 
 
-def _kicked_event(stage: Stage, bound: int) -> Callable[[Run], list[Draft]]:
+def kick_record(stage: Stage, bound: int) -> Callable[[Run], list[Draft]]:
+    """The kick's record, written after the task is sent: the task may have ended the run (a cancel asked
+    for) or moved it on by then, and a run's last event must not be a kick after its end."""
+
     def kicked(run: Run) -> list[Draft]:
+        if run.state.stage is not stage:
+            return []
         run.kicks += 1
         return [RunKicked(stage=stage, kick=run.kicks, stalled_after=bound)]
 

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from broker.constants import Stage, tick_key
+from broker.events import read_run
 from broker.models import Instance, InstanceState, Run, RunState
 from core.settings import Settings
 from jobs.sections.local import LocalSection
@@ -20,7 +21,7 @@ from providers.base import LaunchRequest, NodeState
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
-from workers.reap import reap_once
+from workers.reap import kick_record, reap_once
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +88,20 @@ def test_reaper_restarts_a_run_whose_chain_died(ctx: context.Context) -> None:
     assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its stage's task was sent again
     assert ctx.dispatcher.owner("stuck") is not None
     assert reap_once(ctx).kicked == []  # type: ignore[union-attr] # only once while that task owns it
+
+
+def test_a_kick_is_not_recorded_on_a_run_its_task_already_ended(ctx: context.Context) -> None:
+    # The reaper sends the task, then records the kick; under load the task can end the run in between (a
+    # cancel asked for): the run's last event must stay its end (a CI run once saw run.kicked after it).
+    ctx.ledger.create_run(make_run("ended", RunState.CANCELLED), [])
+    ctx.ledger.create_run(make_run("stuck", RunState.PREPARING), [])
+    for run_id in ("ended", "stuck"):
+        ctx.ledger.update_run(run_id, kick_record(Stage.PREPARE, 3))
+    assert ctx.ledger.get_run("ended").kicks == 0 and ctx.ledger.get_run("stuck").kicks == 1
+    kicked = {
+        r: [e for _, e in read_run(ctx.redis, r) if e.type.value == "run.kicked"] for r in ("ended", "stuck")
+    }
+    assert [len(events) for events in kicked.values()] == [0, 1]
 
 
 def test_one_reaper_at_a_time(ctx: context.Context) -> None:
