@@ -52,10 +52,10 @@ node-env:
 	@echo "node env done: $(NODE_VENV)/bin/python"
 
 # The local nodes' environment for axolotl jobs, as axolotl's image has it: axolotl at the fleet's default
-# release (core.settings.DEFAULT_AXOLOTL_VERSION) with its own pins of torch, transformers and peft (the CPU
+# release (core.node_settings.DEFAULT_AXOLOTL_VERSION) with its own pins of torch, transformers and peft (the CPU
 # torch here), plus the fleet's Ray. Never the fleet's .venv: axolotl pins versions the fleet does not run.
 AXOLOTL_VENV := .venv-axolotl
-AXOLOTL_VERSION ?= $(shell sed -n 's/^DEFAULT_AXOLOTL_VERSION = "\(.*\)"/\1/p' core/settings.py)
+AXOLOTL_VERSION ?= $(shell sed -n 's/^DEFAULT_AXOLOTL_VERSION = "\(.*\)"/\1/p' core/node_settings.py)
 AXOLOTL_SET = "axolotl==$(AXOLOTL_VERSION)" "$(shell grep -E '^ray(\[|==)' $(PINS))" "$(TORCH)"
 
 # axolotl 0.19 pins zstandard 0.22.0, which has no Python 3.13 build and does not compile there: on 3.13

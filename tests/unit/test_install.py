@@ -8,6 +8,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from core.node_settings import DEFAULT_AXOLOTL_VERSION
 from providers.bootstrap import (
     NODE_PINS,
     canonical,
@@ -84,3 +85,11 @@ def test_pins_are_written_from_pips_report(tmp_path: Path) -> None:
     assert "pyyaml==7.0" in pins and "ray[default,train]==" + resolved["ray"] in pins
     assert len(pins) == len(node_requirements())  # the nodes' own requirements only, not what they pull in
     assert NODE_PINS.name == "node-pins.txt"
+
+
+def test_the_makefile_reads_the_axolotl_release_from_where_it_is_defined() -> None:
+    # `make setup` builds .venv-axolotl at the fleet's default release, read from a Python file by sed: a
+    # move of the constant once left it reading nothing (`pip install axolotl==`, a failed setup).
+    line = next(x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith("AXOLOTL_VERSION ?="))
+    source = REPO / line.rsplit(" ", 1)[-1].rstrip(")")
+    assert f'DEFAULT_AXOLOTL_VERSION = "{DEFAULT_AXOLOTL_VERSION}"' in source.read_text(encoding="utf-8")
