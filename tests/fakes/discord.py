@@ -60,6 +60,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from tests.fakes.discord_gateway import GatewayState, gateway_bot
 from tests.fakes.discord_gateway import serve as gateway_serve
 from tests.fakes.discord_limits import Limits, RateLimits
+from tests.fakes.discord_rules import INTERACTION_ANSWER_S, MESSAGE_OPERATIONS, form_error
 from tests.fakes.faults import FaultRule
 from tests.fakes.serving import Served
 
@@ -290,6 +291,7 @@ class FakeDiscord(Served):
         self.deleted: set[str] = set()  # channels (threads) deleted: Unknown Channel from then on
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
+        self.born: dict[str, float] = {}  # interaction id -> when it was created (monotonic)
         self.files: dict[str, tuple[str, bytes]] = {}
         self.commands: dict[str, list[dict[str, Any]]] = {}  # scope ("global" or a guild id) -> commands
         self.gateway = GatewayState()
@@ -341,6 +343,7 @@ class FakeDiscord(Served):
         with self.lock:
             self.hooks[token] = _Hook(str(application_id), token, str(channel_id), interaction_id=iid)
             self.interactions[iid] = {"channel_id": str(channel_id), "callbacks": [], "followups": []}
+            self.born[iid] = time.monotonic()  # answered within INTERACTION_ANSWER_S of this, or unknown
         return int(iid), token
 
     def interaction_payload(
@@ -499,7 +502,7 @@ class FakeDiscord(Served):
         if verdict is not None and not verdict.allowed:
             return _rate_limited(verdict.retry_after, verdict.headers, via=True)
         try:
-            reply = handler(request)
+            reply = self._refused(op, request) or handler(request)
         except (ValueError, KeyError, TypeError) as exc:
             reply = Reply(400, {"message": f"400: Bad Request ({exc})", "code": 50035})
         if verdict is not None:
@@ -508,6 +511,26 @@ class FakeDiscord(Served):
             self._withhold(fault)
             return None
         return reply
+
+    def _refused(self, op: str, request: DRequest) -> Reply | None:
+        """What Discord refuses before doing anything (tests.fakes.discord_rules): a message over its
+        limits, an interaction answered twice or more than 3 s after it was created."""
+        if op not in MESSAGE_OPERATIONS:
+            return None
+        data, _ = request.payload()
+        if op == "interaction_callback":
+            hook = self.hooks.get(request.segments[4])
+            if hook is not None and hook.interaction_id is not None:
+                with self.lock:
+                    answered = bool(self.interactions[hook.interaction_id]["callbacks"])
+                    age = time.monotonic() - self.born.get(hook.interaction_id, time.monotonic())
+                if answered:
+                    return _error(400, "Interaction has already been acknowledged.", 40060)
+                if age > INTERACTION_ANSWER_S:
+                    return _error(404, "Unknown interaction", 10062)
+            data = dict(data.get("data") or {})
+        body = form_error(data)
+        return None if body is None else Reply(400, body)
 
     def _control(self, request: DRequest) -> Reply:
         path = "/".join(request.segments)

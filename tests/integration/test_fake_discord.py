@@ -287,3 +287,59 @@ def test_threads_from_a_message_once_and_without_one_with_a_notice(fake_discord:
     assert [(m["content"], m["type"]) for m in _messages(fake_discord)] == [("run r1", 0), ("r2", 18)]
     assert sorted(state["threads"]) == sorted([thread_id, bare_id])
     assert state["requests"]["start_thread"] == 4
+
+
+def test_discord_refuses_a_message_over_its_limits_and_posts_nothing(
+    fake_discord: FakeDiscord, session: requests.Session
+) -> None:
+    """Discord's documented limits, answered as Discord does (400, code 50035, the field named), for the
+    bot's messages and a webhook's alike; bot.render's cuts keep the fleet inside them."""
+    hook_id, token = fake_discord.add_webhook(CHANNEL)
+    hook = discord.SyncWebhook.partial(hook_id, token, session=session)
+    too_long = [
+        ({"content": "x" * 2001}, "In content: Must be 2000 or fewer in length"),
+        ({"embed": discord.Embed(title="t" * 257)}, "In embeds.0.title"),
+        ({"embed": discord.Embed(description="d" * 4097)}, "In embeds.0.description"),
+        ({"embed": _fields(26, "v")}, "In embeds.0.fields: Must be 25 or fewer"),
+        ({"embed": _fields(1, "v" * 1025)}, "In embeds.0.fields.0.value"),
+        ({"embeds": [_fields(25, "v" * 1000)] * 1}, "Embed size exceeds maximum size of 6000"),
+    ]
+    for kwargs, said in too_long:
+        with pytest.raises(discord.HTTPException, match=said) as refused:
+            hook.send(wait=True, **kwargs)
+        assert refused.value.status == 400 and refused.value.code == 50035
+    eleven = {"embeds": [{"title": "x"}] * 11}  # discord.py refuses this itself; Discord does too
+    raw = session.post(f"{fake_discord.url}/api/v10/webhooks/{hook_id}/{token}", json=eleven, timeout=5)
+    assert raw.status_code == 400 and raw.json()["errors"]["embeds"]["_errors"][0]["message"].startswith(
+        "Must be 10 or fewer"
+    )
+    assert _messages(fake_discord) == []
+    ok = hook.send("x" * 2000, embed=_fields(25, "v" * 200), wait=True)  # at the limits: taken
+    with pytest.raises(discord.HTTPException, match="In content"):
+        hook.edit_message(ok.id, content="y" * 2001)  # an edit is held to them too
+    assert len(_messages(fake_discord)) == 1
+
+
+def _fields(count: int, value: str) -> discord.Embed:
+    embed = discord.Embed(title="run")
+    for i in range(count):
+        embed.add_field(name=f"f{i}", value=value)
+    return embed
+
+
+def test_an_interaction_is_answered_once_and_within_three_seconds(
+    fake_discord: FakeDiscord, session: requests.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    interaction_id, token = fake_discord.add_interaction(CHANNEL, 555555555555555555)
+    url = f"{fake_discord.url}/api/v10/interactions/{interaction_id}/{token}/callback"
+    assert session.post(url, json={"type": 5}, timeout=5).status_code == 204  # deferred: answered
+    again = session.post(url, json={"type": 4, "data": {"content": "late"}}, timeout=5)
+    assert (again.status_code, again.json()["code"]) == (400, 40060)  # already acknowledged
+    late_id, late_token = fake_discord.add_interaction(CHANNEL, 555555555555555555)
+    fake_discord.born[str(late_id)] -= 3.5  # as if it arrived 3.5 s ago
+    late = session.post(f"{fake_discord.url}/api/v10/interactions/{late_id}/{late_token}/callback",
+                        json={"type": 5}, timeout=5)  # fmt: skip
+    assert (late.status_code, late.json()["code"]) == (404, 10062)  # Unknown interaction
+    record = fake_discord.state()["interactions"]
+    assert [c["type"] for c in record[str(interaction_id)]["callbacks"]] == [5]
+    assert record[str(late_id)]["callbacks"] == []
