@@ -105,9 +105,12 @@ typecheck:
 # two at a time too, but tests/scheduling.py (picked up by tests/conftest.py) runs the tests that train
 # (conftest's TRAINING_MODULES) one at a time while other tests are left to run beside them, and two at once
 # only after that, never beside one of ALONE_MODULES; a module's tests stay on one worker.
+# The whole fault suite runs here too, its long cases (faults_full) included: `-m` on the command line
+# overrides pyproject's addopts, which leaves them out of a plain `pytest`. (`make faults` runs the fault
+# suite alone, in one process, and prints its summary.)
 test:
 	$(BIN)/pytest -q --durations=5 -n 2 tests/unit tests/security
-	$(BIN)/pytest -q --durations=25 -n 2 tests/integration tests/faults
+	$(BIN)/pytest -q --durations=25 -n 2 -m "faults_full or not faults_full" tests/integration tests/faults
 
 test-unit:
 	$(BIN)/pytest -q tests/unit
