@@ -79,7 +79,7 @@ def served_by(rules: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.parametrize(("vendor", "script"), CASES)
-def test_api_faults_during_provision_and_teardown(
+def test_api_faults_during_provision_and_teardown_in_process(
     case: Case,
     vendor: str,
     script: str,
@@ -119,7 +119,7 @@ def test_api_faults_during_provision_and_teardown(
 
 
 @pytest.mark.faults_full
-def test_a_create_carried_out_after_the_timeout_and_the_retry(
+def test_a_create_carried_out_after_the_timeout_and_the_retry_in_process(
     case: Case,
     redis_client: redis.Redis[str],
     redis_url: str,

@@ -60,7 +60,7 @@ def up_on_then_cancelled(case: Case, fleet: DirectFleet, tmp_path: Path, cloud: 
     return run_id
 
 
-def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud(
+def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud_in_process(
     case: Case,
     redis_client: redis.Redis[str],
     redis_url: str,
@@ -82,7 +82,7 @@ def test_a_node_never_ready_is_ended_and_the_run_moves_to_the_other_cloud(
     assert ended == [f"tf-{run_id}-1", f"tf-{run_id}-2"]  # the stuck one as the run left it
 
 
-def test_a_create_without_a_clear_answer_is_adopted_not_left(
+def test_a_create_without_a_clear_answer_is_adopted_not_left_in_process(
     case: Case,
     redis_client: redis.Redis[str],
     redis_url: str,
@@ -100,7 +100,7 @@ def test_a_create_without_a_clear_answer_is_adopted_not_left(
     assert vast.state()["requests"]["create"] == 1 and "create" not in runpod.state()["requests"]
 
 
-def test_a_sweep_spreads_over_the_clouds_when_one_cannot_hold_it(
+def test_a_sweep_spreads_over_the_clouds_when_one_cannot_hold_it_in_process(
     case: Case,
     redis_client: redis.Redis[str],
     redis_url: str,

@@ -79,7 +79,7 @@ def reap_events(client: redis.Redis[str]) -> Counter[str]:
     return found
 
 
-def test_two_reapers_at_once_act_once(
+def test_two_reapers_at_once_act_once_in_process(
     case: Case,
     redis_client: redis.Redis[str],
     redis_url: str,
