@@ -21,7 +21,9 @@ KEY = "vast-test-key"
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeVastAI]:
-    with FakeVastAI(api_key=KEY, home=tmp_path, nodes="none", ready_delay_s=0.1, page_size=2) as server:
+    # A node is ready 2 s after its create: a test may read it as still loading right after the create, even
+    # on a loaded machine (at 0.1 s a CI run once saw it running already).
+    with FakeVastAI(api_key=KEY, home=tmp_path, nodes="none", ready_delay_s=2.0, page_size=2) as server:
         yield server
 
 
