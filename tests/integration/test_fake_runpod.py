@@ -38,7 +38,9 @@ mutation Rent($input: PodRentInterruptableInput!) {
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
-    with FakeRunPod(api_key=KEY, home=tmp_path, nodes="none", ready_delay_s=0.1) as server:
+    # A pod's node is ready 1 s after its create, so a test can read it as not yet running right after
+    # the create on a loaded machine too (at 0.1 s that is a race).
+    with FakeRunPod(api_key=KEY, home=tmp_path, nodes="none", ready_delay_s=1.0) as server:
         monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
         monkeypatch.setattr(runpod, "api_key", KEY)
         yield server
@@ -351,7 +353,7 @@ def test_a_stuck_create_is_answered_but_never_boots(fake: FakeRunPod) -> None:
     fake.add_faults([{"op": "create", "kind": "stuck", "every": 2}])
     first, second = (runpod.create_pod(name, "img", GPU)["id"] for name in ("tf-ok-1", "tf-stuck-1"))
     assert wait_running(first)["runtime"]["ports"]
-    time.sleep(0.5)  # five times the fake's ready delay
+    time.sleep(0.5)  # the first is running: the second, created with it, would be too by now
     pod = runpod.get_pod(second)
     assert (pod["desiredStatus"], pod["runtime"]) == ("RUNNING", None)
     assert fake.state()["faults_served"] == {"create:stuck": 1}
