@@ -67,7 +67,6 @@ class NodeSettings(BaseModel):
         description="An OpenSSH public key line, or the path of a .pub file: installed on every rented node "
         "(`fleet ssh RUN`); unset: nodes get no SSH.",
     )
-
     fault_injection: str | None = Field(
         None,
         description="Drills and tests only: trainer.faults' FLEET_INJECT items (e.g. nan_at_step:30) for "

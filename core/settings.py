@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import platformdirs
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from core import redisurl
 from core.errors import ConfigError, Problem
@@ -31,9 +31,7 @@ UPLOAD_TIMEOUT_S = 900.0
 
 class Settings(NodeSettings):
     """Every knob of the fleet (the node's own in core.node_settings). See docs/ARCHITECTURE.md for how they
-    are used."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    are used. Strict and frozen as NodeSettings is (its model_config)."""
 
     redis_url: str | None = Field(
         None,

@@ -54,7 +54,8 @@ def _refusal(who: dict[str, Any], repo_id: str) -> str | None:
     namespace = repo_id.split("/")[0]
     user = str(who.get("name") or "")
     orgs = [str(o.get("name")) for o in who.get("orgs") or [] if isinstance(o, dict)]
-    access = ((who.get("auth") or {}).get("accessToken") or {}) if isinstance(who.get("auth"), dict) else {}
+    auth = who.get("auth")
+    access = (auth.get("accessToken") or {}) if isinstance(auth, dict) else {}
     role = access.get("role")
     owner = f"HF_TOKEN is {user}'s" + (f" (orgs: {', '.join(orgs)})" if orgs else "")
     if role == "read":

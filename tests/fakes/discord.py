@@ -111,9 +111,18 @@ class DRequest:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    _parsed: tuple[dict[str, Any], list[tuple[str, bytes]]] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def payload(self) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        """The JSON payload (plain, or `payload_json` of a multipart body) and any uploaded files."""
+        """The JSON payload (plain, or `payload_json` of a multipart body) and any uploaded files, parsed
+        once (the limits check and the handler both read it; neither changes it)."""
+        if self._parsed is None:
+            self._parsed = self._parse()
+        return self._parsed
+
+    def _parse(self) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
         ctype = self.headers.get("content-type", "")
         if not ctype.startswith("multipart/"):
             return (json.loads(self.body) if self.body else {}), []

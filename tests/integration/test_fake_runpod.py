@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 KEY = "rp-test-key"
 GPU = "NVIDIA RTX A6000"
+POD_SPEC: PodSpec = {"name": "tf-1", "imageName": "img", "gpuTypeId": GPU, "gpuCount": 1, "cloudType": "ALL"}
 SPOT = """
 mutation Rent($input: PodRentInterruptableInput!) {
   podRentInterruptable(input: $input) { id desiredStatus costPerHr env name }
@@ -408,13 +409,7 @@ def test_an_input_runpod_would_refuse_is_an_error_and_creates_nothing(fake: Fake
     fake does too (tests.fakes.runpod_schema), so a misspelled or mistyped create field fails here as there,
     instead of being copied into a pod."""
     client = RunPodClient(SecretStr(KEY), fake.url)
-    spec: PodSpec = {
-        "name": "tf-s-1",
-        "imageName": "img",
-        "gpuTypeId": GPU,
-        "gpuCount": 1,
-        "cloudType": "ALL",
-    }
+    spec: PodSpec = {**POD_SPEC, "name": "tf-s-1"}
     misspelled = {**spec, "terminateAfer": "2030-01-01T00:00:00+00:00"}
     with pytest.raises(RunPodAPIError, match='Field "terminateAfer" is not defined by type'):
         client.deploy_on_demand(misspelled)  # type: ignore[arg-type]
@@ -445,13 +440,7 @@ def test_runpod_ends_a_pod_at_its_terminate_after(fake: FakeRunPod) -> None:
     """The fleet sets RunPod's `terminateAfter` on every pod (its failsafe of last resort): RunPod ends the
     pod then, whatever the fleet does, and so does the fake, which only stored the field before."""
     client = RunPodClient(SecretStr(KEY), fake.url)
-    spec: PodSpec = {
-        "name": "tf-t-1",
-        "imageName": "img",
-        "gpuTypeId": GPU,
-        "gpuCount": 1,
-        "cloudType": "ALL",
-    }
+    spec: PodSpec = {**POD_SPEC, "name": "tf-t-1"}
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
     ends = client.deploy_on_demand({**spec, "terminateAfter": soon.isoformat()})
     stays = client.deploy_on_demand({**spec, "name": "tf-t-2", "terminateAfter": "2030-01-01T00:00:00Z"})
