@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,27 +55,45 @@ class Sentinelled:
         return int(port)
 
 
-def serve(directory: Path, name: str, lines: list[str], sentinel: bool = False) -> None:
-    conf = directory / f"{name}.conf"
-    common = [f"dir {directory}", f"logfile {directory / name}.log", f"pidfile {directory / name}.pid"]
+def answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=1).ping())
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
+
+
+def serve(directory: Path, name: str, lines: Callable[[int], list[str]], sentinel: bool = False) -> int:
+    """Starts one redis-server (or sentinel) on a free port and returns the port once it answers. A port
+    found free can be taken before the server binds it (another test's connection gets it as its local
+    port): the server then exits at once, and this tries again on another port."""
+    conf, pidfile = directory / f"{name}.conf", directory / f"{name}.pid"
+    common = [f"dir {directory}", f"logfile {directory / name}.log", f"pidfile {pidfile}"]
     common += ["daemonize yes", "bind 127.0.0.1"]
-    conf.write_text("\n".join([*common, *lines]) + "\n")
-    subprocess.run([_binary(), str(conf), *(["--sentinel"] if sentinel else [])], check=True, timeout=15)
+    for _attempt in range(3):
+        port = free_port()
+        conf.write_text("\n".join([*common, f"port {port}", *lines(port)]) + "\n")
+        subprocess.run([_binary(), str(conf), *(["--sentinel"] if sentinel else [])], check=True, timeout=15)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if answers(port):
+                return port
+            time.sleep(0.1)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    raise AssertionError(f"{name} never answered: {(directory / f'{name}.log').read_text()[-2000:]}")
 
 
 @pytest.fixture
 def sentinelled(tmp_path: Path) -> Iterator[Sentinelled]:
-    ports = Sentinelled("", free_port(), free_port(), free_port())
     where = tmp_path / "redis"
     where.mkdir()
     plain = ["save ''", "appendonly no"]
-    serve(where, "master", [f"port {ports.master}", *plain])
-    serve(where, "replica", [f"port {ports.replica}", *plain, f"replicaof 127.0.0.1 {ports.master}"])
-    watch = f"sentinel monitor {MASTER} 127.0.0.1 {ports.master} 1"
+    master = serve(where, "master", lambda _port: plain)
+    replica = serve(where, "replica", lambda _port: [*plain, f"replicaof 127.0.0.1 {master}"])
+    watch = f"sentinel monitor {MASTER} 127.0.0.1 {master} 1"
     timing = [f"sentinel down-after-milliseconds {MASTER} 1000", f"sentinel failover-timeout {MASTER} 5000"]
-    serve(where, "sentinel", [f"port {ports.sentinel}", watch, *timing], sentinel=True)
-    ports.url = f"redis+sentinel://127.0.0.1:{ports.sentinel}/{MASTER}/0"
-    wait_until(lambda: ports.client(ports.sentinel).ping(), 10, "the sentinel", every=0.1)
+    sentinel = serve(where, "sentinel", lambda _port: [watch, *timing], sentinel=True)
+    ports = Sentinelled(f"redis+sentinel://127.0.0.1:{sentinel}/{MASTER}/0", master, replica, sentinel)
     try:
         yield ports
     finally:
