@@ -71,7 +71,14 @@ class Settings(NodeSettings):
         "online", description="W&B mode of jobs that name a wandb_project and no wandb_mode (WANDB_MODE)."
     )
     wandb_entity: str | None = Field(None, description="W&B entity of jobs that name none (WANDB_ENTITY).")
-    wandb_app_url: str = Field("https://wandb.ai", description="Where W&B run pages live (for their URLs).")
+    wandb_base_url: str = Field(
+        "https://api.wandb.ai",
+        description="W&B's API (WANDB_BASE_URL): a W&B Server's, or a fake's in tests; nodes get it too.",
+    )
+    wandb_app_url: str | None = Field(
+        None,
+        description="Where W&B run pages live; unset: from wandb_base_url, as the wandb client derives it.",
+    )
     train_restarts: int = Field(
         2, ge=0, le=20, description="Times a killed or crashed train job is run again (from its checkpoint)."
     )
@@ -309,6 +316,7 @@ AS_IS = {
     "hf_hub_disable_xet": "HF_HUB_DISABLE_XET",
     "wandb_mode": "WANDB_MODE",
     "wandb_entity": "WANDB_ENTITY",
+    "wandb_base_url": "WANDB_BASE_URL",
 }
 
 

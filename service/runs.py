@@ -29,6 +29,7 @@ from providers.base import ProviderContext
 from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context, shared_context
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
+from service.wandbkey import wandb_refusal
 from trainer.config import AxolotlConfig
 from workers.process import served_queues
 
@@ -118,12 +119,24 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         _check_push(settings, job, hub_model_id, secrets.get("HF_TOKEN"))
     train = job.spec.train
     online = (train.wandb_mode or settings.wandb_mode) == "online"
-    if train.wandb_project and online and secrets.get("WANDB_API_KEY") is None:
+    if train.wandb_project and online:
+        _check_wandb(settings, job, secrets.get("WANDB_API_KEY"))
+
+
+def _check_wandb(settings: Settings, job: LoadedJob, key: SecretStr | None) -> None:
+    """An online W&B run needs WANDB_API_KEY, and one W&B takes for the job's entity (service.wandbkey)."""
+    if key is None:
         message = (
             "cannot submit: W&B online needs WANDB_API_KEY in the environment or the fleet's secrets file "
             "(or set wandb_mode: offline / disabled)"
         )
-        raise ConfigError(job.source, [Problem("wandb_project", message)])
+        raise ConfigError(job.source, [Problem("wandb_project", message, job.lines.get("wandb_project"))])
+    entity = job.spec.train.wandb_entity or settings.wandb_entity
+    refused = wandb_refusal(settings.wandb_base_url, key, entity)
+    if refused is not None:
+        # The entity's key when the job names it (else WANDB_ENTITY's, a fleet setting: the job's project).
+        where = "wandb_entity" if refused.entity and job.spec.train.wandb_entity else "wandb_project"
+        raise ConfigError(job.source, [Problem(where, f"cannot submit: {refused.why}", job.lines.get(where))])
 
 
 def _check_push(settings: Settings, job: LoadedJob, repo_id: str, token: SecretStr | None) -> None:

@@ -92,11 +92,13 @@ def known_secrets(ctx: context.Context) -> list[str]:
 
 
 def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
-    """The environment of each of the run's Ray jobs: the TrainJob, where the hub is, and a drill's fault
-    injection. No secrets."""
+    """The environment of each of the run's Ray jobs: the TrainJob, where the hub and W&B are, and a drill's
+    fault injection. No secrets."""
     env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
     if ctx.settings.hf_hub_disable_xet:
         env["HF_HUB_DISABLE_XET"] = "1"
+    if run.progress.wandb is not None:  # where the trainer writes the W&B run (a W&B Server's, a fake's)
+        env["WANDB_BASE_URL"] = ctx.settings.wandb_base_url
     if ctx.settings.fault_injection:  # a drill the fleet's operator asked for (a job file cannot)
         env[envnames.FAULT_INJECTION] = ctx.settings.fault_injection
     return env

@@ -40,7 +40,9 @@ def record_early_end(ctx: context.Context, run: Run, reason: FailureReason | Non
 
         key = ctx.provider_context.credentials.get("WANDB_API_KEY")
         settings = wandb.Settings(
-            init_timeout=INIT_TIMEOUT_S, api_key=key.get_secret_value() if key is not None else None
+            init_timeout=INIT_TIMEOUT_S,
+            api_key=key.get_secret_value() if key is not None else None,
+            base_url=ctx.settings.wandb_base_url,
         )
         config = {"fleet_run_id": run.run_id, "trainer": run.spec.train.trainer}
         wb = open_run(plan, run.run_id, Path(run.run_dir), config, settings)

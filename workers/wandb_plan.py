@@ -41,7 +41,7 @@ def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = Non
     entity = train.wandb_entity or settings.wandb_entity
     url = None
     if mode == "online" and entity:
-        url = f"{settings.wandb_app_url.rstrip('/')}/{entity}/{train.wandb_project}/runs/{run_id_wb}"
+        url = f"{pages(settings)}/{entity}/{train.wandb_project}/runs/{run_id_wb}"
     return WandbPlan(
         run_id=run_id_wb,
         project=train.wandb_project,
@@ -51,6 +51,17 @@ def plan(settings: Settings, spec: JobSpec, run_id: str, group: str | None = Non
         url=url,
         group=group,
     )
+
+
+def pages(settings: Settings) -> str:
+    """Where the W&B run pages are: `wandb_app_url`, else where the wandb client itself puts them for its
+    API's address (wandb.util.api_to_app_url: api.wandb.ai's pages are now on CoreWeave's Forge, a W&B
+    Server at host:port serves its own), so the URL announced is the one the trainer's run reports."""
+    if settings.wandb_app_url:
+        return settings.wandb_app_url.rstrip("/")
+    from wandb.util import api_to_app_url  # the client's own rule (imported here: wandb is slow to import)
+
+    return str(api_to_app_url(settings.wandb_base_url.rstrip("/"))).rstrip("/")
 
 
 def for_trainer(ctx: context.Context, run: Run) -> WandbPlan | None:

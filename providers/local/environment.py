@@ -37,7 +37,6 @@ NODE_ENV_KEPT = frozenset(
         "SSL_CERT_DIR",
         "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE",
-        "WANDB_BASE_URL",
     }
 )
 NODE_ENV_KEPT_PREFIXES = ("LC_", "HF_", "TRANSFORMERS_")

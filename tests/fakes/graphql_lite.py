@@ -3,7 +3,8 @@
 runpod-python builds its queries as f-strings with inline input literals and no variables, so literal
 values (strings with escapes, numbers, booleans, null, enums, lists, objects) must parse exactly as a
 GraphQL server parses them; our own client sends `$variables`, which are substituted at execution.
-Fragments and directives are not supported (nobody we fake against sends them).
+Named and inline fragments are expanded in place (their type conditions are not checked: every client we
+fake against spreads a fragment only where its type fits); `@include(if:)` and `@skip(if:)` are honoured.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ class Field:
     alias: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     selections: list[Field] | None = None
+    conditions: list[tuple[str, Any]] = field(default_factory=list)  # ("include" | "skip", literal or Var)
+
+    def selected(self, variables: dict[str, Any]) -> bool:
+        """Whether the field's directives keep it, with these variables."""
+        for name, value in self.conditions:
+            if bool(substitute(value, variables)) != (name == "include"):
+                return False
+        return True
 
     @property
     def key(self) -> str:
@@ -127,9 +136,16 @@ class _Parser:
             if self.at("("):
                 declared = self.variable_definitions()
         fields = self.selection_set()
+        fragments: dict[str, list[Field]] = {}
+        while self.peek() == ("name", "fragment"):
+            self.take("name")
+            name = self.take("name")
+            self.take("name", "on")
+            self.take("name")
+            fragments[name] = self.selection_set()
         if self.peek()[0] != "eof":
             raise GraphQLError("Syntax Error: only one operation per request is supported.")
-        return Operation(kind, fields, declared)
+        return Operation(kind, _expand(fields, fragments), declared)
 
     def variable_definitions(self) -> dict[str, str]:
         """`($a: Type!, $b: [Type] = default)`: each variable's type as text (defaults are read, unused)."""
@@ -162,8 +178,15 @@ class _Parser:
         self.take("punct", "{")
         fields = []
         while not self.at("}"):
-            if self.at("...") or self.at("@"):
-                raise GraphQLError("fragments and directives are not supported by this fake")
+            if self.at("..."):
+                self.take("punct", "...")
+                if self.peek() == ("name", "on"):  # an inline fragment: its fields, here
+                    self.take("name")
+                    self.take("name")
+                    fields.extend(self.selection_set())
+                else:
+                    fields.append(Field(_SPREAD, alias=self.take("name")))
+                continue
             name = self.take("name")
             alias = None
             if self.at(":"):
@@ -177,10 +200,26 @@ class _Parser:
                     self.take("punct", ":")
                     args[key] = self.value()
                 self.take("punct", ")")
+            conditions = self.directives()
             subs = self.selection_set() if self.at("{") else None
-            fields.append(Field(name, alias, args, subs))
+            fields.append(Field(name, alias, args, subs, conditions))
         self.take("punct", "}")
         return fields
+
+    def directives(self) -> list[tuple[str, Any]]:
+        """`@include(if: ...)` / `@skip(if: ...)` after a field."""
+        found = []
+        while self.at("@"):
+            self.take("punct", "@")
+            name = self.take("name")
+            if name not in ("include", "skip"):
+                raise GraphQLError(f'Unknown directive "@{name}".')
+            self.take("punct", "(")
+            self.take("name", "if")
+            self.take("punct", ":")
+            found.append((name, self.value()))
+            self.take("punct", ")")
+        return found
 
     def value(self) -> Any:
         kind, text = self.peek()
@@ -216,6 +255,28 @@ class _Parser:
         raise GraphQLError(f'Syntax Error: Unexpected {kind.capitalize()} "{text}".')
 
 
+_SPREAD = "..."
+
+
+def _expand(
+    fields: list[Field], fragments: dict[str, list[Field]], seen: tuple[str, ...] = ()
+) -> list[Field]:
+    """`fields` with each `...Name` spread replaced by the named fragment's fields."""
+    out: list[Field] = []
+    for f in fields:
+        if f.name == _SPREAD:
+            name = str(f.alias)
+            if name not in fragments:
+                raise GraphQLError(f'Unknown fragment "{name}".')
+            if name in seen:
+                raise GraphQLError(f'Cannot spread fragment "{name}" within itself.')
+            out.extend(_expand(fragments[name], fragments, (*seen, name)))
+        else:
+            subs = _expand(f.selections, fragments, seen) if f.selections is not None else None
+            out.append(Field(f.name, f.alias, f.args, subs, f.conditions))
+    return out
+
+
 def parse(text: str) -> Operation:
     """Parse one GraphQL operation (raises GraphQLError with a server-like message)."""
     return _Parser(text).operation()
@@ -243,6 +304,8 @@ def project(value: Any, selections: list[Field] | None, variables: dict[str, Any
         return [project(v, selections, variables, type_name) for v in value]
     out: dict[str, Any] = {}
     for sel in selections:
+        if not sel.selected(variables):
+            continue
         if sel.name == "__typename":
             out[sel.key] = type_name
             continue

@@ -1,6 +1,8 @@
-"""The tiny job with `hub_model_id` and a W&B project: trained through `fleet run` with W&B offline, then
-pushed from the node to a local fake of the Hugging Face Hub by huggingface_hub itself; the token reaches
-the node and nothing else; the W&B run's own files hold the whole story of that one run."""
+"""The tiny job with `hub_model_id` and a W&B project: trained through `fleet run` with W&B online against
+a fake W&B server (tests/fakes/wandb.py: the real wandb client on the node writes to it), then pushed from
+the node to a local fake of the Hugging Face Hub by huggingface_hub itself; the tokens reach the node and
+nothing else; the one W&B run holds the whole story of that run, its URL is the one the fleet announced
+at provision, the model card links it, and the Discord notifier posts it."""
 
 from __future__ import annotations
 
@@ -9,15 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from huggingface_hub import ModelCard, hf_hub_download
 
+from bot.notifier import Notifier
+from core.settings import Settings
+from providers.registry import load_fleet_secrets
 from tests.factories import EXAMPLE_YAML, copy_example_data
+from tests.fakes import FakeDiscord
 from tests.fakes.hub import FakeHub
-from tests.integration.fleetproc import events_of, fleet, fleet_env, live_heads, secret_hits
-from tests.wandb_log import read_finished_run
+from tests.fakes.wandb import FakeWandb
+from tests.integration.fleetproc import events_of, fleet, fleet_env, ledger_of, live_heads, secret_hits
 
 pytestmark = pytest.mark.integration
 TOKEN = "hf_fakecanary0123456789abcdefghijklmnop"
+WANDB_KEY = "wandbcanary" + "0a1b2c3d4e5f" * 2 + "a1b2c3d4e"  # 40 characters, as W&B's keys are
+CHANNEL = 323456789012345678
 
 
 @pytest.fixture
@@ -44,13 +53,23 @@ def hub_job(tmp_path: Path, repo_id: str) -> Path:
 
 
 def test_the_result_is_pushed_with_a_card_that_names_what_it_is(
-    home: Path, hub: FakeHub, tmp_path: Path
+    home: Path, hub: FakeHub, tmp_path: Path, fake_discord: FakeDiscord
 ) -> None:
-    env = fleet_env(home, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, WANDB_MODE="offline")
-    done = fleet(env, "run", str(hub_job(tmp_path, "tester/tiny-lora")), "--json", timeout=420)
-    assert done.returncode == 0, (hub.state()["requests"], done.stdout[-300:])
-    view = json.loads(done.stdout)
-    assert view["state"] == "SUCCEEDED", hub.state()
+    with FakeWandb(api_key=WANDB_KEY) as wb:
+        env = fleet_env(
+            home,
+            HF_ENDPOINT=hub.url,
+            HF_HUB_DISABLE_XET="1",
+            HF_TOKEN=TOKEN,
+            WANDB_BASE_URL=wb.url,
+            WANDB_API_KEY=WANDB_KEY,
+            WANDB_ENTITY="tester",
+        )
+        done = fleet(env, "run", str(hub_job(tmp_path, "tester/tiny-lora")), "--json", timeout=420)
+        assert done.returncode == 0, (hub.state()["requests"], done.stdout[-300:], done.stderr[-2000:])
+        view = json.loads(done.stdout)
+        assert view["state"] == "SUCCEEDED", hub.state()
+        written, wb_url = wb.state(), wb.url
 
     (repo,) = hub.state()["repos"]
     assert repo["id"] == "tester/tiny-lora" and repo["private"]  # private unless the job says otherwise
@@ -68,26 +87,49 @@ def test_the_result_is_pushed_with_a_card_that_names_what_it_is(
     assert card.data.datasets == ["tiny-alpaca.jsonl"]
     assert "hub_model_id: tester/tiny-lora" in card.text and "DATABASE_URL: <redacted>" in card.text
     assert "dbcanary77" not in card.text and TOKEN not in card.text
-    # The token went to the node's environment only: not the ledger, the events or the run's files.
-    assert secret_hits(home, TOKEN) == []
-    assert TOKEN not in done.stdout + done.stderr
+    # The tokens went to the node's environment only: not the ledger, the events or the run's files.
+    for secret in (TOKEN, WANDB_KEY):
+        assert secret_hits(home, secret) == []
+        assert secret not in done.stdout + done.stderr
     assert live_heads(home) == []
 
-    # W&B: announced at provision, before the node was asked for; one run, holding the whole story.
+    # W&B: announced at provision, before the node was asked for, with the URL of the run the node wrote.
     evs = events_of(home, view["run_id"])
     kinds = [e["type"] for e in evs]
     assert kinds.index("wandb.run") < kinds.index("instance.requested")
     (announced,) = [e["data"] for e in evs if e["type"] == "wandb.run"]
-    assert announced["run_id"] == f"tf-{view['run_id']}" and announced["mode"] == "offline"
-    (log,) = (home / "runs" / view["run_id"]).glob("wandb/offline-run-*/run-*.wandb")
-    run = read_finished_run(log)
-    assert run.run_id == announced["run_id"] and run.project == "tiny-demo" and run.exit_code == 0
-    assert run.summary["lifecycle/stage.finished/seconds"] > 0  # provision and prepare times
-    assert "lifecycle/instance.requested/price_per_hour" in run.summary
-    assert len([r for r in run.history if "train/loss" in r]) == 18  # 90 steps, one row per 5
-    assert run.summary["final/eval_loss"] == view["metrics"]["eval_loss"]
-    tables = [r for r in run.history if r.get("eval/samples._type") == "table-file"]
-    assert len(tables) == 6 and all(t["eval/samples.nrows"] == 4 for t in tables)  # steps 0, 20, ..., 80, 90
+    wandb_id = f"tf-{view['run_id']}"
+    url = f"{wb_url}/tester/tiny-demo/runs/{wandb_id}"
+    assert announced["run_id"] == wandb_id and announced["mode"] == "online" and announced["url"] == url
+    assert f"The W&B run: [{url}]({url})" in card.text  # the card links that same run
+    # One run on the W&B server, written online by the node's wandb, holding the whole story.
+    assert written["refused"] == [], written["refused"]  # everything the client sent was answered
+    (run,) = written["runs"]
+    assert (run["entity"], run["project"], run["name"]) == ("tester", "tiny-demo", wandb_id)
+    assert run["complete"] and run["exit_code"] == 0
+    summary, rows = run["summary"], run["rows"]
+    assert summary["lifecycle/stage.finished/seconds"] > 0  # provision and prepare times
+    assert "lifecycle/instance.requested/price_per_hour" in summary
+    assert len([r for r in rows if "train/loss" in r]) == 18  # 90 steps, one row per 5
+    assert summary["final/eval_loss"] == view["metrics"]["eval_loss"]
+    tables = [r for r in rows if r.get("eval/samples", {}).get("_type") == "table-file"]
+    assert len(tables) == 6 and all(t["eval/samples"]["nrows"] == 4 for t in tables)  # steps 0, 20, ..., 90
+    assert len([a for a in written["artifacts"] if a["state"] == "COMMITTED"]) == 7  # the tables, lifecycle's
+    assert run["config"]["hub_model_id"]["value"] == "tester/tiny-lora"
+
+    # Discord: the fleet's notifier, reading this run's events, posts the same URL.
+    hook_id, hook_token = fake_discord.add_webhook(CHANNEL)
+    settings = Settings(
+        discord_webhook_url=f"{fake_discord.url}/api/webhooks/{hook_id}/{hook_token}",
+        discord_api_base=f"{fake_discord.url}/api/v10",
+    )
+    with requests.Session() as session:
+        notifier = Notifier.from_settings(settings, ledger_of(env), load_fleet_secrets(), session)
+        while notifier.process_once() or notifier.last_error:
+            pass
+    posted = json.dumps(fake_discord.state()["channels"].get(str(CHANNEL), []))
+    assert url in posted and wandb_id in posted
+    assert WANDB_KEY not in posted and TOKEN not in posted
 
 
 def test_a_hub_job_without_a_token_is_refused_at_submit(home: Path, hub: FakeHub, tmp_path: Path) -> None:
@@ -119,4 +161,37 @@ def test_a_push_the_token_cannot_make_is_refused_at_submit(
     assert done.returncode != 0
     assert "hub_model_id" in done.stderr and said in done.stderr, done.stderr
     assert token not in done.stderr + done.stdout  # named, never shown
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # nothing was enqueued
+
+
+@pytest.mark.parametrize(
+    ("key", "entity", "said"),
+    [
+        (None, None, "wandb_project: cannot submit: W&B online needs WANDB_API_KEY"),
+        ("0" * 40, None, "wandb_project: cannot submit: W&B at"),  # a key W&B does not know
+        (WANDB_KEY, "someone", "wandb_entity: cannot submit: WANDB_API_KEY is tester's (no teams)"),
+    ],
+)
+def test_an_online_wandb_run_wandb_would_refuse_is_refused_at_submit(
+    home: Path, hub: FakeHub, tmp_path: Path, key: str | None, entity: str | None, said: str
+) -> None:
+    """The node opens the W&B run after the GPU is rented and the model fetched: W&B is asked first."""
+    job = hub_job(tmp_path, "tester/refused")
+    if entity:
+        job.write_text(
+            job.read_text().replace(
+                "wandb_project: tiny-demo\n", f"wandb_project: tiny-demo\nwandb_entity: {entity}\n"
+            )
+        )
+    with FakeWandb(api_key=WANDB_KEY) as wb:
+        env = fleet_env(
+            home, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, WANDB_BASE_URL=wb.url
+        )
+        env.pop("WANDB_API_KEY", None)
+        if key:
+            env["WANDB_API_KEY"] = key
+        done = fleet(env, "enqueue", str(job), timeout=120)
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert key is None or key not in done.stderr + done.stdout  # named, never shown
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # nothing was enqueued
