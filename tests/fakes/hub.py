@@ -4,13 +4,16 @@ Point the client at it with `HF_ENDPOINT=<hub.url>` (read when huggingface_hub i
 `endpoint=hub.url`, and set `HF_HUB_DISABLE_XET=1`: the fake speaks only the plain HTTP and git LFS
 protocols and never advertises Xet. It serves repo creation, `upload_folder` (preupload, the LFS batch
 API with its own upload and verify URLs, the NDJSON commit), repo info and trees, and
-`/{repo}/resolve/{revision}/{path}` downloads with Range. Mutations need `Authorization: Bearer <token>`;
-private repos look missing without it, as on the Hub. File downloads can be capped per connection
-(`throttle_bps`), and faults can be scripted per operation.
+`/{repo}/resolve/{revision}/{path}` downloads with Range: a small file from the Hub itself, an LFS file
+through a 302 to the fake's CDN (tests/fakes/hub_cdn.py: another origin, signed URLs that refuse a
+request carrying Authorization), as huggingface.co does (`cdn=False`: everything served directly).
+Mutations need `Authorization: Bearer <token>`; private repos look missing without it, as on the Hub.
+File downloads can be capped per connection (`throttle_bps`), and faults can be scripted per operation.
 
 Operations (request counts, fault rules): whoami, create_repo, delete_repo, validate_yaml, repo_info,
-list_tree, preupload, lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve), download (GET
-resolve), other.
+list_tree, preupload, lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve, or the CDN's),
+redirect (GET resolve of an LFS file: the 302), download (a GET that sends bytes: the Hub's or the CDN's),
+other.
 Control endpoints: GET /_fake/state, POST /_fake/faults (a list of rules), POST /_fake/throttle {"bps"}.
 Repos live in memory; file contents live on disk under `home`.
 
@@ -27,9 +30,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from tests.fakes.faults import FaultRule
+from tests.fakes.hub_cdn import HubCdn
 from tests.fakes.hub_routes import HubRoutes, Refused, Target
 from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
 from tests.fakes.hub_tokens import Role, TokenScope
@@ -81,10 +85,12 @@ class FakeHub(Served, HubRoutes):
         throttle_bps: float | None = None,
         port: int = 0,
         user: str = "tester",
+        cdn: bool = True,
     ) -> None:
         self._own_home = home is None
         self.home = Path(tempfile.mkdtemp(prefix="fake-hub-")) if home is None else home
         super().__init__(RepoStore(self.home), token, user)
+        self.cdn = HubCdn(self.store, self.serve) if cdn else None
         self.throttle_bps = throttle_bps
         self.port = port
         self.lock = threading.Lock()
@@ -97,8 +103,16 @@ class FakeHub(Served, HubRoutes):
     def new_server(self) -> HubServer:
         return HubServer(self, self.port)
 
+    def start(self) -> Self:
+        """Serve the CDN, then the Hub."""
+        if self.cdn is not None:
+            self.cdn.start()
+        return super().start()
+
     def after_stop(self) -> None:
-        """Remove a temporary home."""
+        """Stop the CDN; remove a temporary home."""
+        if self.cdn is not None:
+            self.cdn.stop()
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
 
@@ -172,15 +186,23 @@ class FakeHub(Served, HubRoutes):
         return None
 
     def dispatch(self, request: HubRequest) -> Reply:
-        """Control endpoints first, then the token check, fault injection and the route's handler."""
+        """Control endpoints first, then the token check, fault injection and the route's handler. A GET of
+        an LFS file is a redirect to the CDN (op "redirect"), whose GET is then the "download"."""
         if request.segments[:1] == ["_fake"]:
             return self._control(request)
         op, handler, target = self.route(request)
-        with self.lock:
-            self.requests[op] = self.requests.get(op, 0) + 1
+        if op == "download" and self.on_cdn(request, target):
+            op = "redirect"
         if op != "lfs_upload" and self.bearer(request) not in ("", *self.tokens):
+            self._count(op)
             message = "Invalid credentials in Authorization header"
             return Reply(401, {"error": message}, {"X-Error-Message": message})
+        return self.serve(op, request, target.path, lambda: handler(request, target))
+
+    def serve(self, op: str, request: HubRequest, path: str, answer: Callable[[], Reply]) -> Reply:
+        """Count `op`, apply its scripted fault, answer (`answer()`), and log a download of `path`: the Hub's
+        requests and its CDN's alike."""
+        self._count(op)
         fault = self.take_fault(op)
         if fault is not None and fault.kind == "429":
             return Reply(429, {"error": "Too many requests"}, {"Retry-After": f"{fault.retry_after:g}"})
@@ -189,7 +211,7 @@ class FakeHub(Served, HubRoutes):
         if fault is not None and fault.kind == "timeout":
             time.sleep(fault.delay)
         try:
-            reply = handler(request, target)
+            reply = answer()
         except Refused as refused:
             reply = refused.reply
         except (ValueError, KeyError, TypeError) as exc:  # a malformed body: what the Hub calls a bad request
@@ -200,8 +222,12 @@ class FakeHub(Served, HubRoutes):
             length = reply.file.end - reply.file.start
             reply.disconnect_after = length // 2 if fault.after_bytes is None else fault.after_bytes
         if op == "download":
-            self._log_download(reply, target, request.headers.get("range"))
+            self._log_download(reply, path, request.headers.get("range"))
         return reply
+
+    def _count(self, op: str) -> None:
+        with self.lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
 
     def route(self, request: HubRequest) -> tuple[str, Callable[[HubRequest, Target], Reply], Target]:
         """(operation name, handler, parsed target) for a request."""
@@ -249,8 +275,8 @@ class FakeHub(Served, HubRoutes):
             return rest[0], (self.preupload if rest[0] == "preupload" else self.commit), target
         return "other", self.not_routed, target
 
-    def _log_download(self, reply: Reply, target: Target, range_header: str | None) -> None:
-        entry = _Download(target.path, range_header, reply.status)
+    def _log_download(self, reply: Reply, path: str, range_header: str | None) -> None:
+        entry = _Download(path, range_header, reply.status)
         with self.lock:
             self.downloads = [*self.downloads[-(_DOWNLOAD_LOG - 1) :], entry]
 

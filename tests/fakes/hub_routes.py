@@ -16,7 +16,7 @@ import re
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -32,11 +32,13 @@ from tests.fakes.hub_store import (
     wants_lfs,
 )
 from tests.fakes.hub_tokens import TokenScope
-from tests.fakes.hub_wire import FileBody, HubRequest, Reply
+from tests.fakes.hub_wire import FileBody, HubRequest, Refused, Reply, parse_range
+
+if TYPE_CHECKING:
+    from tests.fakes.hub_cdn import HubCdn
 
 REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _LFS_JSON = {"Content-Type": "application/vnd.git-lfs+json"}
 
 
@@ -50,37 +52,10 @@ class Target:
     path: str = ""
 
 
-class Refused(Exception):
-    """An early answer from a handler (no access, unknown revision or file, bad range)."""
-
-    def __init__(self, reply: Reply) -> None:
-        super().__init__(reply.status)
-        self.reply = reply
-
-
 def hub_error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Refused:
     """An error the client recognises by its X-Error-Code header."""
     extra = {"X-Error-Code": code, "X-Error-Message": message, **(headers or {})}
     return Refused(Reply(status, {"error": message}, extra))
-
-
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """[start, end) for a single `Range: bytes=...` header; None: serve the whole file.
-
-    Multiple or malformed ranges are ignored (the whole file is served, as RFC 9110 allows).
-    """
-    match = _RANGE.fullmatch(header.strip()) if header else None
-    if match is None or match.groups() == ("", ""):
-        return None
-    first, last = match.groups()
-    if not first:
-        start, end = max(0, size - int(last)), size
-    else:
-        start, end = int(first), min(size, int(last) + 1) if last else size
-    if start >= size or start >= end:
-        message = "Requested range not satisfiable"
-        raise Refused(Reply(416, {"error": message}, {"Content-Range": f"bytes */{size}"}))
-    return start, end
 
 
 def tree_entries(files: dict[str, Blob], prefix: str, recursive: bool) -> list[dict[str, Any]]:
@@ -144,6 +119,7 @@ class HubRoutes:
         self.tokens: dict[str, TokenScope] = {token: TokenScope("write", frozenset({user}))}
         self._tickets: dict[str, tuple[str, int]] = {}  # LFS upload URL ticket -> (sha256, size)
         self._tickets_lock = threading.Lock()
+        self.cdn: HubCdn | None = None  # where LFS files are served from (FakeHub starts one)
 
     def url_path(self, repo: Repo) -> str:
         """The repo's web path: "ns/name", "datasets/ns/name" or "spaces/ns/name"."""
@@ -385,8 +361,19 @@ class HubRoutes:
         raise ValueError(f"unknown commit operation {key!r}")
 
     # -- download ----------------------------------------------------------------------------------
+    def on_cdn(self, request: HubRequest, target: Target) -> bool:
+        """Whether a resolve of `target` is answered with a redirect to the CDN (an LFS file, a CDN on)."""
+        if self.cdn is None:
+            return False
+        try:
+            blob = self.commit_at(self.readable(request, target), target.revision).files.get(target.path)
+        except Refused:
+            return False
+        return blob is not None and blob.lfs
+
     def resolve(self, request: HubRequest, target: Target) -> Reply:
-        """HEAD / GET /[{type}s/]{repo}/resolve/{rev}/{path}: served here (no CDN redirect), with Range."""
+        """HEAD / GET /[{type}s/]{repo}/resolve/{rev}/{path}: a small file served here, with Range; an LFS
+        file redirected to the CDN (302, its size and sha256 in X-Linked-*), as the Hub does."""
         commit = self.commit_at(self.readable(request, target), target.revision)
         blob = commit.files.get(target.path)
         if blob is None:
@@ -394,6 +381,8 @@ class HubRoutes:
         headers = {"X-Repo-Commit": commit.oid, "ETag": f'"{blob.etag}"', "Accept-Ranges": "bytes"}
         if blob.lfs:
             headers.update({"X-Linked-Etag": f'"{blob.sha256}"', "X-Linked-Size": str(blob.size)})
+            if self.cdn is not None:
+                return Reply(302, None, {**headers, "Location": self.cdn.location(blob.sha256, target.path)})
         path = self.store.blobs.path(blob.sha256)
         span = parse_range(request.headers.get("range"), blob.size) if request.method == "GET" else None
         if span is None:

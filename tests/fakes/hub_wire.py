@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _BODY_CHUNK = 1024 * 1024
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _LINE_LIMIT = 65537
 # Throttled files go out in pieces of ~1/50 s worth of bytes, so the pacing is smooth and cheap.
 _MIN_PIECE, _MAX_PIECE, _PIECES_PER_S = 4 * 1024, 256 * 1024, 50
@@ -135,6 +137,33 @@ class Dispatcher(Protocol):
     def dispatch(self, request: HubRequest) -> Reply:
         """Decide the reply; may read the body."""
         ...
+
+
+class Refused(Exception):
+    """An early answer from a handler (no access, unknown revision or file, bad range)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) for a single `Range: bytes=...` header; None: serve the whole file.
+
+    Multiple or malformed ranges are ignored (the whole file is served, as RFC 9110 allows).
+    """
+    match = _RANGE.fullmatch(header.strip()) if header else None
+    if match is None or match.groups() == ("", ""):
+        return None
+    first, last = match.groups()
+    if not first:
+        start, end = max(0, size - int(last)), size
+    else:
+        start, end = int(first), min(size, int(last) + 1) if last else size
+    if start >= size or start >= end:
+        message = "Requested range not satisfiable"
+        raise Refused(Reply(416, {"error": message}, {"Content-Range": f"bytes */{size}"}))
+    return start, end
 
 
 def piece_size(rate_bps: float | None) -> int:

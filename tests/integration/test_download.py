@@ -29,6 +29,7 @@ from trainer.transfer_state import STATE_DIR, merged, missing
 pytestmark = pytest.mark.integration
 
 TOKEN = "hf-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MIB = 1024 * 1024
 BIG = 20 * MIB
 CONFIG = b'{"model_type": "llama", "hidden_size": 8}'
@@ -137,6 +138,41 @@ def test_private_repo_needs_the_token(hub: FakeHub, tmp_path: Path) -> None:
 
     got = snapshot("me/secret", tmp_path / "cache", access(hub), "model", model_files)
     assert (got.path / "model.safetensors").read_bytes() == b"\0weights"
+
+
+def test_a_large_file_comes_from_the_cdn_the_hub_redirects_to_without_the_token(
+    hub: FakeHub, weights: Path, tmp_path: Path
+) -> None:
+    """The Hub answers an LFS file's /resolve with a 302 to its CDN (another origin), as huggingface.co
+    does; the CDN's signed URLs refuse a request that also carries Authorization, as S3's do: the token
+    must stay with the Hub. A small file is served by the Hub itself."""
+    hub.put_files("me/secret", {"model.safetensors": weights, "config.json": CONFIG}, private=True)
+    got = snapshot("me/secret", tmp_path / "cache", access(hub, connections=4), "model", model_files)
+
+    assert (got.path / "model.safetensors").read_bytes() == weights.read_bytes()
+    requests_seen = hub.state()["requests"]
+    assert requests_seen["redirect"] == got.stats.requests - 2  # every part's GET went through the CDN...
+    assert requests_seen["download"] == got.stats.requests  # ...and each was answered there, with bytes
+    log = downloads(hub)
+    big = [d for d in log if d["path"] == "model.safetensors"]
+    assert all(d["status"] == 206 for d in big) and sum(d["bytes"] for d in big) == BIG
+    assert hub.cdn is not None and hub.cdn.url != hub.url  # another origin: the client dropped the token
+
+    # What the CDN answers a client that forwards the token, or a URL that is not its own.
+    redirect = requests.get(
+        f"{hub.url}/me/secret/resolve/main/model.safetensors", headers=AUTH, allow_redirects=False
+    )
+    assert redirect.status_code == 302 and redirect.headers["X-Linked-Size"] == str(BIG)
+    location = redirect.headers["Location"]
+    assert location.startswith(hub.cdn.url)
+    assert requests.get(location, headers={**AUTH, "Range": "bytes=0-9"}).status_code == 400
+    assert (
+        requests.get(
+            location.replace("Signature=", "Signature=0"), headers={"Range": "bytes=0-9"}
+        ).status_code
+        == 403
+    )
+    assert requests.get(location, headers={"Range": "bytes=0-9"}).content == weights.read_bytes()[:10]
 
 
 def test_an_interrupted_download_fetches_only_the_missing_bytes(
