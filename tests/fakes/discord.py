@@ -298,6 +298,7 @@ class FakeDiscord(Served):
         self.channels: dict[str, list[_Message]] = {}
         self.threads: dict[str, dict[str, Any]] = {}  # thread id -> Discord's channel object of the thread
         self.deleted: set[str] = set()  # channels (threads) deleted: Unknown Channel from then on
+        self.known: set[str] = set()  # channels that exist (add_channel, a webhook's, an interaction's)
         self.hooks: dict[str, _Hook] = {}  # keyed by token: interactions share their app id
         self.interactions: dict[str, dict[str, Any]] = {}
         self.born: dict[str, float] = {}  # interaction id -> when it was created (monotonic)
@@ -339,10 +340,18 @@ class FakeDiscord(Served):
         ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
         return str((ms << 22) | (next(self._ids) & 0x3FFFFF))
 
+    def add_channel(self, channel_id: int | str) -> None:
+        """A text channel the bot can see. A channel never added (nor made by a webhook, an interaction or
+        a thread) is answered 404 Unknown Channel, as Discord answers an id that names nothing."""
+        with self.lock:
+            self.known.add(str(channel_id))
+
     def add_webhook(self, channel_id: int | str, name: str = "fake-hook") -> tuple[int, str]:
-        """Create a webhook posting into `channel_id`; returns (id, token) for `SyncWebhook.partial`."""
+        """Create a webhook posting into `channel_id` (which then exists); returns (id, token) for
+        `SyncWebhook.partial`."""
         hook = _Hook(self.snowflake(), secrets.token_urlsafe(48), str(channel_id))
         with self.lock:
+            self.known.add(hook.channel_id)
             self.hooks[hook.token] = hook
         return int(hook.id), hook.token
 
@@ -350,6 +359,7 @@ class FakeDiscord(Served):
         """Register an interaction (as if a slash command arrived); returns (interaction id, token)."""
         iid, token = self.snowflake(), secrets.token_urlsafe(48)
         with self.lock:
+            self.known.add(str(channel_id))
             self.hooks[token] = _Hook(str(application_id), token, str(channel_id), interaction_id=iid)
             self.interactions[iid] = {"channel_id": str(channel_id), "callbacks": [], "followups": []}
             self.born[iid] = time.monotonic()  # answered within INTERACTION_ANSWER_S of this, or unknown
@@ -604,15 +614,18 @@ class FakeDiscord(Served):
         if rest[:1] == ["applications"] and rest[-1] == "commands" and len(rest) in (3, 5) and m == "PUT":
             return "put_commands", self._put_commands, bot and rest[1] == APPLICATION_ID
         if rest[:1] == ["channels"] and rest[-1] == "threads" and len(rest) in (3, 5) and m == "POST":
-            return "start_thread", self._start_thread, bot and (len(rest) == 3 or rest[2] == "messages")
+            ok = bot and (len(rest) == 3 or rest[2] == "messages")
+            return "start_thread", self._existing(self._start_thread), ok
         if len(rest) in (3, 4) and rest[0] == "channels" and rest[2] == "messages":
             if len(rest) == 3:
                 return (
-                    ("create_message", self._create, bot)
+                    ("create_message", self._existing(self._create), bot)
                     if m == "POST"
-                    else ("list_messages", self._list, bot)
+                    else ("list_messages", self._existing(self._list), bot)
                 )
-            return ("edit_message", self._edit, bot) if m == "PATCH" else ("get_message", self._get, bot)
+            if m == "PATCH":
+                return "edit_message", self._existing(self._edit), bot
+            return "get_message", self._existing(self._get), bot
         if len(rest) == 4 and rest[0] == "interactions" and rest[3] == "callback" and m == "POST":
             hook = self.hooks.get(rest[2])
             ok = hook is not None and hook.interaction_id == rest[1]
@@ -631,6 +644,19 @@ class FakeDiscord(Served):
                     else ("get_webhook_message", self._get, ok)
                 )
         return "other", lambda _: _error(404, "404: Not Found"), True
+
+    def _existing(self, handler: Callable[[DRequest], Reply]) -> Callable[[DRequest], Reply]:
+        """`handler` for a request to /channels/{id}/..., when that channel (or thread) exists."""
+
+        def in_channel(r: DRequest) -> Reply:
+            channel_id = r.segments[3]
+            with self.lock:
+                exists = channel_id not in self.deleted and (
+                    channel_id in self.known or channel_id in self.threads
+                )
+            return handler(r) if exists else _error(404, "Unknown Channel", 10003)
+
+        return in_channel
 
     # -- handlers ----------------------------------------------------------------------------------
     def _bot_user(self) -> dict[str, Any]:

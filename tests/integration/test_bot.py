@@ -406,6 +406,7 @@ def test_train_from_discord_end_to_end(
     message follows."""
     env = fleet_env(home)
     monkeypatch.setenv("FLEET_SECRETS_FILE", env["FLEET_SECRETS_FILE"])
+    fake_discord.add_channel(NOTIFY_CHANNEL)
     settings = Settings(
         home=home,
         discord_api_base=f"{fake_discord.url}/api/v10",

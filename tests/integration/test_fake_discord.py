@@ -31,6 +31,13 @@ CHANNEL = 123456789012345678
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def channels(fake_discord: FakeDiscord) -> None:
+    """The channels these tests post to exist (one never created is Unknown Channel: its own test)."""
+    fake_discord.add_channel(CHANNEL)
+    fake_discord.add_channel(CHANNEL + 1)
+
+
 @pytest.fixture
 def session() -> Iterator[requests.Session]:
     """A requests session for SyncWebhook, closed so no socket outlives the test."""
@@ -98,6 +105,44 @@ def test_bot_rest_posts_and_edits(fake_discord: FakeDiscord) -> None:
     assert fake_discord.state()["requests"]["edit_message"] == 1
 
 
+def test_a_channel_never_created_is_unknown_as_on_discord(fake_discord: FakeDiscord) -> None:
+    """A bot whose FLEET_DISCORD_CHANNEL_ID names no channel gets Discord's 404 Unknown Channel (10003)
+    for a post, a read and a thread, and nothing is stored; a webhook's channel exists."""
+    nowhere = CHANNEL + 7
+
+    async def scenario() -> list[tuple[int, int]]:
+        client = discord.Client(intents=discord.Intents.none())
+        seen = []
+        try:
+            await client.http.static_login(TOKEN)
+            with discord.http.handle_message_parameters(content="queued") as params:
+                calls = [
+                    client.http.send_message(nowhere, params=params),
+                    client.http.logs_from(nowhere, 5),
+                    client.http.start_thread_without_message(
+                        nowhere, name="r1", auto_archive_duration=60, type=11
+                    ),
+                ]
+                for call in calls:
+                    with pytest.raises(discord.NotFound) as refused:
+                        await call
+                    seen.append((refused.value.status, refused.value.code))
+            return seen
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == [(404, 10003)] * 3
+    assert str(nowhere) not in fake_discord.state()["channels"]
+    fake_discord.add_webhook(nowhere + 1)
+    reply = requests.post(
+        f"{fake_discord.url}/api/v10/channels/{nowhere + 1}/messages",
+        json={"content": "x"},
+        headers={"Authorization": f"Bot {TOKEN}"},
+        timeout=5,
+    )
+    assert reply.status_code == 200
+
+
 def test_bot_wrong_token_is_refused(fake_discord: FakeDiscord) -> None:
     async def scenario() -> None:
         client = discord.Client(intents=discord.Intents.none())
@@ -151,6 +196,8 @@ def test_rate_limits_answer_headers_and_429_over_the_limit() -> None:
         requests.Session() as s,
     ):
         s.headers["Authorization"] = f"Bot {TOKEN}"
+        limited.add_channel(CHANNEL)
+        limited.add_channel(CHANNEL + 1)
         url = f"{limited.url}/api/v10/channels/{{}}/messages"
         answers = [s.post(url.format(CHANNEL), json={"content": str(i)}, timeout=5) for i in range(3)]
         other = s.post(url.format(CHANNEL + 1), json={"content": "elsewhere"}, timeout=5)
@@ -173,6 +220,7 @@ def test_bot_client_waits_out_the_limits_and_every_nth_fault(monkeypatch: pytest
     """discord.py's bot client reads the headers and waits for the next window instead of going over; a
     fault rule with `every` hits every n-th request only, and discord.py retries those 429s."""
     limited = FakeDiscord(token=TOKEN, rate_limits={"create_message": (3, 0.2), "edit_message": (3, 0.2)})
+    limited.add_channel(CHANNEL)
     limited.add_faults([{"op": "create_message", "kind": "429", "times": 2, "every": 4, "retry_after": 0.01}])
 
     async def scenario() -> None:

@@ -170,6 +170,7 @@ def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Pa
 
 def notify_env(fake: FakeDiscord, redis_url: str, tmp_path: Path) -> dict[str, str]:
     """`fleet notify` as the bot into CHANNEL on the fake, on the test's Redis."""
+    fake.add_channel(CHANNEL)
     env = fleet_env(
         tmp_path / "home",
         REDIS_URL=redis_url,
@@ -251,6 +252,7 @@ def as_bot(
 ) -> Iterator[Notifier]:
     """A notifier posting into CHANNEL as the bot (its own REST client), in this process."""
     monkeypatch.setattr(discord.http.Route, "BASE", f"{fake.url}/api/v10")
+    fake.add_channel(CHANNEL)
     rest = RestClient(TOKEN)
     try:
         yield Notifier(redis_client, rest.sink(CHANNEL), consumer="c1", block_ms=20, **options)
