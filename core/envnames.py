@@ -99,7 +99,13 @@ DRILL = Reserved(
     "the trainer's fault injection is for the fleet's drills and a job cannot set it (a fleet's operator "
     "sets fault_injection in its settings for one)",
 )
-RESERVED = (DRILL, LOADER, FLEET, RAY, NODE)
+ENDPOINTS = Reserved(
+    frozenset({"HF_ENDPOINT", "WANDB_BASE_URL"}),
+    (),
+    "where the node sends the fleet's HF_TOKEN and WANDB_API_KEY is the fleet's setting (hf_endpoint, "
+    "wandb_base_url), passed to its nodes, and a job cannot set it",
+)
+RESERVED = (DRILL, LOADER, FLEET, RAY, NODE, ENDPOINTS)
 
 
 def refusal(name: str) -> str | None:

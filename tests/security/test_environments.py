@@ -98,6 +98,8 @@ FLEET_NAMES = [
     "CONTAINER_ID",
     "TMPDIR",
     "PUBLIC_KEY",
+    "HF_ENDPOINT",  # the node's credentials go where these say: the fleet's settings, never a job's
+    "WANDB_BASE_URL",
 ]
 
 
