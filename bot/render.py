@@ -40,6 +40,7 @@ SEPARATE = frozenset(
         EventType.RUN_FAILED,
         EventType.RUN_SUCCEEDED,
         EventType.WANDB_RUN,
+        EventType.WANDB_UNAVAILABLE,
         EventType.INSTANCE_KEPT,
         EventType.REAP_TERMINATED,
         EventType.RUN_PREEMPTED,
@@ -188,6 +189,9 @@ def separate_message(event: Event) -> str | None:
         return sweep_text(event.data, CONTENT_MAX)
     if event.type == EventType.WANDB_RUN:
         return f"📈 W&B for run {run}: {data['url']}" if data.get("url") else None
+    if event.type == EventType.WANDB_UNAVAILABLE:
+        why = truncate(str(data.get("error") or "?"), 300)
+        return f"📉 W&B could not be opened for run {run} ({why}): it trains on without W&B"
     if event.type == EventType.INSTANCE_KEPT:
         until = _when(data.get("until"))
         return f"🔧 Instance {data.get('instance')} of run {run} kept for debugging until {until}"

@@ -47,6 +47,9 @@ class Kind(StrEnum):
     # [{node_id, total, available, fit}], cluster, why, waited_s, limit_s, report (1, 2, ...), gave_up (the
     # last one, then it fails)}
     PENDING = "pending"
+    # W&B could not be opened (down, or the key refused since submit): {status: "unavailable", error}; the
+    # trainer trains on without it
+    WANDB = "wandb"
 
 
 def emit(kind: Kind, **data: Any) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainJob, WandbPlan, as_jsonable
-from trainer.progress import Kind
+from trainer.progress import Kind, emit
 
 SAMPLE_COLUMNS = ("step", "input", "prediction", "label")
 REDACTED = "<redacted>"
@@ -55,14 +55,21 @@ class Tracker:
         return self.plan.url if self.plan is not None else None
 
     def start(self) -> None:
-        """Open the run and write what happened before training."""
+        """Open the run and write what happened before training. When W&B cannot be opened (down past the
+        client's init timeout, or refusing the key), training goes on without it and a WANDB progress line
+        says why: the run's metrics still reach the fleet, and losing them to W&B costs less than the
+        node's hours."""
         plan = self.plan
         if plan is None:
             return
         work = Path(self.job.work_dir)
         work.mkdir(parents=True, exist_ok=True)
         config = {**as_jsonable(self.job.config), "fleet_run_id": self.job.run_id}
-        self.run = open_run(plan, self.job.run_id, work, config)
+        try:
+            self.run = open_run(plan, self.job.run_id, work, config)
+        except Exception as exc:  # noqa: BLE001 - W&B is a report: a paid node trains on without it
+            emit(Kind.WANDB, status="unavailable", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+            return
         self.run.define_metric("train/global_step")
         self.run.define_metric("*", step_metric="train/global_step")
         log_lifecycle(self.run, plan.lifecycle)

@@ -44,6 +44,7 @@ _EVENT_OF = {
     progress.Kind.ROLLBACK: EventType.TRAIN_ROLLBACK,
     progress.Kind.BATCH_SIZE: EventType.TRAIN_BATCH_SIZE,
     progress.Kind.PENDING: EventType.TRAIN_PENDING,
+    progress.Kind.WANDB: EventType.WANDB_UNAVAILABLE,
 }
 
 

@@ -40,6 +40,7 @@ from broker.payloads.node import (
     TrainStarted,
     TrainStep,
     TrainSubmitted,
+    WandbUnavailable,
 )
 from broker.payloads.runs import (
     GitOrigin,
@@ -114,6 +115,7 @@ PAYLOADS: Mapping[EventType, type[Payload]] = MappingProxyType(
         EventType.TRAIN_RESUMED: TrainResumed,
         EventType.TRAIN_ROLLBACK: TrainRollback,
         EventType.TRAIN_BATCH_SIZE: TrainBatchSize,
+        EventType.WANDB_UNAVAILABLE: WandbUnavailable,
         EventType.TRAIN_PENDING: TrainPending,
         EventType.TRAIN_RESTARTED: TrainRestarted,
         EventType.FINALIZE_PUSHED: HubPush,
@@ -229,4 +231,5 @@ __all__ = [
     "TrainStep",
     "TrainSubmitted",
     "WandbRun",
+    "WandbUnavailable",
 ]

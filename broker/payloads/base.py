@@ -25,6 +25,7 @@ class EventType(StrEnum):
 
     RUN_QUEUED = "run.queued"
     WANDB_RUN = "wandb.run"
+    WANDB_UNAVAILABLE = "wandb.unavailable"  # the trainer could not open the W&B run: it trains on without
     STAGE_STARTED = "stage.started"
     STAGE_FINISHED = "stage.finished"
     OFFER_CHOSEN = "offer.chosen"  # a `cloud:` job's attempt: the cloud and offer it rents, of how many

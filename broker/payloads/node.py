@@ -145,6 +145,12 @@ class TrainRollback(NodeRecord):
     rollbacks: int | None = None
 
 
+class WandbUnavailable(NodeRecord):
+    type = EventType.WANDB_UNAVAILABLE
+    status: str = "unavailable"
+    error: str | None = None
+
+
 class TrainBatchSize(NodeRecord):
     type = EventType.TRAIN_BATCH_SIZE
     micro_batch_size: int | None = None

@@ -14,8 +14,11 @@ import wandb
 from pydantic import SecretStr
 
 from service.wandbkey import wandb_refusal
+from tests.factories import train_config, train_job
 from tests.fakes.wandb import DEFAULT_KEY, FakeWandb
+from trainer import progress, recipe
 from trainer.config import WandbPlan
+from trainer.tiny import resolve_model
 from trainer.tracking import open_run
 
 pytestmark = pytest.mark.integration
@@ -106,3 +109,27 @@ def test_the_fleet_asks_wandb_at_submit_what_it_would_refuse(fake: FakeWandb) ->
         == "WANDB_API_KEY is tester's (teams: lab): it cannot write runs under the entity someone-else"
     )
     assert wandb_refusal("http://127.0.0.1:9", key, "someone-else") is None  # W&B unreachable: not a refusal
+
+
+def test_a_trainer_that_cannot_open_its_wandb_run_trains_on_and_says_why(
+    fake: FakeWandb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """W&B refusing the node's key (revoked since submit) or down past the client's timeout costs the W&B
+    run, not the training the node is paid for: the trainer goes on and a WANDB line says why."""
+    monkeypatch.setenv("WANDB_BASE_URL", fake.url)
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # a key this W&B does not take
+    wandb.teardown()  # the wandb singleton reads the environment when it is set up
+    config = train_config(max_steps=2, eval_steps=2, logging_steps=1)
+    plan = WandbPlan(run_id="tf-down", project="demo", entity="tester", mode="online")
+    try:
+        metrics = recipe.run(
+            train_job(tmp_path, config, wandb=plan), resolve_model(config.base_model, tmp_path / "c")
+        )
+    finally:
+        wandb.teardown()
+    assert metrics["global_step"] == 2 and (tmp_path / "out" / "adapter_config.json").exists()
+    lines = list(progress.parse(capsys.readouterr().out))
+    (down,) = [line for line in lines if line["kind"] == "wandb"]
+    assert down["status"] == "unavailable" and "returned error 401" in down["error"], down
+    assert [line["kind"] for line in lines].count("finished") == 1
+    assert fake.state()["runs"] == []

@@ -75,3 +75,10 @@ def test_idle_and_reminder_say_when_the_node_ends() -> None:
     assert "1970-01-01 00:02 UTC" in message(
         EventType.INSTANCE_REMINDER, instance="tf-r-1", until=120, in_s=60
     )
+
+
+def test_a_trainer_without_its_wandb_run_is_told_in_a_message_of_its_own() -> None:
+    assert EventType.WANDB_UNAVAILABLE in SEPARATE
+    text = message(EventType.WANDB_UNAVAILABLE, status="unavailable", error="CommError: " + "x" * 600)
+    assert text.startswith("📉 W&B could not be opened for run r (CommError: xxx") and "trains on" in text
+    assert len(text) < 400  # the error cut, not the message
