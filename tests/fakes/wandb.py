@@ -143,7 +143,8 @@ class FakeWandb(Served):
             return self._json(handler, 200, self._graphql(json.loads(body or b"{}"), handler))
         if len(segments) == 5 and segments[0] == "files" and segments[4] == "file_stream":
             self._count("file_stream")
-            return self._json(handler, 200, self._file_stream(segments[1], segments[2], segments[3], body))
+            answer = self._file_stream(segments[1], segments[2], segments[3], body)
+            return self._json(handler, 404 if "error" in answer else 200, answer)
         self._count("other")
         return self._json(handler, 404, {"error": f"no route for {handler.command} {path}"})
 
