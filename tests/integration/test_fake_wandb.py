@@ -133,3 +133,4 @@ def test_a_trainer_that_cannot_open_its_wandb_run_trains_on_and_says_why(
     assert down["status"] == "unavailable" and "returned error 401" in down["error"], down
     assert [line["kind"] for line in lines].count("finished") == 1
     assert fake.state()["runs"] == []
+    assert "W&B run" not in (tmp_path / "out" / "README.md").read_text()  # the card links no missing run
