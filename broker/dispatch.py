@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -34,6 +34,13 @@ local cur = redis.call('GET', KEYS[1])
 if (not cur) or cur == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
+end
+return 0
+"""
+# KEYS[1] tick key; ARGV[1] the owner that gives it back
+_GIVE_BACK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
 end
 return 0
 """
@@ -56,6 +63,7 @@ class Dispatcher:
         self.ttl_ms = int(stall_after_s * 1000)
         self._handover = client.register_script(_HANDOVER)
         self._wake = client.register_script(_WAKE)
+        self._give_back = client.register_script(_GIVE_BACK)
         self.parking = Parking(client, self.ttl_ms)
         self._held: dict[tuple[str, str], Renewer] = {}  # the claims of tasks inside `hold`
         self._lock = threading.Lock()
@@ -103,6 +111,21 @@ class Dispatcher:
         if not self._handover(keys=[tick_key(run_id)], args=[after or "", task_id, ttl]):
             return False
         self._send_task(stage, run_id, task_id, countdown)
+        return True
+
+    def kick(self, stage: Stage, run_id: str, record: Callable[[], bool]) -> bool:
+        """Send `stage`'s task for a run that has no owner (the reaper's kick), its record written first:
+        the run is claimed for the new task, then `record()` writes the kick to the ledger, and only then is
+        the task sent. Sent first, the task could end the run before the kick was recorded, leaving a kick
+        as the ended run's last event. When `record` declines (the run moved on meanwhile), the claim is
+        given back and nothing is sent. Whether the task was sent."""
+        task_id = uuid.uuid4().hex
+        if not self._handover(keys=[tick_key(run_id)], args=["", task_id, self.ttl_ms]):
+            return False
+        if not record():
+            self._give_back(keys=[tick_key(run_id)], args=[task_id])
+            return False
+        self._send_task(stage, run_id, task_id, 0.0)
         return True
 
     def park(self, run_id: str, after: str, watch: Watch) -> bool:

@@ -46,14 +46,13 @@ class Tracker:
         self.job = job
         self.plan = job.wandb if is_main else None
         self.run: Any = None
-        self.unavailable = False  # W&B could not be opened: there is no run to link
 
     @property
     def url(self) -> str | None:
         """The run's page (known once it started online), else what the fleet planned."""
         if self.run is not None and getattr(self.run, "url", None):
             return str(self.run.url)
-        return self.plan.url if self.plan is not None and not self.unavailable else None
+        return self.plan.url if self.plan is not None else None
 
     def start(self) -> None:
         """Open the run and write what happened before training. When W&B cannot be opened (down past the
@@ -70,7 +69,7 @@ class Tracker:
             self.run = open_run(plan, self.job.run_id, work, config)
         except Exception as exc:  # noqa: BLE001 - W&B is a report: a paid node trains on without it
             emit(Kind.WANDB, status="unavailable", error=f"{type(exc).__name__}: {str(exc)[:500]}")
-            self.unavailable = True
+            self.plan = None  # no W&B run for this trainer, as on the other ranks: nothing to write or link
             return
         self.run.define_metric("train/global_step")
         self.run.define_metric("*", step_metric="train/global_step")

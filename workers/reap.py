@@ -360,15 +360,18 @@ def _unfinished(ctx: context.Context, run: Run, report: Report) -> None:
         teardown(ctx, run, RunState.FAILED, FailureReason.STALLED, why, keep=False)
         report.stalled.append(run.run_id)
         return
+
     # A run with no owner lost its chain of tasks (a worker died): send its stage task again.
-    if ctx.dispatcher.send(stage, run.run_id, after=None):
+    def record() -> bool:
+        return ctx.ledger.update_run(run.run_id, kick_record(stage, bound)).kicks > run.kicks
+
+    if ctx.dispatcher.kick(stage, run.run_id, record):
         report.kicked.append(run.run_id)
-        ctx.ledger.update_run(run.run_id, kick_record(stage, bound))
 
 
 def kick_record(stage: Stage, bound: int) -> Callable[[Run], list[Draft]]:
-    """The kick's record, written after the task is sent: the task may have ended the run (a cancel asked
-    for) or moved it on by then, and a run's last event must not be a kick after its end."""
+    """The kick's record, written before its task is sent (Dispatcher.kick) and only while the run is still
+    in that stage: another process may have ended the run (a cancel) or moved it on since it was read."""
 
     def kicked(run: Run) -> list[Draft]:
         if run.state.stage is not stage:

@@ -120,7 +120,8 @@ def test_a_trainer_that_cannot_open_its_wandb_run_trains_on_and_says_why(
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # a key this W&B does not take
     wandb.teardown()  # the wandb singleton reads the environment when it is set up
     config = train_config(max_steps=2, eval_steps=2, logging_steps=1)
-    plan = WandbPlan(run_id="tf-down", project="demo", entity="tester", mode="online")
+    url = f"{fake.url}/tester/demo/runs/tf-down"  # planned at provision, never opened
+    plan = WandbPlan(run_id="tf-down", project="demo", entity="tester", mode="online", url=url)
     try:
         metrics = recipe.run(
             train_job(tmp_path, config, wandb=plan), resolve_model(config.base_model, tmp_path / "c")
@@ -133,4 +134,5 @@ def test_a_trainer_that_cannot_open_its_wandb_run_trains_on_and_says_why(
     assert down["status"] == "unavailable" and "returned error 401" in down["error"], down
     assert [line["kind"] for line in lines].count("finished") == 1
     assert fake.state()["runs"] == []
-    assert "W&B run" not in (tmp_path / "out" / "README.md").read_text()  # the card links no missing run
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "W&B run" not in card and url not in card  # the card links no run W&B never opened

@@ -104,6 +104,34 @@ def test_a_kick_is_not_recorded_on_a_run_its_task_already_ended(ctx: context.Con
     assert [len(events) for events in kicked.values()] == [0, 1]
 
 
+def test_a_kick_is_recorded_before_its_task_is_sent(
+    ctx: context.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent first, the task could end the run (a cancel asked for) before the kick was written: a CI run saw
+    # a cancelled run with no run.kicked, another saw run.kicked after its end. Now nothing is sent before it.
+    ctx.ledger.create_run(make_run("stuck", RunState.PREPARING), [])
+    kicks_when_sent: list[int] = []
+    send = ctx.dispatcher._send_task
+
+    def watched(stage: Stage, run_id: str, task_id: str, countdown: float) -> None:
+        kicks_when_sent.append(ctx.ledger.get_run(run_id).kicks)
+        send(stage, run_id, task_id, countdown)
+
+    monkeypatch.setattr(ctx.dispatcher, "_send_task", watched)
+    assert reap_once(ctx).kicked == ["stuck"]  # type: ignore[union-attr]
+    assert kicks_when_sent == [1] and ctx.redis.llen(Stage.PREPARE.value) == 1
+
+
+def test_a_kick_the_run_outran_sends_nothing(ctx: context.Context) -> None:
+    # The run left its stage between the reaper's look and its kick: no record, no task, the claim given back.
+    ctx.ledger.create_run(make_run("moved", RunState.PREPARING), [])
+    assert not ctx.dispatcher.kick(Stage.PREPARE, "moved", lambda: False)
+    assert ctx.redis.llen(Stage.PREPARE.value) == 0 and ctx.dispatcher.owner("moved") is None
+    ctx.redis.set(tick_key("moved"), "a-live-task")
+    assert not ctx.dispatcher.kick(Stage.PREPARE, "moved", lambda: True)  # owned: never kicked
+    assert ctx.dispatcher.owner("moved") == "a-live-task"
+
+
 def test_one_reaper_at_a_time(ctx: context.Context) -> None:
     ctx.ledger.create_run(make_run("stuck", RunState.PREPARING), [])
     ctx.redis.set("tf:lock:reap", "another-reaper", ex=30)
