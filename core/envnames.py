@@ -70,6 +70,9 @@ LOADER = Reserved(
             "NODE_PATH",
             "VIRTUAL_ENV",
             "CONDA_PREFIX",
+            "OPENSSL_CONF",  # OpenSSL reads it in every process that loads it (the failsafe's Python too),
+            "OPENSSL_MODULES",  # and it, OPENSSL_MODULES and OPENSSL_ENGINES load shared libraries
+            "OPENSSL_ENGINES",
         }
     ),
     ("LD_", "DYLD_", "PYTHON"),

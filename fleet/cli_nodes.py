@@ -150,20 +150,24 @@ def ssh(
 
 def jupyter(ident: RunArg, as_json: JsonOpt = False) -> None:
     """The URL of the JupyterLab on a run's node (`jupyter: true` in its section), with its token: for your
-    eyes only, as the holder of the fleet's home (never paste it where others read)."""
-    from service.nodeaccess import jupyter_url, run_node
+    eyes only, as the holder of the fleet's home (never paste it where others read). On a vast.ai node it
+    is https with the certificate the fleet made for the node: its SHA-256 fingerprint, to check in the
+    browser, goes to stderr (`--json`: `certificate`, `sha256`)."""
+    from service.nodeaccess import jupyter_access
 
     fleet = connect_or_exit(settings_or_exit(), reading=True)
     try:
-        name = run_node(fleet, ident).name
-        url = jupyter_url(fleet, name)
+        access = jupyter_access(fleet, ident)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     if as_json:
-        out.print_json(json.dumps({"instance": name, "url": url}))
-    else:
-        out.print(url, markup=False, highlight=False)
+        out.print_json(json.dumps(access.view()))
+        return
+    out.print(access.url, markup=False, highlight=False)
+    note = access.trust_note()
+    if note is not None:
+        err.print(note, markup=False, highlight=False)
 
 
 def _head_of(fleet: Fleet, ident: str) -> str:

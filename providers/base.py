@@ -281,3 +281,8 @@ class Provider(ABC):
         """The URL of the instance's JupyterLab, with its token (never log or store it); NodeError saying
         why there is none."""
         raise NodeError(f"the {self.name} provider runs no JupyterLab on its nodes")
+
+    def pinned_certificate(self, name: str) -> Path | None:
+        """The file of the TLS certificate the fleet made for the instance, the only one it trusts there
+        (its Jobs API's and JupyterLab's, on a node reached by its address); None when it made none."""
+        return None

@@ -37,31 +37,45 @@ SETUP_ENV = "FLEET_NODE_SETUP"  # providers.nodesetup, packed
 BOOTSTRAP_ENV = "FLEET_BOOTSTRAP"
 # What runs the node setup program from the environment: `python3 -c SETUP_LOADER`.
 SETUP_LOADER = f'import base64,os,zlib;exec(zlib.decompress(base64.b64decode(os.environ["{SETUP_ENV}"])))'
-ACCESS_ENV = "FLEET_NODE_ACCESS"  # the ACCESS_LINES below, which the start script `eval`s before Ray
-# A way into a kept node, each in the background so that neither a slow install nor a failure touches Ray:
-# sshd with the fleet's key in root's authorized_keys (our start command replaces the image's, so nothing
-# else starts sshd; `sudo -n` on an image that runs as another user), and JupyterLab with the node's own
-# token, passed in its environment (not on its command line), its log (which shows the URL) owner-only,
-# and the token unset before Ray so that no Ray job inherits it.
-ACCESS_LINES = (
-    f'if [ -n "${{{SSH_KEY_ENV}:-}}" ]; then (',
-    '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',
-    "  $S mkdir -p /root/.ssh && $S chmod 700 /root/.ssh",
-    f'  $S grep -qxF "${SSH_KEY_ENV}" /root/.ssh/authorized_keys'
-    f" || printf '%s\\n' \"${SSH_KEY_ENV}\" | $S tee -a /root/.ssh/authorized_keys",
-    "  $S chmod 600 /root/.ssh/authorized_keys",
-    "  [ -x /usr/sbin/sshd ] || { $S apt-get update -qq"
-    " && $S env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }",
-    "  $S mkdir -p /run/sshd && $S ssh-keygen -A && $S /usr/sbin/sshd",
-    ") >/dev/null 2>&1 & fi",
-    f'if [ -n "${{{JUPYTER_TOKEN_ENV}:-}}" ]; then (',
-    f'  umask 077 && exec >"${NODE_ROOT_ENV}/jupyter.log" 2>&1',
-    '  python3 -c "import jupyterlab" || python3 -m pip install -q jupyterlab',
-    f'  {envnames.JUPYTER_TOKEN}="${JUPYTER_TOKEN_ENV}" exec python3 -m jupyterlab --ip=0.0.0.0'
-    f" --port={JUPYTER_PORT} --no-browser --allow-root",
-    ") & fi",
-    f"unset {JUPYTER_TOKEN_ENV}",
-)
+ACCESS_ENV = "FLEET_NODE_ACCESS"  # the access lines below, which the start script `eval`s before Ray
+INNER_JUPYTER_PORT = 8889  # behind a TLS front JupyterLab listens here, on loopback only
+
+
+def access_lines(tls: bool = False) -> tuple[str, ...]:
+    """A way into a kept node, each in the background so that neither a slow install nor a failure touches
+    Ray: sshd with the fleet's key in root's authorized_keys (our start command replaces the image's, so
+    nothing else starts sshd; `sudo -n` on an image that runs as another user), and JupyterLab with the
+    node's own token, passed in its environment (not on its command line), its log (which shows the URL)
+    owner-only, and the token unset before Ray so that no Ray job inherits it. With `tls` (a node reached
+    by its public address) JupyterLab listens on loopback, behind the node's TLS front on its published
+    port; it then takes requests for the host's address (`allow_remote_access`: on loopback it would refuse
+    a Host header that is not a local name), which its token still guards."""
+    if tls:
+        listen = f"--ip=127.0.0.1 --port={INNER_JUPYTER_PORT} --ServerApp.allow_remote_access=True"
+    else:
+        listen = f"--ip=0.0.0.0 --port={JUPYTER_PORT}"
+    return (
+        f'if [ -n "${{{SSH_KEY_ENV}:-}}" ]; then (',
+        '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',
+        "  $S mkdir -p /root/.ssh && $S chmod 700 /root/.ssh",
+        f'  $S grep -qxF "${SSH_KEY_ENV}" /root/.ssh/authorized_keys'
+        f" || printf '%s\\n' \"${SSH_KEY_ENV}\" | $S tee -a /root/.ssh/authorized_keys",
+        "  $S chmod 600 /root/.ssh/authorized_keys",
+        "  [ -x /usr/sbin/sshd ] || { $S apt-get update -qq"
+        " && $S env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }",
+        "  $S mkdir -p /run/sshd && $S ssh-keygen -A && $S /usr/sbin/sshd",
+        ") >/dev/null 2>&1 & fi",
+        f'if [ -n "${{{JUPYTER_TOKEN_ENV}:-}}" ]; then (',
+        f'  umask 077 && exec >"${NODE_ROOT_ENV}/jupyter.log" 2>&1',
+        '  python3 -c "import jupyterlab" || python3 -m pip install -q jupyterlab',
+        f'  {envnames.JUPYTER_TOKEN}="${JUPYTER_TOKEN_ENV}" exec python3 -m jupyterlab {listen}'
+        " --no-browser --allow-root",
+        ") & fi",
+        f"unset {JUPYTER_TOKEN_ENV}",
+    )
+
+
+ACCESS_LINES = access_lines()  # a node reached through its vendor's HTTPS proxy (RunPod's)
 NODE_REQUIREMENTS = Path(trainer.__file__).with_name("requirements-node.txt")
 NODE_PINS = Path(trainer.__file__).with_name("node-pins.txt")
 HEAD_ADDRESS_ENV = failsafe.HEAD_ENV  # a worker node joins the Ray head at this host:port
@@ -86,14 +100,16 @@ def head_argv(tls: bool = False) -> list[str]:
 
 def tlsfront_argv() -> list[str]:
     """The node's TLS front (`python3 -c`, standard library only): the published Jobs API port, over TLS
-    with the node's certificate, to the dashboard on loopback."""
+    with the node's certificate, to the dashboard on loopback (the start script adds JupyterLab's ports on a
+    node that runs it)."""
     loader = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed(tlsfront)}")))'
     return ["python3", "-c", loader, str(JOBS_PORT), str(INNER_JOBS_PORT)]
 
 
 @functools.cache
 def packed(module: ModuleType) -> str:
-    """A stdlib-only module of ours without its docstrings and comments, compressed and in base64: what
+    """A stdlib-only module of ours without its docstrings, comments and the annotations of its functions
+    (`from __future__ import annotations` makes them strings nothing reads), compressed and in base64: what
     runs on the node before anything of ours is there travels in the vendor's create call (the start
     script in vast.ai's `onstart` or RunPod's `dockerArgs`, the rest in the environment)."""
     tree = ast.parse(inspect.getsource(module))
@@ -101,7 +117,36 @@ def packed(module: ModuleType) -> str:
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and _is_docstring(body[0]):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    tree = ast.fix_missing_locations(_Unannotated().visit(tree))
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+class _Unannotated(ast.NodeTransformer):
+    """Drops the annotations of functions and of what they assign; a class body's are kept (a dataclass
+    reads them)."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        node.returns = None
+        arguments = node.args
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            argument.annotation = None
+        for extra in (arguments.vararg, arguments.kwarg):
+            if extra is not None:
+                extra.annotation = None
+        return self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return node
+        return ast.copy_location(ast.Assign([node.target], node.value), node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        for statement in node.body:
+            if not isinstance(statement, ast.AnnAssign):
+                self.visit(statement)
+        return node
 
 
 def packed_failsafe() -> str:
@@ -156,11 +201,12 @@ def axolotl_pins(version: str) -> tuple[str, ...]:
     return (f"axolotl=={version}", ray)
 
 
-def node_setup_env(software: NodeSoftware | None = None) -> dict[str, str]:
+def node_setup_env(software: NodeSoftware | None = None, tls: bool = False) -> dict[str, str]:
     """What a rented node's start script needs in its environment to set the node's software up
-    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in. An
-    axolotl node keeps its image's Python (axolotl's images are built for theirs)."""
-    env = {ACCESS_ENV: "\n".join(ACCESS_LINES), SETUP_ENV: packed(nodesetup)}
+    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in
+    (`access_lines`; `tls`: JupyterLab behind the node's TLS front). An axolotl node keeps its image's
+    Python (axolotl's images are built for theirs)."""
+    env = {ACCESS_ENV: "\n".join(access_lines(tls)), SETUP_ENV: packed(nodesetup)}
     if software is not None and software.trainer == "axolotl" and software.axolotl_version:
         return {**env, nodesetup.PINS_ENV: " ".join(axolotl_pins(software.axolotl_version))}
     return {
@@ -210,28 +256,30 @@ def start_script(
     whose start goes wrong later goes too), token auth on, the node's software set up and its root chosen
     (providers.nodesetup, carried by FLEET_NODE_SETUP: what the image lacks is installed, Ray starts from
     that venv, and runs keep their files under FLEET_NODE_ROOT, on the volume when the provider set one),
-    SSH and JupyterLab when asked for (ACCESS_LINES, carried by FLEET_NODE_ACCESS), then Ray in the
+    SSH and JupyterLab when asked for (`access_lines`, carried by FLEET_NODE_ACCESS), then Ray in the
     foreground: the head, or for a `worker` node a `ray start --address` that joins the head at
     $FLEET_RAY_HEAD_ADDRESS, tried again every few seconds while the head is not up yet (or restarts).
     `private_host` (a constant of the provider's, such as `$RUNPOD_POD_ID.runpod.internal`) is this
     node's name on the private network: Ray then advertises that address, which the cluster's other nodes
     can reach, instead of the one it would guess. The job's `entry` is not here: it runs as prepare's
     first Ray job (workers.entry), checked and logged. With `tls` (a node reached by its public address)
-    the head's Jobs API is published only through the node's TLS front (providers.tlsfront), whose
-    certificate and key the script then takes out of the environment, before anything else starts."""
+    the head's Jobs API, and JupyterLab on a node that runs it, are published only through the node's TLS
+    front (providers.tlsfront), whose certificate and key the script then takes out of the environment,
+    before anything else starts."""
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
     if tls:  # first, so that nothing started later (setup, SSH, JupyterLab, Ray) inherits the key
+        jupyter = f"${{{JUPYTER_TOKEN_ENV}:+{JUPYTER_PORT} {INNER_JUPYTER_PORT}}}"  # two words, or none
         lines += [
-            f'[ -z "${{{TLS_CERT_ENV}:-}}" ] || {shlex.join(tlsfront_argv())} &',
+            f'[ -z "${{{TLS_CERT_ENV}:-}}" ] || {shlex.join(tlsfront_argv())} {jupyter} &',
             f"unset {TLS_CERT_ENV} {TLS_KEY_ENV}",
         ]
     lines += [
         f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${TOKEN_ENV}"',
         f'eval "$(python3 -c {shlex.quote(SETUP_LOADER)} || true)"',  # exports FLEET_NODE_ROOT and PATH
         f'export {NODE_ROOT_ENV}="${{{NODE_ROOT_ENV}:-/tmp/trainfleet}}"',
-        f'[ -z "${{{ACCESS_ENV}:-}}" ] || eval "${ACCESS_ENV}"',  # SSH, JupyterLab (ACCESS_LINES)
+        f'[ -z "${{{ACCESS_ENV}:-}}" ] || eval "${ACCESS_ENV}"',  # SSH, JupyterLab (access_lines)
     ]
     node_ip = ""
     if private_host:

@@ -16,6 +16,12 @@ and it is followed across rotation and truncation.
 
 The failsafe writes one line to stderr saying why it gives the node back, then asks its vendor until the
 vendor accepts (the node may be cut off for a while; being destroyed ends this process too).
+
+The node's environment is also the job's, whose `env` may set proxies and CA bundles for its own downloads
+(HTTPS_PROXY, ALL_PROXY, NO_PROXY, SSL_CERT_FILE, SSL_CERT_DIR, SSLKEYLOGFILE...). None of them reaches the
+give-back: it goes straight to the vendor, and its TLS trusts the system's authorities where OpenSSL was
+built to find them. A job could otherwise send the call to a proxy that swallows it, or make the vendor's
+certificate fail, and keep its node billing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -138,16 +145,30 @@ def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def vendor_opener(env: Mapping[str, str]) -> urllib.request.OpenerDirector:
+    """urllib for the vendor's API: no proxy whatever the environment says (an empty ProxyHandler), and TLS
+    that checks the vendor's certificate and name against the system's authorities at OpenSSL's built-in
+    paths, named here: OpenSSL's default paths would follow SSL_CERT_FILE and SSL_CERT_DIR, and
+    ssl.create_default_context would open SSLKEYLOGFILE, all of which a job may set."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies and checks names; trusts nothing yet
+    paths = ssl.get_default_verify_paths()
+    if os.path.isfile(paths.openssl_cafile):
+        context.load_verify_locations(paths.openssl_cafile)
+    if os.path.isdir(paths.openssl_capath):
+        context.load_verify_locations(capath=paths.openssl_capath)
+    https = urllib.request.HTTPSHandler(context=context)
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), https)
+
+
 def destroy_vastai(env: Mapping[str, str]) -> Callable[[], None]:
     """vast.ai: DELETE the instance (CONTAINER_ID) with its own key (CONTAINER_API_KEY)."""
     url = f"{env[VAST_URL_ENV].rstrip('/')}/api/v0/instances/{env['CONTAINER_ID']}/"
     headers = _bearer(env["CONTAINER_API_KEY"])
+    opener = vendor_opener(env)
 
     def destroy() -> None:
         try:
-            urllib.request.urlopen(
-                urllib.request.Request(url, headers=headers, method="DELETE"), timeout=30
-            ).close()
+            opener.open(urllib.request.Request(url, headers=headers, method="DELETE"), timeout=30).close()
         except urllib.error.HTTPError as exc:
             if exc.code != 404:  # 404: gone already
                 raise
@@ -162,10 +183,11 @@ def terminate_runpod(env: Mapping[str, str]) -> Callable[[], None]:
     variables = {"input": {"podId": env["RUNPOD_POD_ID"]}}
     body = json.dumps({"query": RUNPOD_TERMINATE, "variables": variables}).encode()
     headers = {**_bearer(env["RUNPOD_API_KEY"]), "Content-Type": "application/json"}
+    opener = vendor_opener(env)
 
     def terminate() -> None:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=30) as reply:
+        with opener.open(request, timeout=30) as reply:
             answer = json.loads(reply.read() or b"{}")
         errors = answer.get("errors") if isinstance(answer, dict) else None
         messages = [str(error.get("message")) for error in errors or []]
@@ -241,7 +263,7 @@ def main(argv: list[str], env: Mapping[str, str]) -> int:
             log(f"off: neither {DEADLINE_ENV} nor {HEARTBEAT_ENV} is set")
             return 0
         give_back = GIVE_BACK[vendor](env)
-    except ValueError as exc:
+    except (ValueError, ssl.SSLError) as exc:  # a number, or the system's authorities, that cannot be read
         log(f"off: {exc}")
         return 2
     except KeyError as exc:

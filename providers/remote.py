@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
@@ -238,10 +239,17 @@ class RemoteProvider(Provider, Generic[S, R]):
             )
         record = self._live_record(name)
         why = self._not_up(name, record)
-        url = None if why else self._published(record, JUPYTER_PORT)
+        url = None if why else self._jupyter_url(record)
         if url is None:
             raise NodeError(why or f"instance {name} does not publish JupyterLab's port {JUPYTER_PORT}")
         return f"{url}/lab?token={token}"
+
+    def _jupyter_url(self, record: R) -> str | None:
+        """Where the instance publishes its JupyterLab, if it does (yet)."""
+        return self._published(record, JUPYTER_PORT)
+
+    def pinned_certificate(self, name: str) -> Path | None:
+        return self.tokens.tls_pin(name)
 
     def _endpoint_url(self, record: R) -> str | None:
         """The Jobs API URL to use now (a cloud may also require the instance to be running)."""

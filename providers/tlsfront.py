@@ -1,12 +1,14 @@
-"""On the node (stdlib only): the TLS front of its Jobs API. The Ray dashboard listens on loopback only, and
-this listens on the published port, ends TLS with the certificate the fleet made for this node (and pins),
-and passes the bytes through both ways unchanged: the token, the User-Agent the failsafe counts as the
-fleet's heartbeat, and the datasets and results a Ray job carries all cross the internet encrypted.
+"""On the node (stdlib only): the TLS front of its Jobs API and of its JupyterLab. The Ray dashboard (and
+JupyterLab, on a node that runs it) listens on loopback only, and this listens on the published port, ends
+TLS with the certificate the fleet made for this node (and pins), and passes the bytes through both ways
+unchanged: the token, the User-Agent the failsafe counts as the fleet's heartbeat, the datasets and results
+a Ray job carries, and JupyterLab's token and websockets all cross the internet encrypted.
 
-Run by the start script (providers.bootstrap) as `python3 -c SOURCE LISTEN_PORT INNER_PORT`, with the
-certificate and key in FLEET_NODE_TLS_CERT / FLEET_NODE_TLS_KEY (PEM in base64, one line each, as a
-vendor's environment takes them: `env_value`); it writes them to an owner-only
-directory for the ssl module, and the script unsets both before Ray starts, so no Ray job inherits the key.
+Run by the start script (providers.bootstrap) as `python3 -c SOURCE LISTEN_PORT INNER_PORT [LISTEN_PORT
+INNER_PORT ...]`, one pair per port it fronts, with the certificate and key in FLEET_NODE_TLS_CERT /
+FLEET_NODE_TLS_KEY (PEM in base64, one line each, as a vendor's environment takes them: `env_value`); it
+writes them to an owner-only directory for the ssl module, and the script unsets both before anything else
+starts (JupyterLab, Ray), so neither the notebook's kernels nor a Ray job inherits the key.
 """
 
 from __future__ import annotations
@@ -85,15 +87,29 @@ class Front:
             await server.serve_forever()
 
 
+def pairs(argv: list[str]) -> list[tuple[int, int]]:
+    """`LISTEN INNER [LISTEN INNER ...]` as (listen, inner) ports; ValueError unless whole pairs of
+    numbers. (No `zip(strict=)`: a node's python3 may be 3.9.)"""
+    ports = [int(word) for word in argv]
+    if not ports or len(ports) % 2:
+        raise ValueError(f"expected LISTEN_PORT INNER_PORT pairs, got {argv}")
+    return [(ports[i], ports[i + 1]) for i in range(0, len(ports), 2)]
+
+
+async def serve_all(context: ssl.SSLContext, fronted: list[tuple[int, int]]) -> None:
+    """Each (listen, inner) pair's front on all interfaces, until cancelled."""
+    await asyncio.gather(*(Front(inner).serve(context, "0.0.0.0", listen) for listen, inner in fronted))
+
+
 def main(argv: list[str], env: Mapping[str, str]) -> int:
-    """`LISTEN_PORT INNER_PORT`: serve until killed (the container's end ends it)."""
+    """`LISTEN_PORT INNER_PORT [...]`: serve until killed (the container's end ends it)."""
     try:
-        listen, inner = int(argv[0]), int(argv[1])
+        fronted = pairs(argv)
         context = server_context(from_env(env[CERT_ENV]), from_env(env[KEY_ENV]))
-    except (IndexError, ValueError, KeyError, ssl.SSLError) as exc:
+    except (ValueError, KeyError, ssl.SSLError) as exc:
         print(f"tlsfront: off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2
-    asyncio.run(Front(inner).serve(context, "0.0.0.0", listen))
+    asyncio.run(serve_all(context, fronted))
     return 0
 
 

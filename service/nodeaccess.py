@@ -2,7 +2,9 @@
 key, and the node's JupyterLab (`fleet jupyter`, `jupyter: true`), whose URL carries its token. The
 provider's record of the instance says where each is published; the ledger says which instance is the
 run's. The JupyterLab URL is for the run's owner only: it is returned to the caller and never written to
-an event, a log or the ledger."""
+an event, a log or the ledger. A vast.ai node serves it over TLS with the certificate the fleet made for
+that node, which no authority signed: its owner's browser warns, and the certificate's fingerprint is what
+tells them it is their node's."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 from broker.models import Instance
 from core.errors import NodeError, NotFound
 from providers.base import INSTANCE_PREFIX, Provider, SshAccess
+from providers.node import fingerprint
 from providers.registry import get_provider
 from service.runs import Fleet
 
@@ -43,6 +46,43 @@ class SshCommand:
             "user": self.access.user,
             "identity_file": str(self.identity) if self.identity is not None else None,
             "command": self.text(),
+        }
+
+
+@dataclass(frozen=True)
+class JupyterAccess:
+    """A node's JupyterLab: its URL with the token, and the certificate the fleet made for the node when it
+    serves JupyterLab with that one (vast.ai), with the SHA-256 fingerprint a browser shows for it."""
+
+    instance: str
+    url: str
+    certificate: Path | None = None
+
+    @property
+    def sha256(self) -> str | None:
+        """The certificate's SHA-256 fingerprint as browsers show it (`AB:CD:...`)."""
+        if self.certificate is None:
+            return None
+        digest = fingerprint(self.certificate).upper()
+        return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+    def trust_note(self) -> str | None:
+        """What a browser user needs to know before trusting the URL; None for a certificate an authority
+        signed (RunPod's proxy)."""
+        if self.certificate is None:
+            return None
+        return (
+            f"JupyterLab on {self.instance} answers with the certificate the fleet made for that node, which "
+            "no authority signed, so your browser warns. Go on only if the certificate it shows has the "
+            f"SHA-256 fingerprint {self.sha256} (the fleet keeps it in {self.certificate})."
+        )
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "url": self.url,
+            "certificate": str(self.certificate) if self.certificate is not None else None,
+            "sha256": self.sha256,
         }
 
 
@@ -80,3 +120,13 @@ def jupyter_url(fleet: Fleet, ident: str) -> str:
     """The URL of the JupyterLab on the node of `ident`, with its token: for the run's owner's eyes only."""
     record = run_node(fleet, ident)
     return _provider(fleet, record).jupyter_url(record.name)
+
+
+def jupyter_access(fleet: Fleet, ident: str) -> JupyterAccess:
+    """`jupyter_url`, with the certificate pinned for the node when it is what JupyterLab answers with (an
+    https URL at the node's own address)."""
+    record = run_node(fleet, ident)
+    provider = _provider(fleet, record)
+    url = provider.jupyter_url(record.name)
+    certificate = provider.pinned_certificate(record.name) if url.startswith("https://") else None
+    return JupyterAccess(record.name, url, certificate)

@@ -1,8 +1,9 @@
 """The `vastai` provider: on-demand and interruptible (bid) instances on vast.ai, labelled tf-<run>-<attempt>.
 
 An instance runs a Ray head with token auth (providers.bootstrap's start script as its `onstart`) and
-publishes the Jobs API port through its TLS front; the fleet reaches it at the host's public address and
-mapped port over HTTPS, trusting only the certificate it made for that instance (providers.tokens).
+publishes the Jobs API port (and JupyterLab's, with `jupyter: true`) through its TLS front; the fleet reaches
+it at the host's public address and mapped port over HTTPS, trusting only the certificate it made for that
+instance (providers.tokens), and `fleet jupyter` gives an https URL and that certificate.
 
 Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machine. An offer's `min_bid`
 (and `dph_total` in a bid search) is for the whole machine, so the minimum bid per GPU is
@@ -231,7 +232,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             VAST_URL_ENV: self.api_url,  # where the node's failsafe destroys it (a fake's in tests)
             **failsafe_env(deadline, request.heartbeat_timeout_s),
             # what the image lacks of the node's software, installed at boot
-            **node_setup_env(request.software),
+            **node_setup_env(request.software, tls=True),  # JupyterLab too behind the TLS front
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
         if JUPYTER_TOKEN_ENV in env:
@@ -324,6 +325,11 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     def _jobs_url(self, row: VastInstance) -> str | None:
         """The Jobs API's TLS front at the host's address: HTTPS, the instance's own certificate pinned."""
         url = self._published(row, JOBS_PORT)
+        return None if url is None else "https://" + url.removeprefix("http://")
+
+    def _jupyter_url(self, row: VastInstance) -> str | None:
+        """JupyterLab's port is the TLS front's too: HTTPS, with the instance's own certificate."""
+        url = self._published(row, JUPYTER_PORT)
         return None if url is None else "https://" + url.removeprefix("http://")
 
     def _host_port(self, row: VastInstance, key: str) -> str | None:

@@ -279,6 +279,7 @@ class FakeCloud(Served):
                 root=self.node_root(inst),
                 resources=self.node_resources(inst),
                 image=self.node_image(inst),
+                ports=self.node_ports(inst),
             )
         self.nodes.start(self.node_name(inst), boot)
 
@@ -424,6 +425,11 @@ class FakeCloud(Served):
         """The image the instance runs, which says what Python environment its node has (None: the
         default image's; see tests.fakes.node_images)."""
         return None
+
+    def node_ports(self, inst: Instance) -> dict[int, int]:
+        """Where the instance publishes its container ports on this machine, by container port (none by
+        default: the node's dashboard port is its backend's to choose)."""
+        return {}
 
     def node_root(self, inst: Instance) -> Path | None:
         """The FLEET_NODE_ROOT the instance's node shares with others (a network volume), None for its own.

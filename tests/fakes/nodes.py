@@ -53,8 +53,9 @@ class Boot:
     """How an instance's machine starts: its Ray token (None: a fresh one) and environment; the cluster it
     joins (None: it runs a head of its own); the FLEET_NODE_ROOT it shares with other nodes (None: a root
     of its own); the custom Ray resources its hardware gives it (what Ray detects on a real machine,
-    such as `accelerator_type:<GPU>`); and its image, which says what Python environment it runs in
-    (tests.fakes.node_images)."""
+    such as `accelerator_type:<GPU>`); its image, which says what Python environment it runs in
+    (tests.fakes.node_images); and the local ports its vendor publishes its other container ports at (by
+    container port: JupyterLab's), where what the node's start script serves there listens."""
 
     token: str | None
     env: Mapping[str, str]
@@ -62,6 +63,7 @@ class Boot:
     root: Path | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     image: str | None = None
+    ports: Mapping[int, int] = field(default_factory=dict)
 
 
 class NodeBackend(Protocol):
@@ -80,7 +82,8 @@ class NodeBackend(Protocol):
         """Stop every node this backend started."""
 
 
-def _unused_port() -> int:
+def unused_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -97,7 +100,7 @@ class NoNodes:
     def start(self, name: str, boot: Boot) -> None:
         """Remember when the node 'booted' and pick the port it will publish (nothing runs to join)."""
         with self._lock:
-            self._started[name] = (time.time(), _unused_port())
+            self._started[name] = (time.time(), unused_port())
 
     def __contains__(self, name: object) -> bool:
         """Whether the node `name` was started and not stopped since."""

@@ -3,7 +3,10 @@
 A node created with FLEET_NODE_TLS_CERT / FLEET_NODE_TLS_KEY in its environment (a vast.ai instance) gets
 what its start script gives a real one: its Jobs API only behind providers.tlsfront (the same code, run
 here in a thread), with the certificate the fleet made for it; the key is not passed on into the node's
-own environment, as the script unsets it. Its published port then speaks TLS and nothing else.
+own environment, as the script unsets it. Its published port then speaks TLS and nothing else. With a
+JupyterLab token too, the port its vendor publishes JupyterLab's at gets a front of its own, as on a real
+node; the fake node runs no JupyterLab behind it, so the front ends TLS and then closes the connection, as
+a real one does while JupyterLab is still being installed.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import dataclasses
 import datetime
 import ipaddress
+import ssl
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV
 from providers.tlsfront import CERT_ENV, KEY_ENV, Front, from_env, server_context
 
 if TYPE_CHECKING:
@@ -32,6 +37,7 @@ class _Opened:
     front: Front
     server: asyncio.Server
     port: int
+    others: list[asyncio.Server] = dataclasses.field(default_factory=list)  # JupyterLab's front
 
 
 class Fronted:
@@ -58,14 +64,20 @@ class Fronted:
         if cert and key:
             context = server_context(from_env(cert), from_env(key))
             front = Front(None)
-            loop = self._running_loop()
-            opening = asyncio.start_server(front.connection, "127.0.0.1", 0, ssl=context)
-            server = asyncio.run_coroutine_threadsafe(opening, loop).result(10)
+            server = self._serve(front, context, 0)
+            opened = _Opened(front, server, int(server.sockets[0].getsockname()[1]))
+            if boot.env.get(JUPYTER_TOKEN_ENV) and JUPYTER_PORT in boot.ports:
+                opened.others.append(self._serve(Front(None), context, boot.ports[JUPYTER_PORT]))
             with self._lock:
-                self._fronts[name] = _Opened(front, server, int(server.sockets[0].getsockname()[1]))
+                self._fronts[name] = opened
             env = {k: v for k, v in boot.env.items() if k not in (CERT_ENV, KEY_ENV)}
             boot = dataclasses.replace(boot, env=env)
         self.inner.start(name, boot)
+
+    def _serve(self, front: Front, context: ssl.SSLContext, port: int) -> asyncio.Server:
+        """`front` listening with TLS on 127.0.0.1:`port` (0: any free one), in the fronts' loop."""
+        opening = asyncio.start_server(front.connection, "127.0.0.1", port, ssl=context)
+        return asyncio.run_coroutine_threadsafe(opening, self._running_loop()).result(10)
 
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The TLS front's port once the node's own is up (which the front then forwards to)."""
@@ -81,7 +93,8 @@ class Fronted:
         with self._lock:
             opened = self._fronts.pop(name, None)
         if opened is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(opened.server.close)
+            for server in (opened.server, *opened.others):
+                self._loop.call_soon_threadsafe(server.close)
 
     def stop(self, name: str) -> None:
         """Stop the node and its front."""

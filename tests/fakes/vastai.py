@@ -8,7 +8,8 @@ one instance, start/stop/label, destroy and change_bid, and attaching an SSH key
 
 An instance launched with SSH (a `runtype` naming ssh) shows vast.ai's SSH proxy (`ssh_host`, `ssh_port`),
 and with direct SSH (`ssh_direc`) a "22/tcp" binding, beside a binding for every port it publishes (`-p`
-in its env); nothing listens on them but the dashboard's.
+in its env); nothing listens on them but the dashboard's and, on an instance with JupyterLab and a TLS
+certificate, JupyterLab's TLS front (tests.fakes.tls).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Handler, Instance, Request, Response
+from tests.fakes.nodes import unused_port
 from tests.fakes.vastai_search import OFFER_KEYS, OFFER_ROWS, BadFilter, check_filters, matches, sort_key
 
 _ROUTES: list[tuple[str, str, str]] = [
@@ -41,11 +43,12 @@ SSH_KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
 
 def _host_ports(published: list[str], runtype: str) -> dict[int, int]:
     """The host ports of an instance's published container ports (`-p HOST:CONTAINER`, beside the
-    dashboard's, which the fake's node serves) and, with direct SSH, of its port 22."""
+    dashboard's, which the fake's node serves) and, with direct SSH, of its port 22: free ones, so that the
+    node's TLS front can listen on JupyterLab's (tests.fakes.tls)."""
     ports = {int(p.split(":")[-1].split("/")[0]) for p in published} - {DASHBOARD_PORT}
     if "ssh_direc" in runtype.split() or "jupyter_direc" in runtype.split():
         ports.add(22)
-    return {port: 30_000 + secrets.randbelow(30_000) for port in sorted(ports)}
+    return {port: unused_port() for port in sorted(ports)}
 
 
 def parse_env(env: Any) -> tuple[dict[str, str], list[str]]:
@@ -90,6 +93,9 @@ class FakeVastAI(FakeCloud):
 
     def node_image(self, inst: Instance) -> str | None:
         return inst.extra.get("image") or None
+
+    def node_ports(self, inst: Instance) -> dict[int, int]:
+        return dict(inst.extra.get("host_ports", {}))
 
     def container_env(self, instance_id: str) -> dict[str, str]:
         """What vast.ai puts in an instance's environment about itself: its id and its own API key."""
@@ -274,7 +280,7 @@ class FakeVastAI(FakeCloud):
         if running:
             host = [{"HostIp": "127.0.0.1", "HostPort": str(inst.public_port)}]
             ports = {f"{DASHBOARD_PORT}/tcp": host}
-            for port, host_port in inst.extra.get("host_ports", {}).items():  # nothing listens there
+            for port, host_port in inst.extra.get("host_ports", {}).items():  # see the module docstring
                 ports[f"{port}/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(host_port)}]
         runtype = str(inst.extra.get("runtype") or "")
         ssh: dict[str, Any] = {}

@@ -238,4 +238,5 @@ def test_a_vast_instance_gets_ssh_and_its_address_is_read_back(tmp_path: Path) -
         assert provider.ssh_access("tf-v1-1") == SshAccess("127.0.0.1", host_ports[22])
         token = provider.tokens.jupyter("tf-v1-1")
         assert token == inst.env["FLEET_JUPYTER_TOKEN"]
-        assert provider.jupyter_url("tf-v1-1") == f"http://127.0.0.1:{host_ports[8888]}/lab?token={token}"
+        # Through the node's TLS front, with its pinned certificate (tests/security/test_jupyter_tls.py).
+        assert provider.jupyter_url("tf-v1-1") == f"https://127.0.0.1:{host_ports[8888]}/lab?token={token}"

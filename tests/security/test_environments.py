@@ -70,6 +70,8 @@ LOADER_NAMES = [
     "ENV",
     "PERL5LIB",
     "NODE_OPTIONS",
+    "OPENSSL_CONF",
+    "OPENSSL_MODULES",
 ]
 
 

@@ -129,6 +129,7 @@ def test_vast_ssh_is_direct_first_then_its_proxy(tmp_path: Path) -> None:
     assert provider._ssh(vast_row()) is None
     jupyter = vast_row(ports={"8888/tcp": [{"HostIp": "0.0.0.0", "HostPort": "48888"}]})
     assert provider._published(jupyter, 8888) == "http://198.51.100.4:48888"
+    assert provider._jupyter_url(jupyter) == "https://198.51.100.4:48888"  # JupyterLab's TLS front
     assert provider._jobs_url(jupyter) == "https://198.51.100.4:41265"  # its TLS front, never plain HTTP
 
 
