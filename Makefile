@@ -16,14 +16,25 @@ unexport PYTHONDONTWRITEBYTECODE
 # $(call PIP,VENV,WHAT): pip install into VENV, tried once more when a download is cut short.
 PIP = $(1)/bin/pip install -q $(PIP_FLAGS) $(2) || $(1)/bin/pip install -q $(PIP_FLAGS) $(2)
 
-.PHONY: setup fleet-env node-env axolotl-env axolotl-venv control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup sandbox-tool fleet-env node-env axolotl-env axolotl-venv control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 # The four environments at once (pip mostly waits on downloads); the control plane's after the fleet's,
 # since both build the package in this tree. A download cut short is tried again once.
-setup:
+setup: sandbox-tool
 	@$(MAKE) --no-print-directory -j3 fleet-env node-env axolotl-env
 	@$(MAKE) --no-print-directory control-env
 	@$(BIN)/fleet --help >/dev/null && echo "setup done: $(BIN)/fleet is ready"
+
+# Local nodes run in bubblewrap (providers/local/sandbox.py). As root with apt (a fresh machine, CI), setup installs
+# it; otherwise it says how (and `fleet run` refuses a local job until it is there, or FLEET_LOCAL_SANDBOX=none).
+sandbox-tool:
+	@command -v bwrap >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; } >/dev/null \
+	  && echo "installed bubblewrap (bwrap): local nodes run in it"; \
+	else \
+	  echo "note: local nodes run in bubblewrap, which is not installed: apt install bubblewrap (or set FLEET_LOCAL_SANDBOX=none to run them as yourself)"; \
+	fi
 
 NODE_CONSTRAINTS := out/node-constraints.txt
 $(NODE_CONSTRAINTS): $(PINS)

@@ -24,7 +24,7 @@ from broker.constants import bot_run_owner_key, bot_user_runs_key
 from broker.cost import DAY_S, HOUR_S, run_cost
 from broker.events import new_event
 from broker.ledger import Ledger
-from broker.payloads import PAYLOADS, EventType
+from broker.payloads import PAYLOADS, DiscordOrigin, EventType
 from core.errors import NotFound
 from core.settings import Settings
 
@@ -57,6 +57,10 @@ class Caller:
         # role cache, which a bot without the guilds intent (this one) never fills: the check would see none.
         roles = frozenset(int(r) for r in user._roles) if isinstance(user, discord.Member) else frozenset()
         return cls(user.id, roles, interaction.channel_id, interaction.guild_id)
+
+    def origin(self) -> DiscordOrigin:
+        """The caller as the runs they start record them (what bounds those runs: service.runs)."""
+        return DiscordOrigin(user_id=str(self.user_id), role_ids=tuple(str(r) for r in sorted(self.role_ids)))
 
     def audit(self) -> dict[str, Any]:
         """The caller as an audit event records it."""

@@ -59,15 +59,18 @@ def _register_train(tree: FleetTree) -> app_commands.Command[Any, ..., None]:
         config: str | None = None,
     ) -> None:
         caller = Caller.of(interaction)
+        origin = caller.origin()
         try:
             job = await _load_job(settings, file, config)
-            await tree.run(svc.check_submittable, settings, job)
+            await tree.run(svc.check_submittable, settings, job, origin)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
             return
-        await tree.run(svc.check_budget, fleet)  # over the fleet's cap: OverBudget, answered privately
-        submit = functools.partial(svc.submit, fleet, job)
-        run = await submit_within_caps(tree, interaction, caller, "train", 1, submit, lambda r: [r.run_id])
+        submit = functools.partial(svc.submit, fleet, job, origin=origin)
+        budget = functools.partial(svc.check_budget, fleet, [job], origin)
+        run = await submit_within_caps(
+            tree, interaction, caller, "train", 1, submit, lambda r: [r.run_id], budget=budget
+        )
         if run is None:
             return
         await tree.audit(EventType.BOT_COMMAND, caller, command="train", run_id=run.run_id)
@@ -97,14 +100,14 @@ def _register_sweep(tree: FleetTree) -> app_commands.Command[Any, ..., None]:
         max_parallel: app_commands.Range[int, 1, sweep_spec.MAX_PARALLEL] | None = None,
     ) -> None:
         caller = Caller.of(interaction)
+        origin = caller.origin()
         try:
             plan = await _load_sweep(tree, settings, file, config, sweep_file, max_parallel)
             for job in plan.jobs:
-                await tree.run(svc.check_submittable, settings, job)
+                await tree.run(svc.check_submittable, settings, job, origin)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid sweep", f"```\n{format_problems(exc)}\n```")
             return
-        await tree.run(svc.check_budget, fleet)
         count = len(plan.jobs)
         found = await submit_within_caps(
             tree,
@@ -112,9 +115,10 @@ def _register_sweep(tree: FleetTree) -> app_commands.Command[Any, ..., None]:
             caller,
             "sweep",
             count,
-            functools.partial(sweeps.submit_sweep, fleet, plan),
+            functools.partial(sweeps.submit_sweep, fleet, plan, origin),
             lambda s: s.runs,
             refused=f"a sweep of {count} runs counts as {count} runs: ",
+            budget=functools.partial(svc.check_budget, fleet, plan.jobs, origin),  # the children together
         )
         if found is None:
             return
@@ -134,16 +138,25 @@ async def submit_within_caps(
     submit: Callable[[], T],
     run_ids: Callable[[T], list[str]],
     refused: str = "",
+    budget: Callable[[], None] | None = None,
 ) -> T | None:
-    """Reserve `count` runs against the caller's caps, then defer and `submit`: the reservations become the
-    submitted runs (`run_ids` of what it returned), or are given back when it fails. Over a cap: nothing
-    is submitted, the refusal (`refused` + why) is audited and answered privately, and None returned."""
+    """Reserve `count` runs against the caller's caps, check their worst case against the money caps
+    (`budget`: service.runs.check_budget, whose OverBudget is answered privately), then defer and `submit`:
+    the reservations become the submitted runs (`run_ids` of what it returned), or are given back when
+    anything fails. Over a per-user cap: nothing is submitted, the refusal (`refused` + why) is audited
+    and answered privately, and None returned."""
     tokens, why = await tree.run(tree.caps.reserve_runs, caller.user_id, count)
     if tokens is None:
         reason = f"{refused}{why}"
         await tree.audit(EventType.BOT_REFUSED, caller, command=command, kind="cap", reason=reason)
         await tree.refuse(interaction, "Over your cap", reason)
         return None
+    try:
+        if budget is not None:
+            await tree.run(budget)
+    except BaseException:
+        await tree.run(tree.caps.release_runs, caller.user_id, tokens)
+        raise
     await interaction.response.defer(thinking=True)
     try:
         done = await tree.run(submit)

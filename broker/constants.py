@@ -36,9 +36,12 @@ REAP_AT_TASK = "trainfleet.reap_at"  # a pass at a deadline (an idle node's stop
 QUEUES: tuple[str, ...] = (*(s.value for s in Stage), REAP_QUEUE)
 
 RUNS_INDEX = f"{PREFIX}:runs"  # sorted set: run id -> created_at
+RUNS_OPEN = f"{PREFIX}:runs:open"  # set of the runs not ended: the worst cases a budget counts
+RUNS_OPEN_BUILT = f"{PREFIX}:runs:open:built"  # set once RUNS_OPEN holds every run (an older ledger's too)
 INSTANCES_INDEX = f"{PREFIX}:instances"  # set of instance names ever recorded and not yet settled
 EVENTS_STREAM = f"{PREFIX}:events"  # every event of the fleet
 REAP_LOCK = f"{PREFIX}:lock:reap"
+BUDGET_LOCK = f"{PREFIX}:lock:budget"  # held while a queued run is checked against the caps and started
 REAP_SEEN = f"{PREFIX}:reap:seen"  # when a periodic reap task last ran: beat and the reap worker both work
 SWEEPS_INDEX = f"{PREFIX}:sweeps"  # sorted set: sweep id -> created_at
 SWEEPS_ACTIVE = f"{PREFIX}:sweeps:active"  # set of sweeps not yet finished (the reaper advances them)

@@ -27,6 +27,8 @@ from broker import events
 from broker.constants import (
     INSTANCES_INDEX,
     RUNS_INDEX,
+    RUNS_OPEN,
+    RUNS_OPEN_BUILT,
     SWEEPS_ACTIVE,
     SWEEPS_INDEX,
     instance_key,
@@ -88,6 +90,8 @@ class Ledger:
                     events.append(pipe, event, self.events_maxlen)
                 pipe.set(key, run.model_dump_json())
                 pipe.zadd(RUNS_INDEX, {run.run_id: run.created_at})
+                if not run.state.is_terminal():
+                    pipe.sadd(RUNS_OPEN, run.run_id)
                 pipe.execute()
             except redis.WatchError:
                 raise AlreadyExists(f"run {run.run_id} was created meanwhile") from None
@@ -125,11 +129,33 @@ class Ledger:
             numbered = self._number(run, drafts)
             pipe.multi()
             pipe.set(run_key(run_id), run.model_dump_json())
+            if run.state.is_terminal():
+                pipe.srem(RUNS_OPEN, run_id)
             for event in numbered:
                 events.append(pipe, event, self.events_maxlen)
             return run
 
         return self._optimistic(run_key(run_id), body)
+
+    def open_runs(self) -> list[Run]:
+        """The runs that have not ended (queued, held, going), oldest first: what a budget's worst cases
+        count. A ledger older than this index gets it built once, from all its runs."""
+        if not self.client.exists(RUNS_OPEN_BUILT):
+            self._build_open_runs()
+        ids = sorted(str(i) for i in self.client.smembers(RUNS_OPEN))
+        found = self.get_runs(ids)
+        ended = [i for i in ids if i not in found or found[i].state.is_terminal()]
+        if ended:  # put there by a build that raced the run's end: an ended run never opens again
+            self.client.srem(RUNS_OPEN, *ended)
+        return sorted((r for r in found.values() if not r.state.is_terminal()), key=lambda r: r.created_at)
+
+    def _build_open_runs(self, page: int = 500) -> None:
+        for start in range(0, self.client.zcard(RUNS_INDEX), page):
+            ids = [str(i) for i in self.client.zrange(RUNS_INDEX, start, start + page - 1)]
+            going = [i for i, run in self.get_runs(ids).items() if not run.state.is_terminal()]
+            if going:
+                self.client.sadd(RUNS_OPEN, *going)
+        self.client.set(RUNS_OPEN_BUILT, "1")
 
     def _find(self, prefix: str, index: str, get: Callable[[str], T], what: str) -> T:
         """`get(prefix)`, or the one id in `index` that starts with `prefix` (NotFound when none or many)."""

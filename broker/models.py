@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from broker.constants import Stage
-from broker.payloads import GitOrigin, HubPush, Metrics, NodeCheck
+from broker.payloads import HubPush, Metrics, NodeCheck, Origin
 from core.errors import FailureReason
 from jobs.sections import CloudSection, ProviderName, SectionBase
 from jobs.spec import JobSpec
@@ -190,8 +190,15 @@ class Run(BaseModel):
     held: bool = Field(
         False, description="A sweep child waiting (QUEUED) for a free slot under the sweep's max_parallel."
     )
-    origin: GitOrigin | None = Field(None, description="Where the job came from beyond its file (a commit).")
+    origin: Origin | None = Field(
+        None, description="Where the job came from beyond its file (a commit, a Discord user); None: the CLI."
+    )
     retrying: Retrying | None = Field(None, description="Its stage's step is being retried (workers.stage).")
+    stopping: str | None = Field(
+        None,
+        description="Why it is being stopped for money (a cap passed): finalize brings its results and "
+        "checkpoints back from the node, then it fails OVER_BUDGET with this message (workers.budget).",
+    )
     kicks: int = Field(0, description="Times the reaper re-sent its stage task since a step last ended.")
     kicked_starts: int = Field(
         0, description="Stage tasks that started after such a kick and have not ended a step (STALLED)."

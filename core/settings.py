@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from core import redisurl
 from core.errors import ConfigError, Problem
-from core.node_settings import NodeSettings
+from core.policy_settings import PolicySettings
 
 MIN_HEARTBEAT_TIMEOUT_S = 60  # a node's failsafe waits at least this long for the fleet's heartbeat
 
@@ -29,9 +29,10 @@ PROVIDER_API_TIMEOUT_S = 60.0
 UPLOAD_TIMEOUT_S = 900.0
 
 
-class Settings(NodeSettings):
-    """Every knob of the fleet (the node's own in core.node_settings). See docs/ARCHITECTURE.md for how they
-    are used. Strict and frozen as NodeSettings is (its model_config)."""
+class Settings(PolicySettings):
+    """Every knob of the fleet (the node's own in core.node_settings, who may do what in
+    core.policy_settings). See docs/ARCHITECTURE.md for how they are used. Strict and frozen as NodeSettings
+    is (its model_config)."""
 
     redis_url: str | None = Field(
         None,
@@ -180,15 +181,6 @@ class Settings(NodeSettings):
         10, ge=0, le=3600, description="Wait before the first replacement node; doubles, at most 10 min."
     )
     events_maxlen: int = Field(100_000, ge=1000, description="Approximate cap of the global event stream.")
-    max_dollars_per_run: float | None = Field(
-        None,
-        gt=0,
-        description="A run whose nodes cost this much is stopped (OVER_BUDGET), by its next task or the "
-        "reaper's next pass; unset: no cap.",
-    )
-    max_dollars_per_day: float | None = Field(
-        None, gt=0, description="No new run while the fleet's nodes cost this much in the last 24 h."
-    )
     discord_webhook_url: str | None = Field(
         None, description="The notifier's Discord webhook (a secret: its token is in the URL path)."
     )
@@ -217,9 +209,6 @@ class Settings(NodeSettings):
         (), description="Role ids whose (allowlisted) members may cancel or terminate anyone's run."
     )
     bot_runs_per_hour: int = Field(5, ge=0, description="Runs one Discord user may start per hour.")
-    bot_dollars_per_day: float = Field(
-        50.0, ge=0, description="A Discord user's /train is refused once their runs cost this much in 24 h."
-    )
     bot_configs_dir: Path = Field(
         Path("configs"),
         description="Where /train finds configs by name; relative dataset paths of an "
@@ -330,11 +319,22 @@ def _file_values(path: Path) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
+def config_dir() -> Path:
+    """The fleet's configuration directory (its default settings and secrets files)."""
+    return Path(platformdirs.user_config_dir("trainfleet"))
+
+
+def settings_file(env: dict[str, str] | None = None) -> Path:
+    """The settings file: FLEET_SETTINGS_FILE, else settings.yml in the configuration directory."""
+    explicit = (os.environ if env is None else env).get("FLEET_SETTINGS_FILE")
+    return Path(explicit) if explicit else config_dir() / "settings.yml"
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Build the settings from a file (if any) and the environment; raise ConfigError when invalid."""
     environ = dict(os.environ if env is None else env)
     explicit = environ.get("FLEET_SETTINGS_FILE")
-    path = Path(explicit) if explicit else Path(platformdirs.user_config_dir("trainfleet")) / "settings.yml"
+    path = settings_file(environ)
     values: dict[str, Any] = {}
     if explicit or path.exists():
         values = _file_values(path)

@@ -87,7 +87,7 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
 def validate(
     files: Annotated[list[Path], typer.Argument(help="Job YAML files.")],
     plan: Annotated[
-        bool, typer.Option("--plan", help="Also show what would run: trainer, command, image, GPUs, $/h.")
+        bool, typer.Option("--plan", help="Also show the plan: trainer, command, GPUs, $/h, worst case.")
     ] = False,
     provider: Annotated[
         str | None, typer.Option(help="The provider of a file with no provider section (default: settings).")
@@ -144,6 +144,10 @@ def _checked_by(verdict: AxolotlVerdict | None, asked: bool) -> str:
     )
 
 
+def _dollars(worst: float | None) -> str:
+    return "no bound" if worst is None else f"${worst:,.2f}"
+
+
 def _print_plan(plan: JobPlan) -> None:
     price = f"${plan.price_per_hour:.2f}/h" if plan.price_per_hour is not None else "unknown"
     rows = [
@@ -152,6 +156,7 @@ def _print_plan(plan: JobPlan) -> None:
         ("machines", plan.machines),
         ("workers", plan.workers),
         ("price", f"{price}: {plan.price_note}"),
+        ("worst", f"{_dollars(plan.worst_case_usd)}: {plan.worst_case_note}"),
     ]
     for name, value in rows:
         out.print(f"  {name + ':':<10}{value}", markup=False, highlight=False)
@@ -181,7 +186,7 @@ def enqueue(
     settings = settings_or_exit()
     jobs = _load(files, settings, use_ray)
     fleet = connect_or_exit(settings)
-    svc.check_budget(fleet)  # before the first: all the files are queued, or none
+    svc.check_budget(fleet, jobs)  # before the first, all together: all the files are queued, or none
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
         out.print_json(json.dumps([{"run_id": r.run_id, "source": r.source} for r in runs]))

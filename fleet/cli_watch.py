@@ -11,7 +11,7 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
-from broker.payloads import GitOrigin
+from broker.payloads import DiscordOrigin, GitOrigin
 from core.errors import GitError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from service import gitwatch
@@ -127,8 +127,10 @@ def enqueue_changed(repo: Path, ref: str, globs: list[str], use_ray: bool, as_js
     raise typer.Exit(1 if failed else 0)
 
 
-def origin_text(origin: GitOrigin) -> str:
+def origin_text(origin: GitOrigin | DiscordOrigin) -> str:
     """A run's origin in one line for `fleet status RUN`."""
+    if isinstance(origin, DiscordOrigin):
+        return f"Discord user {origin.user_id}"
     branch = f", branch {origin.branch}" if origin.branch else ""
     return f"{origin.path} at commit {origin.commit} ({origin.repo}{branch})"
 

@@ -49,8 +49,9 @@ def escapes(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Confinement:
-    """The places a job's local files may be: `trusted` (the job file's directory; a git job's checkout;
-    None for a Discord attachment, which has no directory of its own) and the operator's data roots."""
+    """The places a job's local files may be: `trusted` (the job file's directory; for a git job, the
+    snapshot of its commit's tracked files, service.gitsnapshot; None for a Discord attachment, which has
+    no directory of its own) and the operator's data roots."""
 
     trusted: Path | None
     roots: tuple[Path, ...] = ()
@@ -136,6 +137,15 @@ NODE_PATH_KEYS = (
 )
 """Keys a trainer reads (dataset_prepared_path: writes) as a path where the job runs, besides the datasets
 and `deepspeed` (checked with their files). On the local provider that is this machine."""
+
+
+def node_paths(config: object) -> tuple[Path, ...]:
+    """The absolute paths a training config names under NODE_PATH_KEYS: what a local node reads (or, for
+    dataset_prepared_path, writes) in place, on this machine."""
+    found = [getattr(config, key, None) for key in NODE_PATH_KEYS]
+    extra = getattr(config, "model_extra", None) or {}
+    found += [extra.get(key) for key in NODE_PATH_KEYS]
+    return tuple(dict.fromkeys(Path(v) for v in found if isinstance(v, str) and os.path.isabs(v)))
 
 
 def local_node_refusal(value: object, paths: Confinement) -> str | None:

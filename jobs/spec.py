@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from core.errors import ConfigError, Problem
+from jobs.code_keys import code_problems
 from jobs.local_files import resolve_datasets, resolve_deepspeed
 from jobs.node_fit import node_problems
 from jobs.paths import (
@@ -182,9 +183,8 @@ def parse_job(
     paths = paths or Confinement(base_dir)
     problems += resolve_datasets(raw, lines, base_dir, paths)
     problems += resolve_deepspeed(raw, lines, base_dir, paths, provider)
-    if provider is ProviderName.LOCAL:  # the node is this machine: what it reads as a path is confined too
-        refused = [(key, local_node_refusal(raw.get(key), paths)) for key in NODE_PATH_KEYS]
-        problems += [Problem(key, why, lines.get(key)) for key, why in refused if why]
+    if provider is ProviderName.LOCAL:
+        problems += _on_this_machine(raw, lines, paths)
     choice, choice_problems = choose(raw, lines)
     trainer = choice.trainer if choice is not None else "builtin"
     model = AxolotlConfig if trainer == "axolotl" else TrainConfig
@@ -225,6 +225,13 @@ def parse_job(
         lines=MappingProxyType(lines),
         paths=paths,
     )
+
+
+def _on_this_machine(raw: dict[str, Any], lines: dict[str, int], paths: Confinement) -> list[Problem]:
+    """A local job's node is this machine: what it reads as a path is confined too, and it may not run code
+    of its choosing there (jobs.code_keys)."""
+    refused = [(key, local_node_refusal(raw.get(key), paths)) for key in NODE_PATH_KEYS]
+    return [Problem(key, why, lines.get(key)) for key, why in refused if why] + code_problems(raw, lines)
 
 
 def format_problems(err: ConfigError) -> str:

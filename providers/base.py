@@ -141,6 +141,9 @@ class LaunchRequest:
     software: NodeSoftware = NodeSoftware()
     offer: str | None = None
     """The offer to rent (a `cloud:` job's choice, workers.failover); None: the cheapest that fits now."""
+    local_paths: tuple[Path, ...] = ()
+    """The absolute paths of this machine the job's node reads in place (a local model: jobs.paths.node_paths,
+    confined at validate); a sandboxed local node is shown them read-only. Rented nodes ignore them."""
 
     def node_env(
         self, section_env: Mapping[str, str], own: Mapping[str, str] | None = None
@@ -172,6 +175,10 @@ class ProviderContext:
     runpod_proxy_ca_file: Path | None = None  # the authorities trusted for that proxy (None: the system's)
     listings: ListingCache | None = None  # instance lists shared by the fleet's processes (None: not shared)
     node_secrets: SecretStore | None = None  # the nodes' tokens, sealed in Redis (None: the home's files)
+    local_sandbox: str = "auto"  # how a local node is kept from the fleet (providers.local.sandbox)
+    local_node_uid: int = 65533  # ... and the uid it runs as when the fleet runs as root
+    private_paths: tuple[Path, ...] = ()  # what a local node must not see: settings, secrets, runs
+    runs_dir: Path | None = None  # the run directories (a sandboxed local node's root is in its run's)
 
     def image(self, section_image: str | None, software: NodeSoftware) -> str:
         """The image a rented node starts: its section's, else the default for what it runs."""
@@ -215,12 +222,20 @@ class Provider(ABC):
     """The environment variable that overrides `default_api_url` (RUNPOD_API_BASE_URL, VAST_URL): the name
     of a core.settings.Settings field's vendor variable (`AS_IS`), so FLEET_<FIELD> and the settings file
     set it too. The registry passes the setting's value in `ProviderContext.urls[name]`."""
-    shares_files: ClassVar[bool] = False
-    """Whether the node sees this machine's files (a local head does; a rented node gets the job's files
-    through the Ray job's runtime_env, and its results come back through jobs.shipping / trainer.pack)."""
+    shares_files: bool = False
+    """Whether the node sees this machine's files (an unsandboxed local head does; a rented node, or a
+    sandboxed local one, gets the job's files through the Ray job's runtime_env, and its results come back
+    through jobs.shipping / trainer.pack)."""
+    node_cache_dir: str | None = None
+    """Where the node keeps base models (TrainJob.cache_dir) when it does not share this machine's files:
+    None: `cache` under its own root (a rented node's disk)."""
 
     def __init__(self, context: ProviderContext) -> None:
         self.context = context
+
+    def unavailable(self) -> str | None:
+        """Why this provider cannot run jobs on this machine now (said at submit), or None."""
+        return None
 
     @abstractmethod
     def list_offers(self, section: BaseModel) -> list[Offer]:

@@ -9,7 +9,7 @@ import redis
 
 from core.errors import ConfigError, CredentialsMissing, Problem, ProviderError
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
-from core.settings import AS_IS, Settings
+from core.settings import AS_IS, Settings, config_dir, settings_file
 from jobs.sections import RENTED_CLOUDS, ProviderName
 from providers.base import Provider, ProviderContext
 from providers.listing import ListingCache, RedisListings
@@ -74,6 +74,10 @@ def provider_context(settings: Settings, secrets: Secrets | None = None) -> Prov
         runpod_proxy_url=settings.runpod_proxy_url,
         runpod_proxy_ca_file=settings.runpod_proxy_ca_file,
         ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
+        local_sandbox=settings.local_sandbox,
+        local_node_uid=settings.local_node_uid,
+        private_paths=(settings.home, settings.runs_dir, found.file, settings_file(), config_dir()),
+        runs_dir=settings.runs_dir,
     )
 
 

@@ -16,19 +16,25 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import Problem
 from core.settings import Settings
+from jobs.paths import NODE_PATH_KEYS, Confinement, PathRefused, escapes, lexical
 from jobs.problems import line_of
 from jobs.spec import LoadedJob
 from providers.local.client import AXOLOTL_VENV, beside_fleet
+from providers.local.environment import SYSTEM_PATH
 from trainer.config import FLEET_KEYS, AxolotlConfig
 
 TRAINER_DIR = Path(__file__).resolve().parents[1] / "trainer"
 CHECK_TIMEOUT_S = 180.0  # importing axolotl takes seconds; a cold disk, much longer
+CHECK_ENV_KEPT = frozenset({"LANG", "LANGUAGE", "TZ"})  # of the fleet's environment: its locale only
+NOT_HERE = "not-on-this-machine/path"  # a path the check may not open, as the check sees it
 
 
 class AxolotlVerdict(BaseModel):
@@ -61,8 +67,8 @@ def check(settings: Settings, job: LoadedJob) -> AxolotlVerdict | None:
     config = train.model_dump(mode="json", exclude_unset=True, exclude=set(FLEET_KEYS))
     with tempfile.TemporaryDirectory() as path:
         (Path(path) / "trainer").symlink_to(TRAINER_DIR)  # the trainer alone: none of the fleet's packages
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-        env.update(PYTHONPATH=path, AXOLOTL_DO_NOT_TRACK="1")
+        config = confined(config, job.paths or Confinement(None), Path(path))
+        env = check_env(os.environ, Path(path))
         try:
             done = subprocess.run(
                 [str(python), "-m", "trainer.axolotl_schema"],
@@ -89,6 +95,59 @@ def check(settings: Settings, job: LoadedJob) -> AxolotlVerdict | None:
         for p in said["problems"]
     ]
     return AxolotlVerdict(version=str(said["axolotl"]), python=str(python), problems=problems)
+
+
+def check_env(environ: Mapping[str, str], work: Path) -> dict[str, str]:
+    """The check's environment, built rather than inherited: no credential of the fleet's (it runs axolotl's
+    validators, which may ask the Hub), no network for the Hub (a model's config is the node's to fetch),
+    and a home, caches and temporary directory of its own (`work`, removed after it)."""
+    kept = {k: v for k, v in environ.items() if k in CHECK_ENV_KEPT or k.startswith("LC_")}
+    return {
+        **kept,
+        "PATH": os.pathsep.join(SYSTEM_PATH),
+        "HOME": str(work),
+        "TMPDIR": str(work),
+        "HF_HOME": str(work / "hf"),
+        "XDG_CACHE_HOME": str(work / "cache"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(work),
+        "AXOLOTL_DO_NOT_TRACK": "1",
+    }
+
+
+def confined(config: dict[str, Any], paths: Confinement, work: Path) -> dict[str, Any]:
+    """`config` as axolotl's check may see it: a path it would open (deepspeed's JSON, a model's config)
+    that is not a file of the job's (`paths`, after links) is replaced, so that the check never opens a
+    file of this machine's on a job's word (a rented node's own paths are the node's to read). A deepspeed
+    JSON outside becomes an empty one of the check's own (`work`)."""
+    out = dict(config)
+    for key in ("deepspeed", *NODE_PATH_KEYS):
+        value = out.get(key)
+        if not isinstance(value, str) or not value or _inside(value, paths):
+            continue
+        if key == "deepspeed":
+            placeholder = work / "deepspeed.json"
+            placeholder.write_text('{"zero_optimization": {}}\n')
+            out[key] = str(placeholder)
+        else:
+            out[key] = NOT_HERE
+    return out
+
+
+def _inside(value: str, paths: Confinement) -> bool:
+    """Whether `value` is a path the check may open: a file of the job's, or a name that stays inside the
+    check's own empty directory (a hub id)."""
+    if value.startswith("~"):
+        return False
+    if not os.path.isabs(value):
+        return not escapes(value)
+    try:
+        paths.check(lexical(Path(value), Path("/")), value)
+    except PathRefused:
+        return False
+    return True
 
 
 def _cannot(why: object) -> Problem:

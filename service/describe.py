@@ -16,8 +16,8 @@ from broker.cost import run_cost
 from broker.models import Run, RunProgress, RunState
 from broker.payloads import (
     Event,
-    GitOrigin,
     Metrics,
+    Origin,
     PrepareEntry,
     RunPreempted,
     RunSucceeded,
@@ -122,7 +122,7 @@ class RunView(BaseModel):
     sweep_id: str | None
     params: dict[str, JsonValue]
     held: bool
-    origin: GitOrigin | None
+    origin: Origin | None
     progress: RunProgress
     metrics: Metrics
     cost_usd: float

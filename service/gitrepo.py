@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+from types import TracebackType
 from urllib.parse import urlsplit
 
 from core.errors import GitError
@@ -19,6 +22,8 @@ from core.errors import GitError
 ZERO_SHA = re.compile(r"0{40}|0{64}")  # GitHub's `before` for a new branch
 _SCP_LIKE = re.compile(r"^(?:[^@/]+@)?(?P<host>[^:/]+):(?P<path>[^/].*)$")  # git@github.com:o/r.git
 GIT_TIMEOUT_S = 120.0
+LINK_MODE, SUBMODULE_MODE, EXECUTABLE_MODE = "120000", "160000", "100755"  # a tree entry's modes
+_CHUNK = 1 << 20
 
 
 def glob_match(path: str, pattern: str) -> bool:
@@ -60,6 +65,16 @@ def repo_id_of_url(url: str) -> str:
         return str(Path(url).expanduser().absolute())
     path = path.strip("/").removesuffix(".git")
     return f"{host.lower()}/{path}" if host else path
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One file of a commit's tree, as `git ls-tree -r` lists it."""
+
+    mode: str  # 100644, 100755 (executable), 120000 (a symlink: the blob is its target), 160000 (submodule)
+    sha: str  # the blob's (a submodule's: its commit's)
+    size: int  # the blob's bytes; 0 for a submodule
+    path: bytes  # as git keeps it, '/'-separated, never decoded
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,23 @@ class GitRepo:
         """The file's bytes as of `commit`."""
         return _git_bytes(self.root, "cat-file", "blob", f"{commit}:{path}")
 
+    def tree(self, commit: str) -> list[TreeEntry]:
+        """Every file the commit tracks (symlinks and submodules included), in git's order."""
+        out = _git_bytes(self.root, "ls-tree", "-r", "-l", "-z", "--full-tree", commit)
+        entries = []
+        for record in out.split(b"\0"):
+            if not record:
+                continue
+            meta, _, path = record.partition(b"\t")
+            mode, _kind, sha, size = meta.decode().split()
+            entries.append(TreeEntry(mode, sha, 0 if size == "-" else int(size), path))
+        return entries
+
+    def blobs(self, timeout_s: float = GIT_TIMEOUT_S) -> Blobs:
+        """A reader of this repository's blobs by sha (one `git cat-file --batch` for all of them), to use
+        in a `with`; it is killed after `timeout_s`."""
+        return Blobs(self.root, timeout_s)
+
     def branch(self) -> str | None:
         """The checked-out branch's name, None on a detached HEAD."""
         try:
@@ -142,13 +174,78 @@ class GitRepo:
         self.git("fetch", "--quiet", "--no-tags", "--", remote)
 
 
-def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+class Blobs:
+    """`git cat-file --batch`: blobs read one after the other from one process, each passed on in chunks
+    as git stores it (no filter, end-of-line conversion or other attribute of the tree applies)."""
+
+    def __init__(self, root: Path, timeout_s: float) -> None:
+        self.root, self.timeout_s = root, timeout_s
+        try:
+            self._proc = subprocess.Popen(
+                ["git", "-C", str(root), "cat-file", "--batch"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=_env(),
+            )
+        except FileNotFoundError:
+            raise GitError("git is not installed (no `git` on PATH)") from None
+        self._timer = threading.Timer(timeout_s, self._proc.kill)
+        self._timer.start()
+
+    def __enter__(self) -> Blobs:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._timer.cancel()
+        self._proc.kill()
+        self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
+
+    def read_into(self, sha: str, sink: Callable[[bytes], object]) -> None:
+        """Pass the blob `sha`'s bytes to `sink`, in chunks of at most 1 MiB. GitError when it is no blob
+        here, or git stopped (killed after the timeout)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+        try:
+            self._proc.stdin.write(sha.encode() + b"\n")
+            self._proc.stdin.flush()
+        except OSError:
+            raise self._stopped() from None
+        header = stdout.readline().split()
+        if not header:
+            raise self._stopped()
+        if len(header) != 3 or header[1] != b"blob":
+            raise GitError(f"git cat-file in {self.root}: {sha} is no blob")
+        left = int(header[2])
+        while left:
+            chunk = stdout.read(min(left, _CHUNK))
+            if not chunk:
+                raise self._stopped()
+            sink(chunk)
+            left -= len(chunk)
+        if stdout.read(1) != b"\n":
+            raise self._stopped()
+
+    def _stopped(self) -> GitError:
+        if not self._timer.is_alive() and self._proc.poll() is not None:
+            return GitError(f"git cat-file took more than {self.timeout_s:.0f} s")
+        return GitError(f"git cat-file in {self.root} stopped (exit {self._proc.poll()})")
+
+
+def _env() -> dict[str, str]:
     # Never prompt for a password (a watcher has no terminal); messages in English for the error text.
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    return {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    command = ["git", "-C", str(cwd), *args]
     try:
-        return subprocess.run(
-            ["git", "-C", str(cwd), *args], capture_output=True, env=env, timeout=GIT_TIMEOUT_S, check=False
-        )
+        return subprocess.run(command, capture_output=True, env=_env(), timeout=GIT_TIMEOUT_S, check=False)
     except FileNotFoundError:
         raise GitError("git is not installed (no `git` on PATH)") from None
     except subprocess.TimeoutExpired:

@@ -4,6 +4,8 @@
 kept in Redis per repository and branch), oldest first along first parents (a merge counts as one commit:
 what it brought onto the branch), and in each the configs matching the globs that the commit added,
 modified or renamed, read as of that commit. `enqueue_changed` does the same once for `REF..HEAD` (CI).
+The files a config names come from that commit's tracked files only, never from the working tree
+(service.gitsnapshot: one snapshot per commit and look, removed once the commit's configs are settled).
 
 Exactly once, also with several watchers and across a crash. Each (commit, path) has a claim key set once
 (SET NX) to the run id chosen for it, and that run is submitted only under the run id's lease (SET NX with
@@ -19,6 +21,7 @@ a run: it is retried at every look, and the watermark stays before its commit un
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 from collections.abc import Mapping
@@ -36,6 +39,7 @@ from jobs.spec import LoadedJob, format_problems, parse_job
 from jobs.yamlsafe import MAX_BYTES
 from service import runs
 from service.gitrepo import ZERO_SHA, GitRepo
+from service.gitsnapshot import Snapshot, TreeRefused
 
 DEFAULT_GLOB = "tasks/**/*.yml"
 LEASE_S = 120  # how long a submit may take before another process may take the claimed run over
@@ -155,7 +159,8 @@ def look(
             break
         origin = GitOrigin(repo=trigger.repo_id, branch=branch, commit=commit)
         paths = repo.changed_files(repo.first_parent(commit), commit, trigger.globs)
-        done = [_enqueue(trigger, commit, path, origin) for path in paths]
+        with Snapshot(repo, commit, trigger.fleet.settings.home) as tree:
+            done = _enqueue_all(trigger, commit, paths, origin, tree)
         result.results += done
         settled = settled and not any(r.outcome.pending for r in done)
         if settled:
@@ -183,8 +188,9 @@ def enqueue_changed(trigger: Trigger, ref: str) -> Look:
         )
     origin = GitOrigin(repo=trigger.repo_id, branch=repo.branch(), commit=head, since=base)
     result = Look(head, base, [head] if base != head else [])
-    for path in repo.changed_files(base, head, trigger.globs) if base != head else []:
-        result.results.append(_enqueue(trigger, head, path, origin))
+    with Snapshot(repo, head, trigger.fleet.settings.home) as tree:
+        paths = repo.changed_files(base, head, trigger.globs) if base != head else []
+        result.results += _enqueue_all(trigger, head, paths, origin, tree)
     return result
 
 
@@ -205,8 +211,39 @@ def _advance(trigger: Trigger, key: str, commit: str) -> None:
                 continue
 
 
-def _enqueue(trigger: Trigger, commit: str, path: str, origin: GitOrigin, again: bool = True) -> ConfigResult:
-    """Settle one (commit, path): see the module's docstring for the protocol."""
+def _enqueue_all(
+    trigger: Trigger, commit: str, paths: list[str], origin: GitOrigin, tree: Snapshot
+) -> list[ConfigResult]:
+    """Settle a commit's configs. Those not enqueued yet are checked against the caps together first
+    (service.runs.check_budget): over one, each is REFUSED (claimed, retried at the next look), none
+    queued."""
+    client = trigger.fleet.redis
+    fresh: dict[str, LoadedJob] = {}
+    for path in paths:
+        run_id = client.get(git_claim_key(trigger.repo_id, commit, path))
+        if run_id is None or (run_id != GIT_INVALID and not client.exists(run_key(run_id))):
+            with contextlib.suppress(ConfigError):  # an invalid one is reported as it is settled
+                fresh[path] = _load(trigger, commit, path, tree)
+    refused = None
+    try:
+        if fresh:
+            runs.check_budget(trigger.fleet, list(fresh.values()), origin)
+    except OverBudget as exc:
+        refused = str(exc)
+    return [_enqueue(trigger, commit, path, origin, tree, refused=refused) for path in paths]
+
+
+def _enqueue(
+    trigger: Trigger,
+    commit: str,
+    path: str,
+    origin: GitOrigin,
+    tree: Snapshot,
+    again: bool = True,
+    refused: str | None = None,
+) -> ConfigResult:
+    """Settle one (commit, path): see the module's docstring for the protocol. `tree` is the commit's;
+    `refused`: why the commit's configs together may not be queued now (a valid one is then REFUSED)."""
     client = trigger.fleet.redis
     claim = git_claim_key(trigger.repo_id, commit, path)
     run_id = client.get(claim)
@@ -220,14 +257,15 @@ def _enqueue(trigger: Trigger, commit: str, path: str, origin: GitOrigin, again:
         if not client.set(claim, run_id, nx=True):  # another process claimed it first: take its path
             _release(client, run_id, token)
             if again:
-                return _enqueue(trigger, commit, path, origin, again=False)
+                return _enqueue(trigger, commit, path, origin, tree, again=False, refused=refused)
             raise FleetError(f"the claim on {path}@{commit[:7]} changed twice while looking at it")
     elif not client.set(git_lease_key(run_id), token, nx=True, ex=LEASE_S):
         return ConfigResult(commit, path, Outcome.IN_FLIGHT, run_id)
     try:
         if client.exists(run_key(run_id)):
             return ConfigResult(commit, path, Outcome.ALREADY, run_id)
-        return _submit(trigger, commit, path, run_id, origin.model_copy(update={"path": path}))
+        origin = origin.model_copy(update={"path": path})
+        return _submit(trigger, commit, path, run_id, origin, tree, refused)
     finally:
         _release(client, run_id, token)
 
@@ -247,19 +285,29 @@ def _release(client: redis.Redis[str], run_id: str, token: str) -> None:
     client.register_script(_RELEASE)(keys=[git_lease_key(run_id)], args=[token])
 
 
-def _submit(trigger: Trigger, commit: str, path: str, run_id: str, origin: GitOrigin) -> ConfigResult:
+def _submit(
+    trigger: Trigger,
+    commit: str,
+    path: str,
+    run_id: str,
+    origin: GitOrigin,
+    tree: Snapshot,
+    refused: str | None = None,
+) -> ConfigResult:
     """Under the lease of `run_id`, with no run of that id yet: validate the config as of `commit` and
     submit it, or mark it invalid, or report the fleet's refusal (the claim stays for the next look)."""
     fleet = trigger.fleet
     claim = git_claim_key(trigger.repo_id, commit, path)
     try:
-        job = _load(trigger, commit, path)
+        job = _load(trigger, commit, path, tree)
     except ConfigError as exc:
         fleet.redis.set(claim, GIT_INVALID)
         return ConfigResult(commit, path, Outcome.INVALID, None, format_problems(exc), tuple(exc.problems))
+    if refused is not None:
+        return ConfigResult(commit, path, Outcome.REFUSED, run_id, f"{job.source}: {refused}")
     try:
-        runs.check_submittable(fleet.settings, job)
-        runs.check_budget(fleet)
+        runs.check_submittable(fleet.settings, job, origin)
+        runs.check_budget(fleet, [job], origin)
     except ConfigError as exc:
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, format_problems(exc), tuple(exc.problems))
     except OverBudget as exc:
@@ -270,25 +318,35 @@ def _submit(trigger: Trigger, commit: str, path: str, run_id: str, origin: GitOr
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, f"{job.source}: {exc}")
     except ConfigError as exc:  # what only submit finds (datasets a rented node cannot get): permanent
         fleet.redis.set(claim, GIT_INVALID)
+        exc = tree.shown(exc, job.lines)
         return ConfigResult(commit, path, Outcome.INVALID, None, format_problems(exc), tuple(exc.problems))
     return ConfigResult(commit, path, Outcome.ENQUEUED, run_id, warnings=tuple(job.warnings))
 
 
-def _load(trigger: Trigger, commit: str, path: str) -> LoadedJob:
-    """The config as of `commit`. Relative dataset paths are looked up in the working tree, in the file's
-    directory (right for a checkout of that commit); ConfigError (named path@short-sha) if invalid."""
+def _load(trigger: Trigger, commit: str, path: str, tree: Snapshot) -> LoadedJob:
+    """The config as of `commit`. Its local files are the commit's tracked files (`tree`) or under the
+    operator's data roots, relative paths looked up from the file's directory in the commit; ConfigError
+    (named path@short-sha) if invalid, also for a commit whose files are not written out (TreeRefused)."""
     repo, source = trigger.repo, f"{path}@{commit[:7]}"
     size = repo.size(commit, path)
     if size > MAX_BYTES:
         raise ConfigError(source, [Problem("", f"file is {size} bytes; the limit is {MAX_BYTES} bytes")])
-    job = parse_job(
-        repo.read(commit, path),
-        source=source,
-        base_dir=(repo.root / path).parent,
-        default_provider=trigger.fleet.settings.default_provider,
-        overrides=trigger.overrides,
-        paths=Confinement(repo.root, trigger.fleet.settings.data_roots),  # the checkout: the job's directory
-    )
+    data = repo.read(commit, path)
+    try:
+        root = tree.root()
+    except TreeRefused as exc:
+        raise ConfigError(source, [Problem("", str(exc))]) from None
+    try:
+        job = parse_job(
+            data,
+            source=source,
+            base_dir=(root / path).parent,
+            default_provider=trigger.fleet.settings.default_provider,
+            overrides=trigger.overrides,
+            paths=Confinement(root, trigger.fleet.settings.data_roots),  # the commit: the job's directory
+        )
+    except ConfigError as exc:
+        raise tree.shown(exc) from None
     if job.sweep is not None:  # never "refused, retried": the file will not change at that commit
         message = "the git trigger starts single runs; start a sweep with `fleet sweep FILE`"
         raise ConfigError(source, [Problem("sweep", message, job.lines.get("sweep"))])

@@ -1,8 +1,10 @@
 """What a job would run, before anything is rented: `fleet validate --plan`.
 
 The plan names the trainer (and why it was chosen), the command the node runs, the node's software (image
-or local interpreter, axolotl's release), the machines and GPUs, the training workers and the price per
-hour of the cheapest offer that fits now (asked of the provider; a provider that cannot be asked says why).
+or local interpreter, axolotl's release), the machines and GPUs, the training workers, the price per
+hour of the cheapest offer that fits now (asked of the provider; a provider that cannot be asked says why)
+and the run's worst case: the most it may cost, which the fleet's caps are checked against
+(broker.worstcase), and whether the per-run cap refuses it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Collection
 
 from pydantic import BaseModel, ConfigDict
 
+from broker.worstcase import WorstCase, worst_case
 from core.errors import FleetError
 from core.settings import Settings
 from jobs.sections import CloudSection, LocalSection, ProviderName, RunPodSection
@@ -46,6 +49,10 @@ class JobPlan(BaseModel):
     workers: str
     price_per_hour: float | None
     price_note: str
+    worst_case_usd: float | None = None
+    """The most the run may cost (None: nothing bounds it), as the caps count it."""
+    worst_case_note: str = ""
+    """How the worst case is reckoned, and what the per-run cap says of it."""
 
     @property
     def machines(self) -> str:
@@ -67,6 +74,7 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
     else:
         where = context.image(getattr(section, "image", None), software)
     price, note = _price(context, job, settings.providers)
+    worst = worst_case(spec, settings.max_dollars_per_run)
     return JobPlan(
         source=job.source,
         provider=spec.provider,
@@ -82,7 +90,23 @@ def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
         workers=_workers(train, spec.gpu_count),
         price_per_hour=price,
         price_note=note,
+        worst_case_usd=worst.dollars if worst.bounded else None,
+        worst_case_note=_worst_note(worst, settings.max_dollars_per_run),
     )
+
+
+def _worst_note(worst: WorstCase, cap: float | None) -> str:
+    """How the worst case comes about, and whether the per-run cap (FLEET_MAX_DOLLARS_PER_RUN) lets it run."""
+    if worst.hours is None:  # free, or bounded by the cap itself (its `how` says so)
+        return worst.how
+    if cap is None:
+        return f"{worst.how}; no per-run cap"
+    if worst.dollars > cap:
+        return (
+            f"{worst.how}: over the cap of ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN), so refused at "
+            "submit; shorten terminate_after, lower max_bid_per_gpu or the GPUs"
+        )
+    return f"{worst.how}; within the cap of ${cap:.2f} a run"
 
 
 def _gpu(section: object) -> str | None:

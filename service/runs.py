@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,21 +13,23 @@ import redis
 from pydantic import JsonValue, SecretStr
 
 from broker import app as broker_app
+from broker.budget import Ask, held, refusal
 from broker.constants import Stage
-from broker.cost import DAY_S, fleet_cost
 from broker.dispatch import Dispatcher
 from broker.ledger import Draft, Ledger
 from broker.models import Run, RunState
-from broker.payloads import GitOrigin, RunCancelled, RunCancelRequested, RunQueued
+from broker.payloads import Origin, RunCancelled, RunCancelRequested, RunQueued, submitter_of
+from broker.worstcase import worst_case
 from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
+from core.policy_settings import ANY_NAMESPACE, Submitter
 from core.secrets import Secrets
 from core.settings import Settings
-from jobs.sections import CloudSection
+from jobs.sections import CloudSection, ProviderName
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from providers.base import ProviderContext
-from providers.registry import PROVIDERS, get_provider, load_fleet_secrets, provider_context, shared_context
+from providers.registry import get_provider, load_fleet_secrets, provider_context, shared_context
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
 from service.wandbkey import wandb_refusal
@@ -94,16 +97,28 @@ LOCAL_ELSEWHERE = (
 )
 
 
-def check_submittable(settings: Settings, job: LoadedJob) -> None:
-    """Refuse (ConfigError) a valid job this fleet cannot run: its provider is not available, or has no
-    credential (named, never shown)."""
+def check_submittable(settings: Settings, job: LoadedJob, origin: Origin | None = None) -> None:
+    """Refuse (ConfigError) a valid job this fleet cannot run for whoever sent it (`origin`; None: the
+    CLI): its provider is not available, or has no credential (named, never shown), or is this machine and
+    the sender may not run code here, or it pushes where the sender may not."""
     if job.sweep is not None:
         message = "this file is a sweep: submit it with `fleet sweep FILE` (or /sweep in Discord)"
         raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
+    submitter = submitter_of(origin)
     provider = job.spec.provider.value
     secrets = load_fleet_secrets()
     if isinstance(job.spec.section, CloudSection):
         _check_clouds(settings, job, job.spec.section, secrets)
+    elif provider == "local" and not settings.may_run_here(submitter):
+        what = "a local job"
+        if provider not in job.lines:
+            what = "a job with no provider section (FLEET_DEFAULT_PROVIDER: local)"
+        message = (
+            f"cannot submit: {what} runs its code on the fleet's own machine, which jobs from "
+            f"{submitter.source} may not (FLEET_LOCAL_JOBS_FROM); give the job a runpod:, vastai: or cloud: "
+            "section"
+        )
+        raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     elif provider not in settings.providers:
         message = (
             f"cannot submit: this fleet runs {', '.join(settings.providers)} jobs only (FLEET_PROVIDERS)"
@@ -112,10 +127,14 @@ def check_submittable(settings: Settings, job: LoadedJob) -> None:
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     else:
         try:
-            get_provider(provider, provider_context(settings, secrets))
+            unavailable = get_provider(provider, provider_context(settings, secrets)).unavailable()
         except CredentialsMissing as exc:
             raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
+        if unavailable is not None:
+            problem = Problem(provider, f"cannot submit: {unavailable}", job.lines.get(provider))
+            raise ConfigError(job.source, [problem])
     if hub_model_id := job.spec.train.hub_model_id:
+        _check_namespace(settings, job, hub_model_id, submitter)
         _check_push(settings, job, hub_model_id, secrets.get("HF_TOKEN"))
     train = job.spec.train
     online = (train.wandb_mode or settings.wandb_mode) == "online"
@@ -137,6 +156,26 @@ def _check_wandb(settings: Settings, job: LoadedJob, key: SecretStr | None) -> N
         # The entity's key when the job names it (else WANDB_ENTITY's, a fleet setting: the job's project).
         where = "wandb_entity" if refused.entity and job.spec.train.wandb_entity else "wandb_project"
         raise ConfigError(job.source, [Problem(where, f"cannot submit: {refused.why}", job.lines.get(where))])
+
+
+def _check_namespace(settings: Settings, job: LoadedJob, repo_id: str, submitter: Submitter) -> None:
+    """A job pushes with the fleet's HF token, which may write far more than this job's sender should:
+    the namespace must be one the operator grants them (hub_namespaces)."""
+    grant = settings.hub_grant(submitter)
+    if ANY_NAMESPACE in grant:
+        return
+    namespace, _, name = repo_id.rpartition("/")
+    if namespace and namespace in grant:
+        return
+    if not grant:
+        why = f"jobs from {submitter} may not push to the hub"
+    elif not namespace:
+        allowed = ", ".join(grant)
+        why = f"name the namespace ({grant[0]}/{name}): jobs from {submitter} may push only to {allowed}"
+    else:
+        why = f"jobs from {submitter} may push only to {', '.join(grant)}, not to {namespace}"
+    message = f"cannot submit: {why} (FLEET_HUB_NAMESPACES)"
+    raise ConfigError(job.source, [Problem("hub_model_id", message, job.lines.get("hub_model_id"))])
 
 
 def _check_push(settings: Settings, job: LoadedJob, repo_id: str, token: SecretStr | None) -> None:
@@ -175,17 +214,24 @@ def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, sec
     raise ConfigError(job.source, [Problem(where, message, line)])
 
 
-def check_budget(fleet: Fleet) -> None:
-    """Refuse (OverBudget) a new run while the fleet's nodes cost `max_dollars_per_day` in the last 24 h."""
-    cap = fleet.settings.max_dollars_per_day
-    if cap is None:
-        return
-    spent = fleet_cost(fleet.ledger, since=time.time() - DAY_S)
-    if spent >= cap:
-        raise OverBudget(
-            f"cannot submit: the fleet's nodes cost ${spent:.2f} in the last 24 h; the cap is ${cap:.2f} "
-            "a day (FLEET_MAX_DOLLARS_PER_DAY)"
-        )
+def _node_shares_files(settings: Settings, provider: ProviderName) -> bool:
+    """Whether the node of a job for `provider` reads this machine's files (an unsandboxed local node);
+    else the job's files travel to it (a rented node, a sandboxed local one, a `cloud:` job's)."""
+    return not provider.is_choice and get_provider(provider.value, provider_context(settings)).shares_files
+
+
+def check_budget(fleet: Fleet, jobs: Sequence[LoadedJob] = (), origin: Origin | None = None) -> None:
+    """Refuse (OverBudget) new runs of `jobs` from whoever sent them (`origin`; None: the CLI) unless their
+    worst cases fit under the caps all together: a sweep's children, a batch of files, a commit's configs
+    are all queued or none. Each under the per-run cap; with what was spent in the last 24 h and what the
+    runs not ended may still cost, under the fleet's day cap and the sender's (broker.budget). With no
+    jobs: refused only once a cap is spent."""
+    settings = fleet.settings
+    who = submitter_of(origin)
+    asks = [Ask(who, worst_case(job.spec, settings.max_dollars_per_run), job.source) for job in jobs]
+    why = refusal(settings, held(fleet.ledger, settings), asks)
+    if why is not None:
+        raise OverBudget(f"cannot submit: {why}")
 
 
 def submit(
@@ -196,16 +242,18 @@ def submit(
     sweep_id: str | None = None,
     params: dict[str, JsonValue] | None = None,
     held: bool = False,
-    origin: GitOrigin | None = None,
+    origin: Origin | None = None,
 ) -> Run:
     """Record a validated job as a QUEUED run and send it to provision. Nothing is written on error.
 
     A `held` run (a sweep's child waiting for a slot) is recorded but not sent: its sweep releases it.
-    `origin` records where the job came from (a git commit); it must hold no secret.
+    `origin` records where the job came from (a git commit, a Discord user; None: the CLI), which bounds
+    what it may do (check_submittable); it must hold no secret.
     """
     spec = job.spec
-    check_submittable(fleet.settings, job)
-    check_budget(fleet)
+    check_submittable(fleet.settings, job, origin)
+    if sweep_id is None:  # a sweep's children were checked together, before the first was written
+        check_budget(fleet, [job], origin)
     run_id, run_dir, made = _run_dir(fleet.settings.runs_dir, run_id)
     output_dir = (run_dir / spec.train.output_dir).resolve()
     if run_dir not in output_dir.parents and output_dir != run_dir:
@@ -215,8 +263,14 @@ def submit(
             # The run trains with the release the fleet names now, even if the setting changes later.
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})
-        if spec.provider.is_choice or not PROVIDERS[spec.provider].shares_files:  # `cloud:`: a rented node
-            shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths)
+        if spec.provider.is_choice or not _node_shares_files(fleet.settings, spec.provider):
+            here = spec.provider is ProviderName.LOCAL  # a sandboxed local node reads a local model in place
+            shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths, node_is_here=here)
+            spec = spec.model_copy(update={"train": shipped})
+        elif origin is not None and origin.kind == "git" and job.paths and job.paths.trusted:
+            # A git job's files are its commit's, in a snapshot removed after submit: copied into the run.
+            commit = job.paths.trusted
+            shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths, from_commit=commit)
             spec = spec.model_copy(update={"train": shipped})
         run = Run(
             run_id=run_id,

@@ -15,7 +15,7 @@ from pydantic import Field
 from broker import sweeps as ledger_sweeps
 from broker.cost import run_cost
 from broker.models import Sweep
-from broker.payloads import Event, SweepRow, SweepStarted, SweepSummary
+from broker.payloads import Event, Origin, SweepRow, SweepStarted, SweepSummary
 from service import runs
 from service.describe import format_value
 from service.runs import Fleet
@@ -28,11 +28,13 @@ def new_sweep_id() -> str:
     return SWEEP_PREFIX + time.strftime("%y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
-def submit_sweep(fleet: Fleet, plan: SweepPlan) -> Sweep:
-    """Record the sweep and every child (all waiting), then release the first `max_parallel`."""
+def submit_sweep(fleet: Fleet, plan: SweepPlan, origin: Origin | None = None) -> Sweep:
+    """Record the sweep and every child (all waiting), then release the first `max_parallel`. `origin`:
+    who sent it (service.runs.submit), None for the CLI. The children's worst cases are checked against
+    the caps together, before anything is written: a sweep that would pass one is refused whole."""
     for job in plan.jobs:
-        runs.check_submittable(fleet.settings, job)
-    runs.check_budget(fleet)
+        runs.check_submittable(fleet.settings, job, origin)
+    runs.check_budget(fleet, plan.jobs, origin)
     run_ids: list[str] = []
     while len(run_ids) < len(plan.jobs):
         if (run_id := runs.new_run_id()) not in run_ids:
@@ -57,7 +59,9 @@ def submit_sweep(fleet: Fleet, plan: SweepPlan) -> Sweep:
     event = Event(id=f"{sweep.sweep_id}-started", type=started.type, data=started)
     fleet.ledger.create_sweep(sweep, event)
     for run_id, job, params in zip(run_ids, plan.jobs, plan.params, strict=True):
-        runs.submit(fleet, job, run_id=run_id, sweep_id=sweep.sweep_id, params=params, held=True)
+        runs.submit(
+            fleet, job, run_id=run_id, sweep_id=sweep.sweep_id, params=params, held=True, origin=origin
+        )
     ledger_sweeps.advance(fleet.ledger, fleet.dispatcher, sweep.sweep_id)
     return fleet.ledger.get_sweep(sweep.sweep_id)
 

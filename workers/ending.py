@@ -18,6 +18,7 @@ from broker.payloads import (
     RunFailed,
     RunPreempted,
 )
+from broker.worstcase import KEEP_MAX_S  # the longest a failed run's node is kept for debugging
 from core.errors import FailureReason, FleetError, clipped
 from providers.base import NodeState
 from workers import context
@@ -26,8 +27,6 @@ from workers.stage import enter
 from workers.wandb_end import record_early_end
 
 log = logging.getLogger("trainfleet.workers")
-
-KEEP_MAX_S = 24 * 3600  # the longest a failed run's node is kept for debugging
 
 
 def terminate_instance(ctx: context.Context, run: Run, fresh: bool = True) -> list[Draft]:
@@ -142,6 +141,10 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None
     attempt's), after a back-off; training resumes from its newest checkpoint. A lost node is not the
     run's fault, so it does not use up train_restarts, but only `max_preemptions` are replaced."""
     if run.state.is_terminal():
+        return
+    if run.stopping is not None:  # stopped for money (workers.budget): never started again
+        message = f"{run.stopping}; its node was lost before its results came back ({why})"
+        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, message, keep=False)
         return
     done = run.preemptions
     if done >= ctx.settings.max_preemptions:

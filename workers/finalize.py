@@ -34,6 +34,8 @@ PACK_ENTRYPOINT = "python -m trainer pack"
 
 
 def step(ctx: context.Context, run: Run) -> Next:
+    if run.stopping is not None:
+        return wind_down(ctx, run)
     if not run.progress.finished:
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the trainer reported no result")
     if run.spec.train.hub_model_id and not run.progress.pushed:
@@ -72,6 +74,23 @@ def step(ctx: context.Context, run: Run) -> Next:
 
     ctx.ledger.update_run(run.run_id, succeed)
     return Next.done()
+
+
+def wind_down(ctx: context.Context, run: Run) -> Next:
+    """A run stopped for money (workers.budget): its output directory (the adapter and the checkpoints so
+    far) brought back from a rented node, then the run fails OVER_BUDGET, its nodes terminated by the
+    teardown (no hub push: it did not finish)."""
+    why = run.stopping or "stopped for money"
+    if not ctx.provider(run.provider).shares_files and not run.progress.pulled:
+        try:
+            waiting = pull_results(ctx, run)
+        except StageFailed as exc:
+            message = f"{why}; its results could not be brought back: {exc}"
+            raise StageFailed(FailureReason.OVER_BUDGET, message, keep=False) from None
+        if waiting is not None:
+            return waiting
+    message = f"{why}; its output so far, checkpoints included, is in {run.output_dir}"
+    raise StageFailed(FailureReason.OVER_BUDGET, message, keep=False)
 
 
 def _confirm_until(ctx: context.Context, run: Run) -> float:

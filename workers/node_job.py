@@ -44,7 +44,8 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
     else:
         work = f"runs/{run.run_id}"
         output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
-        dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": "cache"}
+        cache = ctx.provider(run.provider).node_cache_dir or "cache"
+        dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": cache}
     return TrainJob(
         run_id=run.run_id,
         config=without_secrets(spec.train, run.source),

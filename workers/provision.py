@@ -16,10 +16,11 @@ from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
+from jobs.paths import node_paths
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
-from workers import context, failover, readiness, wandb_plan
+from workers import budget, context, failover, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
 from workers.node_secrets import node_secrets
@@ -29,9 +30,12 @@ from workers.stage import RETRY_POLICY, Next, enter
 
 def step(ctx: context.Context, run: Run) -> Next:
     if run.state == RunState.QUEUED:
-        # One cancelled meanwhile (queued, no worker had taken it: service.runs) stays cancelled.
-        run = ctx.ledger.update_run(run.run_id, lambda r: _start(ctx, r))
-        if run.state.is_terminal():
+        # Out of the queue only within the caps (OVER_BUDGET before any node is asked for otherwise). One
+        # cancelled meanwhile (queued, no worker had taken it: service.runs) stays cancelled.
+        admitted = budget.admit(ctx, run, lambda r: _start(ctx, r))
+        if admitted is None:  # another run is being checked against the caps: look again in a moment
+            return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+        if (run := admitted).state.is_terminal():
             return Next.done()
     if run.spec.provider.is_choice:  # a `cloud:` job: this attempt's cloud and offer, chosen once
         run = failover.place(ctx, run)
@@ -138,6 +142,7 @@ def _bring_up(
             head=head,
             software=node_software(ctx, run),
             offer=run.placement.offer if run.placement is not None else None,
+            local_paths=node_paths(run.spec.train),
         )
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:

@@ -25,8 +25,9 @@ row (lists lag), and nothing is ever created again because of that.
 The nodes of a run's cluster (tf-<run>-<attempt>-<k>) share their run, job and lifetime, so these rules
 end them together.
 
-Then each unfinished run: one whose nodes cost `max_dollars_per_run` or more fails OVER_BUDGET (its
-nodes terminated, its stage task fenced off), even while a long step runs; one whose task chain died (no
+Then the money (workers.budget): a run whose nodes cost `max_dollars_per_run`, or that spends while the
+fleet's day cap or its submitter's is spent, is stopped OVER_BUDGET (its stage task fenced off, even while a
+long step runs; its checkpoint brought back first). Then each unfinished run whose task chain died (no
 owner) gets its stage task sent again, unless tasks sent so kept dying without ending a step
 (`stalled_after_kicks`): then it fails STALLED, saying so.
 """
@@ -38,7 +39,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,8 +47,7 @@ from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_SEEN, REAP_TASK, Stage, tick_key
-from broker.cost import run_cost
+from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_SEEN, REAP_TASK, Stage
 from broker.events import new_event
 from broker.ledger import Draft
 from broker.locks import Lease
@@ -68,7 +67,7 @@ from jobs.spec import JobSpec
 from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
 from providers.node import ping
 from providers.registry import configured_providers
-from workers import context
+from workers import budget, context
 from workers.ending import teardown
 
 log = logging.getLogger("trainfleet.reap")
@@ -116,6 +115,7 @@ def reap_once(ctx: context.Context) -> Report | None:
                 Pass(ctx, provider, report).run()
             except FleetError as exc:  # one cloud's outage must not stop the others' reaping
                 log.warning("reap: %s skipped this pass: %s", provider.name.value, exc)
+        report.over_budget += budget.enforce(ctx)
         for run in ctx.ledger.list_runs(limit=500):
             if not run.state.is_terminal():
                 _unfinished(ctx, run, report)
@@ -337,16 +337,8 @@ _SETTLED = (InstanceState.TERMINATED, InstanceState.LOST)  # ...and yet listed: 
 
 
 def _unfinished(ctx: context.Context, run: Run, report: Report) -> None:
-    """The dollar cap, then the kick of a run whose chain of tasks died (a worker died, a task was killed at
-    its hard time limit), within its bound."""
-    cap = ctx.settings.max_dollars_per_run
-    if cap is not None and run.instance is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
-        # A task may be inside a long step on it: take its claim over, so its next write is refused.
-        ctx.redis.set(tick_key(run.run_id), f"reaper-{uuid.uuid4().hex}", px=ctx.dispatcher.ttl_ms)
-        why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
-        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)
-        report.over_budget.append(run.run_id)
-        return
+    """The kick of a run whose chain of tasks died (a worker died, a task was killed at its hard time
+    limit), within its bound."""
     stage = run.state.stage
     if stage is None or run.held or ctx.dispatcher.owner(run.run_id) is not None:
         return

@@ -16,7 +16,7 @@ from broker.cost import run_cost
 from broker.models import Run, RunState
 from core.errors import FailureReason, FleetError, LeaseLost, NodeLost, StageFailed, StepTimedOut
 from jobs.redact import redact_values
-from workers import context
+from workers import budget, context
 from workers.ending import node_lost, replace_node, teardown
 from workers.node_job import known_secrets
 from workers.stage import Next, plan_retry, started, went_through
@@ -70,10 +70,8 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
     if run.held:  # a sweep's child waiting for a slot: its sweep sends provision when it releases it
         log.info("run %s: held by sweep %s; %s task %s stands down", run_id, run.sweep_id, stage, task_id)
         return
-    cap = ctx.settings.max_dollars_per_run
-    if cap is not None and (cost := run_cost(ctx.ledger, run)) >= cap:
-        why = f"its nodes cost ${cost:.2f}; the cap is ${cap:.2f} a run (FLEET_MAX_DOLLARS_PER_RUN)"
-        teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)
+    if run.stopping is None and (why := budget.run_over(ctx, run, run_cost(ctx.ledger, run))) is not None:
+        budget.stop(ctx, run, why, task_id)  # its checkpoint kept: finalize brings it back first
         return
     current = run.state.stage
     if current is not None and current != stage:

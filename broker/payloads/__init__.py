@@ -43,6 +43,7 @@ from broker.payloads.node import (
     WandbUnavailable,
 )
 from broker.payloads.runs import (
+    DiscordOrigin,
     GitOrigin,
     HubPush,
     InstanceAdopted,
@@ -58,6 +59,7 @@ from broker.payloads.runs import (
     NodeJoined,
     OfferChosen,
     OfferLeft,
+    Origin,
     ReapTerminated,
     RunCancelled,
     RunCancelRequested,
@@ -71,6 +73,7 @@ from broker.payloads.runs import (
     StageFinished,
     StageStarted,
     WandbRun,
+    submitter_of,
 )
 from broker.payloads.sweeps import (
     BotAudit,
@@ -175,6 +178,7 @@ __all__ = [
     "BotAudit",
     "BotCommand",
     "BotRefused",
+    "DiscordOrigin",
     "DownloadSummary",
     "Event",
     "EventType",
@@ -199,6 +203,7 @@ __all__ = [
     "NodeSetup",
     "OfferChosen",
     "OfferLeft",
+    "Origin",
     "Payload",
     "PrepareEntry",
     "PrepareFetched",
@@ -232,4 +237,5 @@ __all__ = [
     "TrainSubmitted",
     "WandbRun",
     "WandbUnavailable",
+    "submitter_of",
 ]

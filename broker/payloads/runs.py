@@ -3,11 +3,14 @@ instances it asked for, kept, found idle, stuck or lost, and the Ray nodes that 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
 from broker.constants import Stage
 from broker.payloads.base import EventType, Metrics, Payload
 from core.errors import FailureReason
+from core.policy_settings import Submitter
 from jobs.sections import ProviderName
 
 
@@ -25,12 +28,49 @@ class GitOrigin(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: str = "git"
+    kind: Literal["git"] = "git"
     repo: str
     branch: str | None = None
     commit: str
     path: str | None = None
     since: str | None = Field(None, description="`fleet enqueue --changed-since`: the base it compared to.")
+
+    @property
+    def submitter(self) -> Submitter:
+        return Submitter.git(self.repo)
+
+
+class DiscordOrigin(BaseModel):
+    """Who started a run from Discord (/train, /sweep): their user id and, as the command carried them,
+    their role ids (ids only)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["discord"] = "discord"
+    user_id: str
+    role_ids: tuple[str, ...] = ()
+
+    @property
+    def submitter(self) -> Submitter:
+        return Submitter.discord(self.user_id, self.role_ids)
+
+
+def _origin_kind(value: Any) -> str | None:
+    """Which origin `value` is: its `kind`, which events leave out (a default), else told by its fields."""
+    if isinstance(value, dict):
+        return str(value.get("kind") or ("discord" if "user_id" in value else "git"))
+    return getattr(value, "kind", None)
+
+
+# Where a run came from beyond its file; None: the fleet's CLI.
+Origin = Annotated[
+    Annotated[GitOrigin, Tag("git")] | Annotated[DiscordOrigin, Tag("discord")], Discriminator(_origin_kind)
+]
+
+
+def submitter_of(origin: GitOrigin | DiscordOrigin | None) -> Submitter:
+    """Who submitted a run that came from `origin` (None: the CLI)."""
+    return Submitter.cli() if origin is None else origin.submitter
 
 
 # The run's life
@@ -44,7 +84,7 @@ class RunQueued(Payload):
     sweep_id: str | None = None
     params: dict[str, JsonValue] | None = None
     held: bool | None = None
-    origin: GitOrigin | None = None
+    origin: Origin | None = None
 
 
 class WandbRun(Payload):

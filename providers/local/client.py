@@ -24,6 +24,9 @@ import psutil
 
 from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env, kept_env, software_key
 from providers.local.ports import port_block
+from providers.local.sandbox import Sandbox, python_paths
+from providers.local.spawn import spawn_detached, wait_gone, write_private
+from trainer.progress import NODE_ROOT_ENV
 
 PORT_NAMES = (
     "port",
@@ -56,57 +59,11 @@ class HeadMeta:
     terminated_at: float | None = None
     head: str | None = None  # the head whose cluster this node joined; None for a head
     software: str = ""  # environment.software_key of what it runs ("" where none can be told)
+    root: str = ""  # a sandboxed node's own root (FLEET_NODE_ROOT), kept after it; "" when it has none
 
     @property
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['dashboard_port']}"
-
-
-def wait_gone(procs: list[psutil.Process], timeout_s: float) -> bool:
-    """Wait until every process has ended (a zombie has: it only waits for its parent to read its exit
-    status, which a killed head's reparented processes may not get soon); whether they all did in time.
-    Not psutil.wait_procs: it waits on a zombie that is not our child until its timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = 0
-        for proc in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                alive += proc.status() != psutil.STATUS_ZOMBIE
-        if not alive:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
-def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
-    """Start argv in a new session, detached from us (double fork), output to log_path; return its pid."""
-    read_fd, write_fd = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked child
-        try:
-            os.close(read_fd)
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild == 0:
-                out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out, 1)
-                os.dup2(out, 2)
-                os.closerange(3, 65536)
-                try:
-                    os.execve(argv[0], argv, env)
-                finally:
-                    os._exit(127)
-            os.write(write_fd, str(grandchild).encode())
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(child, 0)
-    return int(data.decode() or 0)
 
 
 # What a node's processes must not inherit from the fleet's environment: Ray's and the fleet's settings,
@@ -145,9 +102,20 @@ class LocalHeads:
     """The local Ray heads under one directory. Their processes run `python` (a node environment's
     interpreter, whose bin/ holds its `ray`), not necessarily the fleet's."""
 
-    def __init__(self, nodes_dir: Path, python: Path | None = None) -> None:
+    def __init__(
+        self,
+        nodes_dir: Path,
+        python: Path | None = None,
+        sandbox: Sandbox | None = None,
+        shared: tuple[Path, ...] = (),
+    ) -> None:
+        """`sandbox`: the walls of every head started here (None: none, a fake cloud's stand-in for a
+        rented machine); `shared`: the directories its nodes may write besides their own root (the model
+        cache)."""
         self.nodes_dir = nodes_dir
         self.python = python or node_python()
+        self.sandbox = sandbox
+        self.shared = shared
 
     def node_dir(self, name: str) -> Path:
         return self.nodes_dir / name
@@ -195,6 +163,8 @@ class LocalHeads:
         python: Path | None = None,
         joinable: bool = False,
         fingerprint: bool = False,
+        root: Path | None = None,
+        readable: tuple[Path, ...] = (),
     ) -> HeadMeta:
         """Start a head for `name` in the background (returns once the process exists, not when ready).
         Its Ray token is `token` when given (a fake cloud passes the one its client chose), else fresh.
@@ -203,10 +173,22 @@ class LocalHeads:
         LOOPBACK_ONLY) unless `joinable`: other nodes may join its cluster (a fake cloud's head, which
         stands for a rented node listening on its own network). With `fingerprint`, its meta keeps the
         software_key of what it runs (the local provider's heads; a fake cloud's node has none, as a rented
-        one)."""
+        one). A sandboxed head's `root` (its FLEET_NODE_ROOT; default: `root` in its node directory) is
+        where it writes; `readable` are paths it is shown read-only besides (a local model)."""
         token = token or secrets.token_hex(32)
         return self._launch(
-            name, num_cpus, num_gpus, env, token, None, resources, python, joinable, fingerprint
+            name,
+            num_cpus,
+            num_gpus,
+            env,
+            token,
+            None,
+            resources,
+            python,
+            joinable,
+            fingerprint,
+            root,
+            readable,
         )
 
     def join(
@@ -243,15 +225,21 @@ class LocalHeads:
         python: Path | None = None,
         joinable: bool = True,
         fingerprint: bool = False,
+        root: Path | None = None,
+        readable: tuple[Path, ...] = (),
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
+        write_private(node_dir / "token", token)
+        root = root or node_dir / "root"
         token_path = node_dir / "token"
-        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token)
         # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
         digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
+        # A sandboxed node writes its root, the shared cache and Ray's temp dir (its logs, seen from here).
+        writable = (*self.shared, Path(f"/tmp/tfray-{digest}"))
+        if self.sandbox is not None:  # the node reads its token inside its own root, as its own user
+            self.sandbox.prepare(root, writable)
+            token_path = write_private(root / ".ray-token", token, self.sandbox.uid)
         names = PORT_NAMES if head is None else WORKER_PORT_NAMES
         ports, worker_ports = port_block(len(names))
         meta = HeadMeta(
@@ -263,10 +251,9 @@ class LocalHeads:
             num_gpus=num_gpus,
             created_at=time.time(),
             head=None if head is None else head.name,
+            root=str(root) if self.sandbox is not None else "",
         )
-        bin_dir = (
-            python or self.python
-        ).parent  # not resolved: a venv's bin/python is a link to the base Python
+        bin_dir = (python or self.python).parent  # not resolved: a venv's bin/python links the base Python
         if fingerprint:
             meta.software = software_key(python or self.python, {**kept_env(os.environ), **env}, num_gpus)
         if head is None:
@@ -297,6 +284,11 @@ class LocalHeads:
         }
         if not joinable:  # see LOOPBACK_ONLY: a head no node joins (Ray refuses a join in that mode)
             own.update(LOOPBACK_ONLY)
+        if self.sandbox is not None:
+            own.update(self.sandbox.env(root), **{NODE_ROOT_ENV: str(root)})
+            argv = self.sandbox.wrap(
+                argv, root, (*python_paths(python or self.python), *readable), writable, num_gpus
+            )
         self._write(meta)  # intent first: a crash after the spawn still leaves a findable head
         meta.pid = spawn_detached(argv, head_env(os.environ, env, own), node_dir / "head.log")
         self._write(meta)
@@ -359,5 +351,7 @@ class LocalHeads:
         if not self.processes(meta):
             shutil.rmtree(meta.temp_dir, ignore_errors=True)
             (self.node_dir(name) / "token").unlink(missing_ok=True)  # a dead head's token is no use to anyone
+            if meta.root:
+                (Path(meta.root) / ".ray-token").unlink(missing_ok=True)
             meta.terminated_at = meta.terminated_at or time.time()
             self._write(meta)

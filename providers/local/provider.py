@@ -29,6 +29,7 @@ from providers.base import (
     require_ours,
 )
 from providers.local.client import HeadMeta, LocalHeads, axolotl_python, node_python
+from providers.local.sandbox import Sandbox, SandboxUnavailable
 from providers.node import jobs_api_answers
 
 
@@ -37,12 +38,28 @@ class LocalProvider(Provider):
 
     name: ClassVar[ProviderName] = ProviderName.LOCAL
     section_model: ClassVar[type[SectionBase]] = LocalSection
-    shares_files: ClassVar[bool] = True
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
-        # The nodes run in their own environment (the node's software only), not the fleet's venv.
-        self.heads = LocalHeads(context.home / "nodes", node_python(context.node_python))
+        # The nodes run in their own environment (the node's software only), not the fleet's venv, and in a
+        # sandbox (providers.local.sandbox) unless the operator said none: then they share this machine's
+        # files as the fleet's own processes; sandboxed, they get a job's files and give back its results
+        # as a rented node does, and share only the model cache.
+        self.sandbox: Sandbox | None = None
+        self._unavailable: str | None = None
+        try:
+            self.sandbox = Sandbox.of(context.local_sandbox, context.local_node_uid, context.private_paths)
+        except SandboxUnavailable as exc:
+            self._unavailable = str(exc)
+        cache = context.home / "cache"
+        self.shares_files = context.local_sandbox == "none"
+        self.node_cache_dir = None if self.shares_files else str(cache)
+        self.heads = LocalHeads(
+            context.home / "nodes", node_python(context.node_python), self.sandbox, (cache,)
+        )
+
+    def unavailable(self) -> str | None:
+        return self._unavailable
 
     def list_offers(self, section: BaseModel) -> list[Offer]:
         assert isinstance(section, LocalSection)
@@ -56,6 +73,8 @@ class LocalProvider(Provider):
         if not isinstance(section, LocalSection):
             raise ProvisioningFailed(f"local provider got a {type(section).__name__} section")
         require_ours(request.name)
+        if self._unavailable is not None:
+            raise ProvisioningFailed(self._unavailable)
         try:
             meta = self.heads.start(
                 request.name,
@@ -64,11 +83,20 @@ class LocalProvider(Provider):
                 request.node_env(section.env),
                 python=self._python(request),
                 fingerprint=True,
+                root=self._root(request),
+                readable=request.local_paths,
             )
         except OSError as exc:
             self.heads.stop(request.name)
             raise ProvisioningFailed(f"could not start a local Ray head: {exc}") from exc
         return self._instance(meta)
+
+    def _root(self, request: LaunchRequest) -> Path | None:
+        """A sandboxed node's root: in its run's directory (`nodes/<instance>`), so that what it leaves
+        (checkpoints, offline W&B files) stays with the run, as an unsandboxed node's does."""
+        if self.context.runs_dir is None:
+            return None
+        return self.context.runs_dir / request.run_id / "nodes" / request.name
 
     def _python(self, request: LaunchRequest) -> Path:
         """The interpreter the node runs: the axolotl environment for an axolotl job, else the node's own."""

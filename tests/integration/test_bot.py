@@ -29,6 +29,7 @@ from broker import sweeps as sweep_slots
 from broker.models import Instance, InstanceState, Run, RunState
 from broker.payloads import Event, EventType
 from core.errors import ConfigError
+from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
 from providers.base import LaunchRequest
@@ -80,6 +81,7 @@ def settings(
         discord_allowed_channels=(CHANNEL,),
         bot_configs_dir=CONFIGS,
         data_roots=(CONFIGS / "data",),  # an attachment's local files must be under a data root
+        local_jobs_from=(Source.CLI, Source.DISCORD),  # the tiny config trains on this machine
     )
 
 
@@ -415,6 +417,7 @@ def test_train_from_discord_end_to_end(
         discord_channel_id=NOTIFY_CHANNEL,
         bot_configs_dir=CONFIGS,
         data_roots=(CONFIGS / "data",),  # an attachment's local files must be under a data root
+        local_jobs_from=(Source.CLI, Source.DISCORD),  # the tiny config trains on this machine
     )
     fleet = Fleet.connect(settings)
     worker = Worker(env, home / "worker.log")

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from broker.constants import GIT_INVALID, RUNS_INDEX, git_claim_key, git_lease_key, git_watermark_key
 from broker.ledger import Ledger
 from broker.payloads import GitOrigin
+from core.policy_settings import Source
 from core.settings import Settings
 from fleet.cli import cli
 from service.gitrepo import GitRepo
@@ -67,7 +68,7 @@ def test_one_commit_with_two_configs_enqueues_two_runs_once(home: Path, tmp_path
     """The must-show: two configs in one commit -> two runs; again -> none; one modified -> one more.
     The first three looks are `fleet` processes (about a second each); the last one runs in-process."""
     repo = Repo(tmp_path / "repo")
-    env = fleet_env(home)
+    env = fleet_env(home, FLEET_LOCAL_JOBS_FROM="cli,git")
     first = fleet(env, "watch", str(repo.root), "--once")
     assert first.returncode == 0, first.stderr
     assert f"from {repo.git('rev-parse', 'HEAD')}" in first.stderr  # nothing before the first look
@@ -105,13 +106,13 @@ def settings(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
     home = tmp_path / "home"
     home.mkdir()
-    return Settings(redis_url=redis_url, home=home)
+    return Settings(redis_url=redis_url, home=home, local_jobs_from=(Source.CLI, Source.GIT))
 
 
 @pytest.fixture
 def env(settings: Settings, redis_url: str, redis_client: redis.Redis[str]) -> dict[str, str]:
     """The environment of the in-process CLI (on an emptied database)."""
-    (settings.home / "settings.yml").write_text("{}\n")
+    (settings.home / "settings.yml").write_text("local_jobs_from: cli,git\n")
     return {"REDIS_URL": redis_url, "FLEET_HOME": str(settings.home),
             "FLEET_SETTINGS_FILE": str(settings.home / "settings.yml")}  # fmt: skip
 

@@ -23,6 +23,7 @@ import redis
 
 from broker.models import Instance, InstanceState
 from broker.payloads import EventType
+from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import parse_job
 from service.runs import Fleet, submit
@@ -74,6 +75,7 @@ def fleet(
         discord_allowed_channels=(CHANNEL,),
         discord_admin_roles=(ADMIN_ROLE,),
         bot_configs_dir=CONFIGS,
+        local_jobs_from=(Source.CLI, Source.DISCORD),  # the configs it submits are local jobs
     )
     connected = Fleet.connect(settings)
     yield connected

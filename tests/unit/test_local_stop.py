@@ -1,4 +1,4 @@
-"""providers.local.client.wait_gone: a killed process that is not our child and stays a zombie (its parent
+"""providers.local.spawn.wait_gone: a killed process that is not our child and stays a zombie (its parent
 does not read its exit status, as a killed head's reparented processes on a container without an init
 that reaps) counts as ended at once; psutil.wait_procs waits on such a one until its timeout, which made
 every local head's stop take 2.5 s instead of 0.6."""
@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from providers.local.client import wait_gone
+from providers.local.spawn import wait_gone
 
 # A parent that starts a child which exits at once, prints its pid and never reads its exit status.
 NEGLECTFUL = (
