@@ -128,6 +128,14 @@ class Dispatcher:
         self._send_task(stage, run_id, task_id, 0.0)
         return True
 
+    def take_over(self, run_id: str, who: str) -> str:
+        """Take the run's claim from whatever task holds it, for `who` (the reaper, a budget stop) acting on
+        the run itself: a task inside a long step on it has its next ledger write refused (LeaseLost). The
+        claim's id; it expires as any claim does."""
+        owner = f"{who}-{uuid.uuid4().hex}"
+        self.client.set(tick_key(run_id), owner, px=self.ttl_ms)
+        return owner
+
     def park(self, run_id: str, after: str, watch: Watch) -> bool:
         """Hand the run from task `after` to the watcher until `watch` comes (broker.parking). False when
         no watcher looks (the caller polls instead) or `after` no longer owns the run."""

@@ -230,7 +230,7 @@ def _enqueue_all(
             runs.check_budget(trigger.fleet, list(fresh.values()), origin)
     except OverBudget as exc:
         refused = str(exc)
-    return [_enqueue(trigger, commit, path, origin, tree, refused=refused) for path in paths]
+    return [_enqueue(trigger, commit, path, origin, tree, refused, fresh.get(path)) for path in paths]
 
 
 def _enqueue(
@@ -239,11 +239,13 @@ def _enqueue(
     path: str,
     origin: GitOrigin,
     tree: Snapshot,
-    again: bool = True,
     refused: str | None = None,
+    loaded: LoadedJob | None = None,
+    again: bool = True,
 ) -> ConfigResult:
     """Settle one (commit, path): see the module's docstring for the protocol. `tree` is the commit's;
-    `refused`: why the commit's configs together may not be queued now (a valid one is then REFUSED)."""
+    `refused`: why the commit's configs together may not be queued now (a valid one is then REFUSED);
+    `loaded`: the config, when it was read for that already."""
     client = trigger.fleet.redis
     claim = git_claim_key(trigger.repo_id, commit, path)
     run_id = client.get(claim)
@@ -257,7 +259,7 @@ def _enqueue(
         if not client.set(claim, run_id, nx=True):  # another process claimed it first: take its path
             _release(client, run_id, token)
             if again:
-                return _enqueue(trigger, commit, path, origin, tree, again=False, refused=refused)
+                return _enqueue(trigger, commit, path, origin, tree, refused, loaded, again=False)
             raise FleetError(f"the claim on {path}@{commit[:7]} changed twice while looking at it")
     elif not client.set(git_lease_key(run_id), token, nx=True, ex=LEASE_S):
         return ConfigResult(commit, path, Outcome.IN_FLIGHT, run_id)
@@ -265,7 +267,7 @@ def _enqueue(
         if client.exists(run_key(run_id)):
             return ConfigResult(commit, path, Outcome.ALREADY, run_id)
         origin = origin.model_copy(update={"path": path})
-        return _submit(trigger, commit, path, run_id, origin, tree, refused)
+        return _submit(trigger, commit, path, run_id, origin, tree, refused, loaded)
     finally:
         _release(client, run_id, token)
 
@@ -293,13 +295,15 @@ def _submit(
     origin: GitOrigin,
     tree: Snapshot,
     refused: str | None = None,
+    loaded: LoadedJob | None = None,
 ) -> ConfigResult:
-    """Under the lease of `run_id`, with no run of that id yet: validate the config as of `commit` and
-    submit it, or mark it invalid, or report the fleet's refusal (the claim stays for the next look)."""
+    """Under the lease of `run_id`, with no run of that id yet: validate the config as of `commit` (unless
+    `loaded` is it, read already) and submit it, or mark it invalid, or report the fleet's refusal (the
+    claim stays for the next look)."""
     fleet = trigger.fleet
     claim = git_claim_key(trigger.repo_id, commit, path)
     try:
-        job = _load(trigger, commit, path, tree)
+        job = loaded or _load(trigger, commit, path, tree)
     except ConfigError as exc:
         fleet.redis.set(claim, GIT_INVALID)
         return ConfigResult(commit, path, Outcome.INVALID, None, format_problems(exc), tuple(exc.problems))

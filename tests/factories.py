@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -277,3 +278,25 @@ def copy_example_data(folder: Path) -> Path:
     if not data.exists():
         shutil.copytree(EXAMPLE_YAML.parent / "data", data)
     return data
+
+
+class GitWorkTree:
+    """A git repository made in a temporary folder for a test: commands run in it with a fixed identity,
+    and `commit` takes everything there (an empty commit when nothing changed)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir()
+        self.git("init", "-q", "-b", "main")
+
+    def git(self, *args: str) -> str:
+        ident = ["-c", "user.email=t@example.com", "-c", "user.name=t", "-c", "commit.gpgsign=false"]
+        done = subprocess.run(
+            ["git", *ident, *args], cwd=self.root, capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    def commit(self, message: str) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", "--allow-empty", "-m", message)
+        return self.git("rev-parse", "HEAD")

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 
 from broker.budget import Ask, Held, held, refusal, spent_text
-from broker.constants import BUDGET_LOCK, Stage, tick_key
+from broker.constants import BUDGET_LOCK, Stage
 from broker.ledger import Draft
 from broker.locks import Lease
 from broker.models import Run, RunState
@@ -110,9 +109,7 @@ def stop(ctx: context.Context, run: Run, why: str, task_id: str | None = None) -
     """Stop a run for money, its checkpoint kept (see the module's notes). `task_id`: the stage task that
     owns the run and stops it; None (the reaper): the run's claim is taken over first, so that a task
     inside a long step on it has its next write refused."""
-    owner = task_id or f"budget-{uuid.uuid4().hex}"
-    if task_id is None:
-        ctx.redis.set(tick_key(run.run_id), owner, px=ctx.dispatcher.ttl_ms)
+    owner = task_id or ctx.dispatcher.take_over(run.run_id, "budget")
     sid = run.ray_jobs.get(Stage.TRAIN.value)  # no train job yet: no checkpoint either
     training = run.state == RunState.TRAINING and run.instance is not None
     if sid is None or not training or ctx.provider(run.provider).shares_files:
@@ -138,6 +135,6 @@ def _wind_down_late(ctx: context.Context, run: Run) -> None:
     began = run.stage(Stage.FINALIZE).started or run.updated_at
     if time.time() - began < ctx.settings.finalize_time_limit_s:
         return
-    ctx.redis.set(tick_key(run.run_id), f"budget-{uuid.uuid4().hex}", px=ctx.dispatcher.ttl_ms)
+    ctx.dispatcher.take_over(run.run_id, "budget")
     why = f"{run.stopping}; its results did not come back within {ctx.settings.finalize_time_limit_s:g} s"
     teardown(ctx, run, RunState.FAILED, FailureReason.OVER_BUDGET, why, keep=False)

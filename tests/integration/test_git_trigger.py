@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,34 +22,20 @@ from fleet.cli import cli
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Start, Trigger, look
 from service.runs import Fleet
-from tests.factories import light_job_file
+from tests.factories import GitWorkTree, light_job_file
 from tests.integration.fleetproc import fleet, fleet_env, redis_of
 
 
-class Repo:
+class Repo(GitWorkTree):
     """A git repository in a temporary folder with a job template (its dataset linked beside it)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir()
-        self.git("init", "-q", "-b", "main")
+        super().__init__(root)
         self.template = light_job_file(root / "tasks").read_text()  # tasks/tiny.yml + the tasks/data link
         self.commit("initial")
 
-    def git(self, *args: str) -> str:
-        ident = ["-c", "user.email=t@example.com", "-c", "user.name=t", "-c", "commit.gpgsign=false"]
-        done = subprocess.run(
-            ["git", *ident, *args], cwd=self.root, capture_output=True, text=True, check=True
-        )
-        return done.stdout.strip()
-
     def write(self, name: str, seed: int, text: str | None = None) -> None:
         (self.root / "tasks" / name).write_text(text or self.template.replace("seed: 42", f"seed: {seed}"))
-
-    def commit(self, message: str) -> str:
-        self.git("add", "-A")
-        self.git("commit", "-q", "--allow-empty", "-m", message)
-        return self.git("rev-parse", "HEAD")
 
 
 def _queued(client: redis.Redis[str]) -> dict[tuple[str, str], str]:

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import discord.http
 import pytest
 import redis
 
@@ -47,13 +46,6 @@ ADMIN_USER = 710000000000000007
 MEMBER: dict[str, Any] = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}  # allowlisted, owns nothing
 ADMIN: dict[str, Any] = {"user": ADMIN_USER, "roles": (ALLOWED_ROLE, ADMIN_ROLE)}
 JOB = {"config": "tiny-lora.yml"}  # a named config (its datasets beside it)
-
-
-@pytest.fixture
-def fake_discord(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
-    with FakeDiscord() as running:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
-        yield running
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from service import gitsnapshot
 from service.gitrepo import GitRepo
 from service.gitwatch import ConfigResult, Outcome, Start, Trigger, look
 from service.runs import Fleet
-from tests.factories import TINY_DATA
+from tests.factories import TINY_DATA, GitWorkTree
 from trainer import axolotl_run
 from trainer.config import TrainConfig
 from trainer.data import load_records
@@ -40,21 +40,12 @@ COMMITTED = TINY_DATA.read_bytes()
 ROWS = COMMITTED.splitlines(keepends=True)
 
 
-class Repo:
+class Repo(GitWorkTree):
     """A git repository in a temporary folder: files written, committed, and changed after the commit."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir()
-        self.git("init", "-q", "-b", "main")
+        super().__init__(root)
         self.commit("initial")
-
-    def git(self, *args: str) -> str:
-        ident = ["-c", "user.email=t@example.com", "-c", "user.name=t", "-c", "commit.gpgsign=false"]
-        done = subprocess.run(
-            ["git", *ident, *args], cwd=self.root, capture_output=True, text=True, check=True
-        )
-        return done.stdout.strip()
 
     def write(self, name: str, data: bytes | str) -> None:
         path = self.root / name
@@ -78,11 +69,6 @@ class Repo:
         return subprocess.run(
             ["git", "show", f"{sha}:{name}"], cwd=self.root, capture_output=True, check=True
         ).stdout
-
-    def commit(self, message: str) -> str:
-        self.git("add", "-A")
-        self.git("commit", "-q", "--allow-empty", "-m", message)
-        return self.git("rev-parse", "HEAD")
 
 
 def config(datasets: str, section: str = "") -> str:

@@ -12,11 +12,9 @@ was queued.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import discord.http
 import pytest
 import redis
 
@@ -39,13 +37,6 @@ PUSHING = TINY + b"hub_model_id: acme/tiny-lora\n"
 HUB_LINE = PUSHING.decode().splitlines().index("hub_model_id: acme/tiny-lora") + 1
 LOCAL_LINE = TINY.decode().splitlines().index("local:") + 1
 ROLE = 720000000000000042
-
-
-@pytest.fixture
-def fake_discord(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
-    with FakeDiscord() as running:
-        monkeypatch.setattr(discord.http.Route, "BASE", f"{running.url}/api/v10")
-        yield running
 
 
 @pytest.fixture
