@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from broker.constants import Stage
 from broker.payloads import HubPush, Metrics, NodeCheck, Origin
-from core.errors import FailureReason
+from core.errors import FailureReason, Unreachable
 from jobs.sections import CloudSection, ProviderName, SectionBase
 from jobs.spec import JobSpec
 from trainer.config import WandbPlan
@@ -90,6 +90,19 @@ class Retrying(BaseModel):
     failures: int = Field(0, description="Failed tries of the step in a row.")
 
 
+class Unreached(BaseModel):
+    """A cause for which the fleet's calls to a starting node's Ray head got no answer (provision), said
+    once in a node.unreachable event; a permanent one's `since` is the start of the bound on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: str
+    cause: Unreachable
+    since: float = Field(description="When provision first met it for this instance (epoch seconds).")
+    detail: str = Field(description="Its words then (the TLS library's, the HTTP status).")
+    endpoint: str = Field(description="The URL called (it names the node; never a credential).")
+
+
 class Placement(BaseModel):
     """Where a `cloud:` job's attempt was rented (provision's choice among the clouds), and, once the run
     moved on from it, why."""
@@ -141,6 +154,10 @@ class RunProgress(BaseModel):
     )
     hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
     pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
+    unreached: list[Unreached] = Field(
+        default_factory=list,
+        description="Why the run's starting nodes did not answer, each cause once per instance (provision).",
+    )
     placements: list[Placement] = Field(
         default_factory=list,
         description="A `cloud:` job's offers, one per attempt that rented (or tried to), the latest last.",

@@ -53,7 +53,7 @@ class Watch(BaseModel):
     until: float  # epoch seconds
     job: str | None = None  # a Ray job on the run's head: until it ends
     relay: bool = False  # ...relaying its progress lines meanwhile (train)
-    nodes: dict[str, str] = {}  # instances as listed when parked (their NodeState): until one changes
+    nodes: dict[str, str] = {}  # instances as listed when parked (NodeInstance.look): until one changes
 
 
 class Parking:

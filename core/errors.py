@@ -13,6 +13,7 @@ class FailureReason(StrEnum):
     PROVISIONING_FAILED = "PROVISIONING_FAILED"
     NODE_TIMEOUT = "NODE_TIMEOUT"
     NODE_BROKEN = "NODE_BROKEN"  # the node cannot train: its readiness check names what is missing
+    NODE_UNREACHABLE = "NODE_UNREACHABLE"  # the node's TLS certificate failed the fleet's check: named
     INSTANCE_LOST = "INSTANCE_LOST"
     ENTRY_FAILED = "ENTRY_FAILED"  # the job's `entry` script exited non-zero on the node (not retried)
     PREPARE_FAILED = "PREPARE_FAILED"
@@ -25,6 +26,25 @@ class FailureReason(StrEnum):
     AUTH_FAILED = "AUTH_FAILED"  # a provider refused the fleet's credential, or none is configured
     STALLED = "STALLED"  # its stage task kept starting and dying without finishing a step (the reaper)
     INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+class Unreachable(StrEnum):
+    """Why the fleet's call to a node's Ray head got no answer (providers.node.reach). `permanent`: a
+    certificate the fleet's check refuses, which waiting does not heal; the others are a booting node's."""
+
+    CERTIFICATE = "certificate"  # not signed by an authority trusted for it (expired, self-signed, unknown)
+    HOSTNAME = "hostname"  # valid, but for another name than the one the fleet called
+    PIN = "pin"  # not the certificate the fleet made and pinned for the node
+    TLS = "tls"  # the handshake failed otherwise (cut short, not TLS on that port)
+    REFUSED = "refused"  # nothing listens on the port yet
+    CLOSED = "closed"  # the connection was taken and closed without an answer (a front before its node)
+    TIMEOUT = "timeout"  # no connection, or no answer, in time
+    NETWORK = "network"  # no way to the address (its name does not resolve, no route)
+    HTTP = "http"  # an answer, but not the Jobs API's (a proxy's 502 or 404 while the node boots, a 401)
+
+    @property
+    def permanent(self) -> bool:
+        return self in (Unreachable.CERTIFICATE, Unreachable.HOSTNAME, Unreachable.PIN)
 
 
 class FleetError(Exception):

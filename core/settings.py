@@ -95,6 +95,12 @@ class Settings(PolicySettings):
         300, gt=0, description="A run waiting on its node (parked) gets its stage task at least this often."
     )
     node_ready_timeout_s: float = Field(300, gt=0, description="Give up when a node is not ready by then.")
+    node_tls_fail_after_s: float = Field(
+        30,
+        gt=0,
+        description="Give up on a starting node whose TLS certificate fails the fleet's check (untrusted, "
+        "for another name, not the pinned one) this long: NODE_UNREACHABLE, naming it (no wait heals it).",
+    )
     stall_after_s: float = Field(60, gt=0, description="Re-send a run's stage task when none ran this long.")
     stalled_after_kicks: int = Field(
         3,

@@ -21,7 +21,7 @@ from typing import ClassVar
 from pydantic import BaseModel, SecretStr
 
 from core import envnames
-from core.errors import CredentialsMissing, NodeError, ProvisioningFailed
+from core.errors import CredentialsMissing, NodeError, ProvisioningFailed, Unreachable
 from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE, DEFAULT_RUNPOD_PROXY_URL
 from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from jobs.sections import ProviderName, SectionBase
@@ -56,6 +56,20 @@ class Offer:
 
 
 @dataclass(frozen=True)
+class Unanswered:
+    """Why a node's Ray head gave the fleet no answer: the cause, its words (the TLS library's, the HTTP
+    status) and the URL called, which names the node (RunPod's proxy, a vast.ai host's address) and never
+    carries a credential."""
+
+    cause: Unreachable
+    detail: str
+    endpoint: str
+
+    def __str__(self) -> str:
+        return f"{self.cause.value} at {self.endpoint}: {self.detail}"
+
+
+@dataclass(frozen=True)
 class NodeInstance:
     """A live instance of ours at a provider."""
 
@@ -67,10 +81,19 @@ class NodeInstance:
     price_per_hour: float = 0.0
     message: str = ""
     gpu_util: float | None = None  # busiest GPU's utilization in %, where the provider reports it
+    unanswered: Unanswered | None = None
+    """PENDING because its Ray head's probe got no answer (`get` probes): why; None when not probed."""
 
     @property
     def age_s(self) -> float:
         return time.time() - self.created_at
+
+    @property
+    def look(self) -> str:
+        """The instance as a parked run watches it (broker.parking.Watch.nodes): its state, and the cause
+        its head's probe met, so that a new cause wakes the run as a new state does."""
+        cause = self.unanswered.cause.value if self.unanswered is not None else ""
+        return f"{self.state.value}:{cause}" if cause else self.state.value
 
 
 @dataclass(frozen=True)

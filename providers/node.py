@@ -32,10 +32,11 @@ import requests
 from pydantic import BaseModel, ConfigDict, ValidationError
 from requests.adapters import HTTPAdapter
 
-from core.errors import NodeError
+from core.errors import NodeError, Unreachable
 from core.settings import API_CONNECT_TIMEOUT_S, NODE_API_TIMEOUT_S, UPLOAD_TIMEOUT_S, Settings
 from providers import failsafe
-from providers.base import NodeEndpoint
+from providers.base import NodeEndpoint, Unanswered
+from providers.reach import unanswered
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
 
@@ -124,17 +125,24 @@ def channel(endpoint: NodeEndpoint) -> requests.Session:
     return session
 
 
-def answers(endpoint: NodeEndpoint, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
-    """Whether the node's Jobs API answers with these headers (HTTP 200 on /api/version). Never raises,
-    but for a refused channel (NodeError): an unreachable node is the caller's to judge."""
+def reach(endpoint: NodeEndpoint, headers: dict[str, str], timeout_s: float = 2.0) -> Unanswered | None:
+    """Why the node's Jobs API gives no answer with these headers (HTTP 200 on /api/version), or None when
+    it answers. Never raises, but for a refused channel (NodeError): an unreachable node is the caller's
+    to judge, by the cause (providers.reach)."""
+    url = endpoint.jobs_url.rstrip("/")
     with channel(endpoint) as session:
         try:
-            reply = session.get(
-                f"{endpoint.jobs_url.rstrip('/')}/api/version", headers=headers, timeout=timeout_s
-            )
-        except (requests.RequestException, OSError):
-            return False
-        return reply.status_code == 200
+            reply = session.get(f"{url}/api/version", headers=headers, timeout=timeout_s)
+        except (requests.RequestException, OSError) as exc:
+            return unanswered(exc, url, pinned=endpoint.tls_pin is not None)
+        if reply.status_code == 200:
+            return None
+        return Unanswered(Unreachable.HTTP, f"HTTP {reply.status_code} {reply.reason}".strip(), url)
+
+
+def answers(endpoint: NodeEndpoint, headers: dict[str, str], timeout_s: float = 2.0) -> bool:
+    """Whether the node's Jobs API answers with these headers (see `reach`)."""
+    return reach(endpoint, headers, timeout_s) is None
 
 
 def jobs_api_answers(url: str, headers: dict[str, str], timeout_s: float = 2.0) -> bool:

@@ -22,6 +22,7 @@ from core.errors import (
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
+    Unreachable,
 )
 from providers.base import (
     INSTANCE_PREFIX,
@@ -37,10 +38,11 @@ from providers.base import (
     Provider,
     ProviderContext,
     SshAccess,
+    Unanswered,
     require_ours,
 )
 from providers.listing import SharedListing
-from providers.node import answers
+from providers.node import reach
 from providers.offers import Choice, Priced
 from providers.tokens import NodeTokens
 
@@ -145,7 +147,8 @@ class RemoteProvider(Provider, Generic[S, R]):
 
     @abstractmethod
     def _instance(self, record: R, probe: bool) -> NodeInstance:
-        """The record as a NodeInstance; with `probe`, RUNNING only once its Jobs API answers (`_ready`)."""
+        """The record as a NodeInstance; with `probe`, RUNNING only once its Jobs API answers, else PENDING
+        with why not (`_unanswered`)."""
 
     @abstractmethod
     def _jobs_url(self, record: R) -> str | None:
@@ -264,13 +267,19 @@ class RemoteProvider(Provider, Generic[S, R]):
         fleet made one for it (a node reached by its address), else the authorities trusted for a proxy."""
         return NodeEndpoint(url, url, headers, self.tokens.tls_pin(name), self.context.runpod_proxy_ca_file)
 
-    def _ready(self, record: R) -> bool:
+    def _unanswered(self, record: R) -> Unanswered | None:
+        """Why the instance's Ray head does not answer its Jobs API with the node's token (providers.reach
+        tells a refused certificate from a booting node), or None once it does."""
         name = self._name(record)
         if self.tokens.head_of(name) is not None:
-            return True  # a worker node serves no Jobs API: up once its container runs; its head's cluster
+            return None  # a worker node serves no Jobs API: up once its container runs; its head's cluster
             # says whether it joined (the provision stage asks the head)
         url, headers = self._jobs_url(record), self._headers(name)
-        return bool(url and headers and answers(self._reach(name, url, headers), headers))
+        if not url:
+            return Unanswered(Unreachable.NETWORK, "it publishes no Jobs API port (yet)", name)
+        if not headers:  # its token is gone from the store of node secrets: its head would say 401
+            return Unanswered(Unreachable.HTTP, "the fleet holds no token for it", url)
+        return reach(self._reach(name, url, headers), headers)
 
     def get(self, name: str) -> NodeInstance | None:
         return self._get(name)

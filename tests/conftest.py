@@ -32,6 +32,7 @@ TRAINING_MODULES = frozenset(
         "integration/test_e2e_preemption.py",
         "integration/test_hub_checkpoints.py",
         "integration/test_node_ready.py",
+        "integration/test_readme_recipes.py",
         "integration/test_sweeps.py",
         "integration/test_tracking.py",
         "integration/test_trainer_ray.py",

@@ -20,7 +20,7 @@ from jobs.paths import node_paths
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
-from workers import budget, context, failover, readiness, wandb_plan
+from workers import budget, context, failover, provision_reach, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
 from workers.node_secrets import node_secrets
@@ -84,30 +84,51 @@ def step(ctx: context.Context, run: Run) -> Next:
             cluster = {"instances": names, "num_nodes": len(names)} if len(names) > 1 else {}
             ready = InstanceReady(instance=head, dashboard_url=endpoint.dashboard_url, **cluster)
             return readiness.check_node(ctx, run, head, endpoint, ready)
+    run = provision_reach.note(ctx, run, nodes)  # why a head does not answer: each cause said once
     placed = run.placement
     started = placed.at if placed is not None else run.stage(Stage.PROVISION).started or run.created_at
-    if time.time() - started > ctx.settings.node_ready_timeout_s:
-        late = [name for name in names if name not in up]
+    until = started + ctx.settings.node_ready_timeout_s
+    given_up = provision_reach.given_up(ctx, run, nodes)
+    if given_up is not None or time.time() > until:
+        return _give_up(ctx, run, nodes, up, given_up)
+    if len(nodes) == len(names) and len(up) < len(names):
+        # Every node is listed and some are still starting: nothing to do until one's state (or the cause
+        # its head's probe meets) changes, or a certificate's bound ends.
+        looks = {name: found.look for name, found in nodes.items()}
+        ends = provision_reach.gives_up_at(ctx, run, nodes)
+        return Next.wait_nodes(ctx, Stage.PROVISION, looks, min(until, ends or until))
+    return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+
+
+def _give_up(
+    ctx: context.Context, run: Run, nodes: dict[str, NodeInstance], up: list[str], unreachable: str | None
+) -> Next:
+    """The nodes are not ready in time, or cannot be reached (`unreachable`: why): a `cloud:` job moves on
+    to its next offer; any other fails NODE_UNREACHABLE or NODE_TIMEOUT, saying why."""
+    names = run.instance_names
+    late = [name for name in names if name not in up]
+    if unreachable is not None:
+        why = unreachable
+    else:
         what = f"instance {', '.join(late)}" if late else "the cluster's nodes"
         why = f"{what} not ready after {ctx.settings.node_ready_timeout_s:.0f} s"
-        if placed is not None:  # a `cloud:` job tries its next offer
-            failover.move_on(ctx, run, why)
-            return Next.poll(Stage.PROVISION, 0)
         if len(names) > 1:
             joined_now = len(run.progress.cluster)
             why += f" ({len(up)} of {len(names)} instances up, {joined_now} Ray nodes joined)"
-        section = run.spec.section
-        if isinstance(section, RunPodSection) and section.starts_from_template:
-            why += (
-                f"; it runs template {section.template_id}'s image and start command, which must "
-                'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
-            )
-        raise StageFailed(FailureReason.NODE_TIMEOUT, why)
-    if len(nodes) == len(names) and len(up) < len(names):
-        # Every node is listed and some are still starting: nothing to do until one's state changes.
-        states = {name: found.state.value for name, found in nodes.items()}
-        return Next.wait_nodes(ctx, Stage.PROVISION, states, started + ctx.settings.node_ready_timeout_s)
-    return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+        if said := provision_reach.last_words(run, nodes, late):  # the cause it waited out in vain
+            why += f"; {said}"
+    if run.placement is not None:  # a `cloud:` job tries its next offer
+        failover.move_on(ctx, run, why)
+        return Next.poll(Stage.PROVISION, 0)
+    if unreachable is not None:
+        raise StageFailed(FailureReason.NODE_UNREACHABLE, why)
+    section = run.spec.section
+    if isinstance(section, RunPodSection) and section.starts_from_template:
+        why += (
+            f"; it runs template {section.template_id}'s image and start command, which must "
+            'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
+        )
+    raise StageFailed(FailureReason.NODE_TIMEOUT, why)
 
 
 def _bring_up(

@@ -9,7 +9,8 @@ slow node never holds up the others. A look reads:
   relayed as events as the train task would (the same offset transaction, fenced by WATCHER's claim),
   and its info is asked only when its log stood still or said the job is done (one call a tick per
   node while it prints);
-- instances it waits for: their states as the provider lists them (the shared list, providers.listing).
+- instances it waits for: their states as the provider lists them (the shared list, providers.listing),
+  and why a starting node's head does not answer its probe (a new cause is said at once: node.unreachable).
 It sends the stage's task (`Dispatcher.wake`) when the job ended, a state changed, a look failed (the
 stage's own error handling then sees it), or the Watch's deadline came. Nothing else acts on a parked
 run without taking its claim first (a cancel wakes it; the reaper's dollar cap takes it over), so a look
@@ -31,7 +32,7 @@ from broker.models import Run
 from broker.parking import WATCHER, Watch
 from core.errors import FleetError, LeaseLost, NotFound
 from providers.node import NodeClient
-from workers import context, prepare, train
+from workers import context, prepare, provision_reach, train
 from workers.node_job import node
 
 log = logging.getLogger("trainfleet.watcher")
@@ -156,9 +157,14 @@ class Watcher:
 
     def _nodes_changed(self, known: _Parked) -> bool:
         provider = self.ctx.provider(known.run.provider)
+        starting = known.watch.stage == Stage.PROVISION
         for name, state in known.watch.nodes.items():
             found = provider.get(name)
-            if found is None or found.state.value != state:
+            if found is None or found.look != state:  # its state, or the cause its head's probe meets
+                if starting and found is not None and found.unanswered is not None:
+                    # Said by the look that met it (once per cause: provision_reach), not a task's turn later.
+                    with fenced(known.run.run_id, WATCHER):
+                        known.run = provision_reach.note(self.ctx, known.run, {name: found})
                 return True
         return False
 

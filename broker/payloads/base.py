@@ -40,6 +40,7 @@ class EventType(StrEnum):
     INSTANCE_REMINDER = "instance.reminder"  # a kept instance ends soon
     INSTANCE_STUCK = "instance.stuck"  # alert: asked to terminate, still listed (every reap cycle)
     INSTANCE_LOST = "instance.lost"  # the provider stopped listing it (several looks in a row)
+    NODE_UNREACHABLE = "node.unreachable"  # a starting node's Ray head did not answer: a cause new for it
     NODE_JOINED = "node.joined"  # a Ray node joined the run's cluster (its head's State API lists it ALIVE)
     NODE_SETUP = "node.setup"  # what the node's start script installed that its image lacked, and how long
     NODE_READY = "node.ready"  # the node passed its readiness check (trainer.nodecheck): it can train

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
 from broker.constants import Stage
 from broker.payloads.base import EventType, Metrics, Payload
-from core.errors import FailureReason
+from core.errors import FailureReason, Unreachable
 from core.policy_settings import Submitter
 from jobs.sections import ProviderName
 
@@ -274,6 +274,21 @@ class ReapTerminated(Payload):
     type = EventType.REAP_TERMINATED
     instance: str
     why: str
+
+
+class NodeUnreachable(Payload):
+    """The fleet's call to a starting node's Ray head got no answer, for a cause not said before for that
+    node: the cause, the URL called (which names the node, never a credential) and the TLS library's or
+    the HTTP answer's words. A `permanent` cause (a certificate the fleet's check refuses) fails the run
+    NODE_UNREACHABLE at `gives_up_at` if it lasts; the others are a booting node's, waited out."""
+
+    type = EventType.NODE_UNREACHABLE
+    instance: str
+    cause: Unreachable
+    endpoint: str
+    detail: str
+    permanent: bool
+    gives_up_at: float | None = None
 
 
 class NodeJoined(Payload):

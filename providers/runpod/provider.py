@@ -41,6 +41,7 @@ from providers.base import (
     NodeState,
     ProviderContext,
     SshAccess,
+    Unanswered,
 )
 from providers.bootstrap import (
     BOOTSTRAP_ENV,
@@ -233,13 +234,14 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     def _instance(self, pod: RunPodPod, probe: bool) -> NodeInstance:
         runtime = pod.runtime
+        unanswered: Unanswered | None = None  # why its head did not answer the probe
         status = pod.desired_status
         if status in ("EXITED", "STOPPED"):
             state, message = NodeState.STOPPED, f"pod {status.lower()} (stopped or preempted)"
         elif runtime is None or self._jobs_url(pod) is None:
             state, message = NodeState.PENDING, "starting"
-        elif probe and not self._ready(pod):
-            state, message = NodeState.PENDING, "container up, Ray head not answering yet"
+        elif probe and (unanswered := self._unanswered(pod)) is not None:
+            state, message = NodeState.PENDING, f"container up, Ray head not answering yet: {unanswered}"
         else:
             state, message = NodeState.RUNNING, "ready"
         created = time.time() - ((runtime.uptime_in_seconds if runtime else None) or 0)
@@ -257,6 +259,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             float(pod.cost_per_hr or 0),
             message,
             max(utils) if utils else None,
+            unanswered=unanswered,
         )
 
     def _name(self, record: RunPodPod) -> str:

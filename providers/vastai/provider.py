@@ -43,6 +43,7 @@ from providers.base import (
     NodeState,
     ProviderContext,
     SshAccess,
+    Unanswered,
 )
 from providers.bootstrap import (
     JOBS_PORT,
@@ -278,6 +279,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
 
     def _instance(self, row: VastInstance, probe: bool) -> NodeInstance:
         status = row.actual_status
+        unanswered: Unanswered | None = None  # why its head did not answer the probe
         note = str(row.status_msg or "").strip()
         if status in STOPPED_STATUSES:
             state, message = (
@@ -293,8 +295,8 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             )
         elif status in PENDING_STATUSES or self._jobs_url(row) is None:
             state, message = NodeState.PENDING, f"starting ({status or 'creating'})"
-        elif probe and not self._ready(row):
-            state, message = NodeState.PENDING, "container up, Ray head not answering yet"
+        elif probe and (unanswered := self._unanswered(row)) is not None:
+            state, message = NodeState.PENDING, f"container up, Ray head not answering yet: {unanswered}"
         else:
             state, message = NodeState.RUNNING, "ready"
         started = first_number(row.start_date)
@@ -308,6 +310,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             first_number(row.dph_total) or 0.0,
             message,
             first_number(row.gpu_util),  # may be null
+            unanswered=unanswered,
         )
 
     def _name(self, record: VastInstance) -> str:

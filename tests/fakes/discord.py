@@ -106,7 +106,7 @@ class FakeDiscord(Served, DiscordHandlers):
         self.faults: list[DiscordFault] = []
         self.limits = RateLimits(rate_limits)
         self.held = 0  # requests handled whose answer a "hang" fault withheld
-        self.served: list[dict[str, str]] = []  # each fault served: its op, kind and channel (major)
+        self.served: list[dict[str, Any]] = []  # each fault served: op, kind, channel (major), at (time.time)
         self.channels: dict[str, list[Message]] = {}
         self.threads: dict[str, dict[str, Any]] = {}  # thread id -> Discord's channel object of the thread
         self.deleted: set[str] = set()  # channels (threads) deleted: Unknown Channel from then on
@@ -201,7 +201,7 @@ class FakeDiscord(Served, DiscordHandlers):
     def state(self) -> dict[str, Any]:
         """Messages per channel in order (with edit history), interactions, request counts per operation,
         how many requests came over a rate limit, how many rate-limit windows were used up, how many
-        answers a "hang" fault withheld and each fault served (op, kind, channel)."""
+        answers a "hang" fault withheld and each fault served (op, kind, channel, at)."""
         with self.lock:
             snapshot: dict[str, Any] = json.loads(
                 json.dumps(
@@ -294,7 +294,7 @@ class FakeDiscord(Served, DiscordHandlers):
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)
-                    self.served.append({"op": op, "kind": fault.kind, "channel": major})
+                    self.served.append({"op": op, "kind": fault.kind, "channel": major, "at": time.time()})
                     return fault
         return None
 

@@ -5,7 +5,8 @@ Discord limits each route per bucket: one bucket hash per route, split by the ro
 where the bucket stands in `X-RateLimit-Limit / -Remaining / -Reset / -Reset-After / -Bucket`, and a
 client that honours them (discord.py's bot HTTP client and its webhook adapters do) waits before it ever
 gets a 429. A request over the limit gets Discord's 429 (with `Via`, so discord.py retries it) and is
-counted in `over_limit`: a client that keeps that at 0 never exceeded the limits. `windows_filled` counts
+counted in `over_limit` (and listed in `refused`, with its bucket and when): a client that keeps that at 0
+never exceeded the limits. `windows_filled` counts
 the windows used up to their limit, which shows that a client did reach the limits (and had to wait).
 
 A window here is fixed: it opens at the first request after the previous one closed and lasts `per_s`,
@@ -37,6 +38,17 @@ class _Window:
         return max(0.0, math.ceil((self.opened + self.per_s - now) * 1000) / 1000)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A request over its bucket's limit: its operation, the bucket's major parameter (channel or webhook),
+    when (wall clock, as the fake's message times) and the Retry-After it was told."""
+
+    op: str
+    major: str
+    at: float
+    retry_after: float
+
+
 @dataclass
 class Verdict:
     """Whether a request may go through, and the X-RateLimit-* headers its answer carries."""
@@ -56,6 +68,7 @@ class RateLimits:
         self.limits: Limits = dict(limits or {})
         self.windows: dict[tuple[str, str], _Window] = {}
         self.over_limit = 0
+        self.refused: list[Refusal] = []  # each request over a limit
         self.windows_filled = 0  # windows used up to their limit: the client then had to wait
         self.lock = threading.Lock()
 
@@ -70,9 +83,10 @@ class RateLimits:
             if allowed:
                 window.taken += 1
                 self.windows_filled += window.taken == window.limit
-            else:
-                self.over_limit += 1
             left = window.left_s(now)
+            if not allowed:
+                self.over_limit += 1
+                self.refused.append(Refusal(op, major, time.time(), left))
             remaining = window.limit - window.taken
         headers = {
             "X-RateLimit-Limit": str(window.limit),

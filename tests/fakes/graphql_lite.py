@@ -5,13 +5,15 @@ values (strings with escapes, numbers, booleans, null, enums, lists, objects) mu
 GraphQL server parses them; our own client sends `$variables`, which are substituted at execution.
 Named and inline fragments are expanded in place (their type conditions are not checked: every client we
 fake against spreads a fragment only where its type fits); `@include(if:)` and `@skip(if:)` are honoured.
+Checking the document against a schema is the schema's (tests.fakes.runpod_schema.validate), before
+anything is resolved; `project` then shapes the resolved data as the selections ask.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,11 +71,13 @@ class Field:
 
 @dataclass
 class Operation:
-    """A parsed `query` or `mutation`, with its declared variables' types as written (`PodFilter!`)."""
+    """A parsed `query` or `mutation`, with its declared variables' types as written (`PodFilter!`) and its
+    name (None when anonymous)."""
 
     kind: str
     fields: list[Field]
     variables: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
 
 
 def _unescape(raw: str) -> str:
@@ -126,13 +130,13 @@ class _Parser:
         return self.peek()[1] == value and self.peek()[0] == "punct"
 
     def operation(self) -> Operation:
-        kind, declared = "query", dict[str, str]()
+        kind, declared, name = "query", dict[str, str](), None
         if self.peek()[0] == "name":
             kind = self.take("name")
             if kind not in ("query", "mutation"):
                 raise GraphQLError(f'Syntax Error: Unexpected Name "{kind}".')
             if self.peek()[0] == "name":
-                self.take("name")
+                name = self.take("name")
             if self.at("("):
                 declared = self.variable_definitions()
         fields = self.selection_set()
@@ -145,7 +149,7 @@ class _Parser:
             fragments[name] = self.selection_set()
         if self.peek()[0] != "eof":
             raise GraphQLError("Syntax Error: only one operation per request is supported.")
-        return Operation(kind, _expand(fields, fragments), declared)
+        return Operation(kind, _expand(fields, fragments), declared, name)
 
     def variable_definitions(self) -> dict[str, str]:
         """`($a: Type!, $b: [Type] = default)`: each variable's type as text (defaults are read, unused)."""
@@ -293,15 +297,28 @@ def substitute(value: Any, variables: dict[str, Any]) -> Any:
     return value
 
 
-Resolver = Callable[[dict[str, Any]], Any]
+def named_type(type_text: str) -> str:
+    """The named type inside a type reference: `[Pod!]!` -> `Pod`."""
+    return type_text.strip("[]!")
 
 
-def project(value: Any, selections: list[Field] | None, variables: dict[str, Any], type_name: str) -> Any:
-    """Keep only the selected fields of resolved data; a callable value is a field taking arguments."""
+def project(
+    value: Any,
+    selections: list[Field] | None,
+    variables: dict[str, Any],
+    type_name: str,
+    outputs: Mapping[str, Mapping[str, str]] | None = None,
+) -> Any:
+    """Keep only the selected fields of resolved data (a callable value is a field taking arguments).
+
+    `type_name` is the value's type. With `outputs` (each object type's fields and their types: the schema
+    the document was validated against) a selected field the data lacks is the fake's own gap, since
+    validation has refused the caller's mistakes already; without it the data is the schema, and a field
+    it lacks is refused as a server refuses an unknown field."""
     if selections is None or value is None:
         return value
     if isinstance(value, list):
-        return [project(v, selections, variables, type_name) for v in value]
+        return [project(v, selections, variables, type_name, outputs) for v in value]
     out: dict[str, Any] = {}
     for sel in selections:
         if not sel.selected(variables):
@@ -310,9 +327,12 @@ def project(value: Any, selections: list[Field] | None, variables: dict[str, Any
             out[sel.key] = type_name
             continue
         if sel.name not in value:
+            if outputs is not None:
+                raise GraphQLError(f'The fake resolves no "{type_name}.{sel.name}" (its schema declares it).')
             raise GraphQLError(f'Cannot query field "{sel.name}" on type "{type_name}".')
         item = value[sel.name]
         if callable(item):
             item = item(substitute(sel.args, variables))
-        out[sel.key] = project(item, sel.selections, variables, sel.name)
+        child = named_type(outputs[type_name][sel.name]) if outputs is not None else sel.name
+        out[sel.key] = project(item, sel.selections, variables, child, outputs)
     return out

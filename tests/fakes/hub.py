@@ -8,13 +8,16 @@ API with its own upload and verify URLs, the NDJSON commit), repo info and trees
 through a 302 to the fake's CDN (tests/fakes/hub_cdn.py: another origin, signed URLs that refuse a
 request carrying Authorization), as huggingface.co does (`cdn=False`: everything served directly).
 Mutations need `Authorization: Bearer <token>`; private repos look missing without it, as on the Hub.
-File downloads can be capped per connection (`throttle_bps`), and faults can be scripted per operation.
+File downloads can be capped per connection (`throttle_bps`) and, all connections together, by a shared
+link (`link_bps`: one token bucket across every download from the Hub and its CDN, as a node's network
+link caps them), and faults can be scripted per operation.
 
 Operations (request counts, fault rules): whoami, create_repo, delete_repo, validate_yaml, repo_info,
 list_tree, preupload, lfs_batch, lfs_upload, lfs_verify, commit, file_head (HEAD resolve, or the CDN's),
 redirect (GET resolve of an LFS file: the 302), download (a GET that sends bytes: the Hub's or the CDN's),
 other.
-Control endpoints: GET /_fake/state, POST /_fake/faults (a list of rules), POST /_fake/throttle {"bps"}.
+Control endpoints: GET /_fake/state, POST /_fake/faults (a list of rules), POST /_fake/throttle {"bps"},
+POST /_fake/link {"bps"} (null: no cap).
 Repos live in memory; file contents live on disk under `home`.
 
 In a test: `with FakeHub(home=tmp_path, token=TOKEN) as hub: ... hub.url ...`; seed a repo without HTTP
@@ -37,7 +40,7 @@ from tests.fakes.hub_cdn import HubCdn
 from tests.fakes.hub_routes import HubRoutes, Refused, Target
 from tests.fakes.hub_store import REPO_TYPES, Blob, RepoStore, wants_lfs
 from tests.fakes.hub_tokens import Role, TokenScope
-from tests.fakes.hub_wire import HubRequest, HubServer, Reply
+from tests.fakes.hub_wire import HubRequest, HubServer, Link, Reply
 from tests.fakes.serving import Served
 
 DEFAULT_TOKEN = "hf-test-token"
@@ -75,7 +78,8 @@ class FakeHub(Served, HubRoutes):
     """The fake Hub. Use as a context manager, or `start()` / `stop()`.
 
     `home` keeps the blobs (a temporary directory, removed on stop, when None); `token` is the one valid
-    access token; `throttle_bps` caps each file download's bytes per second (None: no cap).
+    access token; `throttle_bps` caps each file download's bytes per second (None: no cap); `link_bps` caps
+    the bytes per second of all file downloads together, whatever the number of connections (None: no cap).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class FakeHub(Served, HubRoutes):
         token: str = DEFAULT_TOKEN,
         throttle_bps: float | None = None,
         port: int = 0,
+        link_bps: float | None = None,
         user: str = "tester",
         cdn: bool = True,
     ) -> None:
@@ -92,6 +97,8 @@ class FakeHub(Served, HubRoutes):
         super().__init__(RepoStore(self.home), token, user)
         self.cdn = HubCdn(self.store, self.serve) if cdn else None
         self.throttle_bps = throttle_bps
+        self.link: Link | None = None
+        self.set_link(link_bps)
         self.port = port
         self.lock = threading.Lock()
         self.requests: dict[str, int] = {}
@@ -151,6 +158,11 @@ class FakeHub(Served, HubRoutes):
             changes[path] = blobs.describe(sha256, size, wants_lfs(path, size, blobs.sample(sha256)))
         return self.store.commit(repo, message, "", changes.items()).oid
 
+    def set_link(self, bps: float | None) -> None:
+        """Cap all file downloads together at `bps` bytes per second from now on (None: no cap); downloads
+        under way keep the budget they started with."""
+        self.link = None if bps is None else Link(float(bps))
+
     def add_faults(self, rules: list[dict[str, Any]]) -> None:
         """Queue fault rules; they are consumed in order."""
         parsed = [HubFault.from_json(rule) for rule in rules]
@@ -171,6 +183,7 @@ class FakeHub(Served, HubRoutes):
                 ],
                 "bytes_served": self.bytes_served,
                 "throttle_bps": self.throttle_bps,
+                "link_bps": self.link.rate_bps if self.link is not None else None,
             }
 
     # -- dispatch ----------------------------------------------------------------------------------
@@ -287,6 +300,7 @@ class FakeHub(Served, HubRoutes):
 
         reply.on_sent = on_sent
         reply.rate_bps = self.throttle_bps
+        reply.link = self.link
 
     def _control(self, request: HubRequest) -> Reply:
         path, method = "/".join(request.segments), request.method
@@ -300,6 +314,9 @@ class FakeHub(Served, HubRoutes):
                 bps = (request.json() or {}).get("bps")
                 self.throttle_bps = None if bps is None else float(bps)
                 return Reply(200, {"throttle_bps": self.throttle_bps})
+            if path == "_fake/link" and method == "POST":
+                self.set_link((request.json() or {}).get("bps"))
+                return Reply(200, {"link_bps": self.link.rate_bps if self.link is not None else None})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return Reply(400, {"error": str(exc)})
         return Reply(404, {"error": "no such control endpoint"})

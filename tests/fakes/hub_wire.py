@@ -1,9 +1,11 @@
-"""HTTP plumbing for the fake Hub: streamed request bodies, file replies with Range and a bandwidth cap.
+"""HTTP plumbing for the fake Hub: streamed request bodies, file replies with Range and bandwidth caps.
 
 `base.py`'s server reads every body into memory and answers JSON only. The Hub needs more: LFS uploads
-of any size (sent with Content-Length or chunked), file downloads streamed from disk, HEAD, and a
-per-connection throttle. Each connection is served by its own thread, so each download gets the full
-rate: the throttle paces one response, not the server.
+of any size (sent with Content-Length or chunked), file downloads streamed from disk, HEAD, and two
+bandwidth caps on the files it sends. The throttle (`Reply.rate_bps`) paces one response: each connection
+is served by its own thread, so each download gets the full rate, as from a CDN edge that caps a
+connection. The link (`Reply.link`, a `Link`) is one budget that every response drawing on it shares, as
+the node's network link is: N connections under a link of L bytes/s get L together, not N x L.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     file: FileBody | None = None
-    rate_bps: float | None = None  # pace `file` to this many bytes per second
+    rate_bps: float | None = None  # pace `file` to this many bytes per second (this connection)
+    link: Link | None = None  # and within this budget, shared with every other response on the link
     disconnect_after: int | None = None  # send this many body bytes, then drop the connection
     on_sent: Callable[[int], None] | None = None  # told how many body bytes went out
 
@@ -171,6 +174,30 @@ def piece_size(rate_bps: float | None) -> int:
     if rate_bps is None:
         return _MAX_PIECE
     return int(min(_MAX_PIECE, max(_MIN_PIECE, rate_bps / _PIECES_PER_S)))
+
+
+class Link:
+    """A token bucket that every connection drawing on it shares: bytes leave at `rate_bps` in all, with a
+    burst of at most one piece's worth (1/50 s) after a quiet spell. A sender reserves its piece before it
+    writes and sleeps for what the reservation says; reservations go into debt, so the waits queue up in
+    the order they were asked for and no connection starves the others."""
+
+    def __init__(self, rate_bps: float) -> None:
+        if rate_bps <= 0:
+            raise ValueError(f"a link's rate must be positive bytes per second, not {rate_bps!r}")
+        self.rate_bps = rate_bps
+        self.burst = rate_bps / _PIECES_PER_S
+        self._tokens = self.burst
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> float:
+        """Take `size` bytes from the budget; returns how long to wait before sending them (seconds)."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate_bps) - size
+            self._at = now
+            return max(0.0, -self._tokens / self.rate_bps)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -223,10 +250,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _stream(self, reply: Reply, body: FileBody) -> None:
-        """Write the file, sleeping so that bytes sent never run ahead of `rate_bps` since the start."""
+        """Write the file, sleeping so that bytes sent never run ahead of `rate_bps` since the start, nor
+        of what the shared link grants."""
         sent = 0
         started = time.monotonic()
-        piece = piece_size(reply.rate_bps)
+        rates = [r for r in (reply.rate_bps, reply.link.rate_bps if reply.link else None) if r]
+        piece = piece_size(min(rates, default=None))
         try:
             with body.path.open("rb") as f:
                 f.seek(body.start)
@@ -235,6 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
                     data = f.read(min(piece, left))
                     if not data:
                         break
+                    if reply.link is not None and (wait := reply.link.reserve(len(data))) > 0:
+                        time.sleep(wait)
                     if reply.disconnect_after is not None and sent + len(data) >= reply.disconnect_after:
                         self.wfile.write(data[: max(0, reply.disconnect_after - sent)])
                         sent = max(sent, reply.disconnect_after)

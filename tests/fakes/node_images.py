@@ -1,7 +1,13 @@
 """The images a fake cloud knows, each mapped to the Python environment its nodes run in: never the fleet's
 own venv, so that what a node lacks shows here as it would on a rented machine.
 
-- the default image (and any image the fakes do not know): the node environment `make setup` builds
+A fake cloud pulls only the images it knows (`ImageRegistry`: KNOWN_IMAGES, and what a test registers with
+`fake.register_image(name, like=...)`, or `POST /_fake/images` on a fake served on its own). Any other
+image fails to boot, as an image that does not exist fails on the real cloud (each vendor shows it in its
+own way: tests.fakes.runpod, tests.fakes.vastai), so a misspelled image in the fleet's settings or a job
+fails a test instead of running the default image's environment.
+
+- the default image (and an image registered like it): the node environment `make setup` builds
   (.venv-node: the node's software only, trainer/requirements-node.txt), as a stock image is once its
   start script has installed what it lacked;
 - `NO_PEFT_IMAGE`: that environment without peft (an image whose install did not happen or failed);
@@ -9,7 +15,9 @@ own venv, so that what a node lacks shows here as it would on a rented machine.
   machine would not: a GPU section on it fails its readiness check, since CUDA sees no GPU here;
 - the fleet's default axolotl image (core.settings.DEFAULT_AXOLOTL_IMAGE): the axolotl environment `make
   axolotl-env` builds (.venv-axolotl: axolotl's own pins and the fleet's Ray), as axolotl's image is once
-  its start has added Ray.
+  its start has added Ray;
+- `TEMPLATE_IMAGE` (a RunPod template's) and `TEST_IMAGES` (what the tests' own creates name): the
+  default image's environment.
 
 Every other fake node carries the CPU stand-in marker (FLEET_CPU_STANDIN=1, in the node's own environment,
 which a job's env cannot set) so that the tests' GPU sections may train on this machine's CPU.
@@ -22,7 +30,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.node_settings import DEFAULT_AXOLOTL_IMAGE
@@ -34,7 +42,72 @@ from trainer.nodecheck import CPU_STANDIN_ENV
 
 NO_PEFT_IMAGE = "trainfleet-test/no-peft:latest"
 REAL_GPU_IMAGE = "trainfleet-test/not-a-standin:latest"
-__all__ = ["CPU_STANDIN_ENV", "DEFAULT_IMAGE", "NO_PEFT_IMAGE", "REAL_GPU_IMAGE", "NodeImage", "image"]
+# The image of the RunPod fake's proof-of-concept template (tests.fakes.runpod.TEMPLATES).
+TEMPLATE_IMAGE = "winglian/axolotl-runpod:main-py3.10-cu118-2.0.1"
+TEST_IMAGES = ("img", "img:1", "i", "x")  # what the tests' own creates name, each the default image
+# Every image the fakes know, by name -> the image whose node environment it runs (image() maps those).
+KNOWN_IMAGES: dict[str, str] = {
+    DEFAULT_IMAGE: DEFAULT_IMAGE,
+    DEFAULT_AXOLOTL_IMAGE: DEFAULT_AXOLOTL_IMAGE,
+    NO_PEFT_IMAGE: NO_PEFT_IMAGE,
+    REAL_GPU_IMAGE: REAL_GPU_IMAGE,
+    TEMPLATE_IMAGE: DEFAULT_IMAGE,
+    **dict.fromkeys(TEST_IMAGES, DEFAULT_IMAGE),
+}
+__all__ = [
+    "CPU_STANDIN_ENV",
+    "DEFAULT_IMAGE",
+    "KNOWN_IMAGES",
+    "NO_PEFT_IMAGE",
+    "REAL_GPU_IMAGE",
+    "ImageRegistry",
+    "NodeImage",
+    "image",
+]
+
+
+@dataclass
+class ImageRegistry:
+    """The images one fake cloud can pull: each name -> the image whose node environment it runs."""
+
+    known: dict[str, str] = field(default_factory=lambda: dict(KNOWN_IMAGES))
+
+    def register(self, name: str, like: str = DEFAULT_IMAGE) -> None:
+        """Make `name` pullable, its nodes running the environment of the known image `like`."""
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"an image name is one word, not {name!r}")
+        runs = self.known.get(like)
+        if runs is None:
+            raise ValueError(f"cannot register {name!r} like {like!r}: no such known image")
+        self.known[name] = runs
+
+    def register_from(self, body: object) -> tuple[int, dict[str, object]]:
+        """`POST /_fake/images {"name": ..., "like": ...}` (`like`: the default image when absent), for a
+        fake served on its own: (HTTP status, answer)."""
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            return 400, {"error": 'expected {"name": <image>, "like": <a known image>}'}
+        try:
+            self.register(body["name"], str(body.get("like") or DEFAULT_IMAGE))
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        return 200, {"images": sorted(self.known)}
+
+    def runs_as(self, name: str | None) -> str | None:
+        """The image whose environment a node of `name` runs, or None: the cloud cannot pull `name`."""
+        return self.known.get(name) if name else None
+
+    def pull_error(self, name: str | None) -> str | None:
+        """Why pulling `name` fails (None: it does not), in the words of docker's daemon for an image that
+        does not exist (the registry answers "denied" for a repository it has not got)."""
+        if self.runs_as(name) is not None:
+            return None
+        if not name:
+            return "Error response from daemon: no image given"
+        repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        return (
+            f"Error response from daemon: pull access denied for {repository}, repository does not exist "
+            "or may require 'docker login': denied: requested access to the resource is denied"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,7 +147,8 @@ class NodeImage:
 
 
 def image(name: str | None) -> NodeImage:
-    """The environment of the image called `name` (None or unknown: the default image's)."""
+    """The environment of the image called `name` (None or any other: the default image's). A fake cloud
+    boots only the images its ImageRegistry knows, passing here the image whose environment it runs."""
     python = node_python()
     if name == NO_PEFT_IMAGE:
         return NodeImage(without(python, "peft"))

@@ -350,6 +350,10 @@ class RayNodes:
                     name, head, self.cpus, 0, env, token=boot.token, resources=boot.resources, python=python
                 )
 
+    def stranded(self, name: str) -> bool:
+        """Whether `name` was started as a worker whose head is out of its reach (it never joins)."""
+        return name in self._stranded
+
     def _cancel(self, name: str) -> None:
         """Tell a pending join of `name` to give up (call with the lock held)."""
         pending = self._joins.pop(name, None)

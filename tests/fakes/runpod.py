@@ -2,7 +2,10 @@
 
 Point the SDK at it with `RUNPOD_API_BASE_URL=<fake.url>` and `runpod.api_key = <key>`. It serves the
 `gpuTypes` catalog, on-demand and spot creates, stop/resume/terminate, and the pod queries, answering
-with exactly the fields the request selects; unknown fields are GraphQL errors, as on the real server.
+with exactly the fields the request selects. It validates the whole document against RunPod's schema
+before it resolves any of it (tests.fakes.runpod_schema): a field, argument or variable that does not fit
+is answered 400 with the GraphQL error, as on the real server, and nothing is done. A pod of an image the
+fake does not know (tests.fakes.node_images) never boots: RunPod stops it once its pull has failed.
 Like RunPod, it gives each pod its own key (`container_env`: RUNPOD_POD_ID, RUNPOD_API_KEY), which here
 may terminate that pod and do nothing else. A running pod lists every port of its `ports` ("8265/http,22/tcp")
 in `runtime.ports`: a TCP port on its public IP under a port of RunPod's choosing, an HTTP port behind
@@ -34,10 +37,11 @@ from typing import Any, Self
 
 from providers.bootstrap import BOOTSTRAP_ENV
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
-from tests.fakes.graphql_lite import GraphQLError, Operation, parse, project, substitute
+from tests.fakes.graphql_lite import GraphQLError, Operation, named_type, parse, project, substitute
+from tests.fakes.node_images import DEFAULT_IMAGE, TEMPLATE_IMAGE, ImageRegistry
 from tests.fakes.nodes import Join
 from tests.fakes.runpod_proxy import RunPodProxy
-from tests.fakes.runpod_schema import ARGUMENTS, LOWEST_PRICE_ARGUMENTS, check_arguments, check_value
+from tests.fakes.runpod_schema import OUTPUTS, ValidationFailed, validate
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,9 @@ class Template:
 
 
 TEMPLATES = {
-    "tf-bootstrap": Template("rayproject/ray:2.60.0-py311-gpu", runs_bootstrap=True),
+    "tf-bootstrap": Template(DEFAULT_IMAGE, runs_bootstrap=True),
     # The proof of concept's template: axolotl's image and its own start command, which knows nothing of us.
-    "758uq6u5fc": Template("winglian/axolotl-runpod:main-py3.10-cu118-2.0.1", runs_bootstrap=False),
+    "758uq6u5fc": Template(TEMPLATE_IMAGE, runs_bootstrap=False),
 }
 
 NO_CAPACITY = (
@@ -79,6 +83,12 @@ _OPS = {
 }
 
 
+# How long a pod whose image cannot be pulled shows RUNNING with no runtime (RunPod's host tries the pull)
+# before RunPod stops it: desiredStatus EXITED, lastStatusChange "Exited by Runpod: <date>", naming no
+# reason. RunPod records why (PodStopReason IMAGE_NOT_FOUND, IMAGE_PULL_ERROR) only in an email to the
+# owner; the API shows neither (runpod/runpodctl internal/podstate/podstate.go, which reads what
+# RunPod's backend writes).
+PULL_FAILS_AFTER_S = 1.0
 HEAD_ADDRESS_ENV = "FLEET_RAY_HEAD_ADDRESS"  # a worker pod's head: <headPodId>.runpod.internal:6379
 PRIVATE_DOMAIN = ".runpod.internal"  # a pod's name on the global network: <podId>.runpod.internal
 RAY_GCS_PORT = "6379"  # the port a head's GCS listens on inside its pod
@@ -122,6 +132,7 @@ class FakeRunPod(FakeCloud):
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
         self.templates: dict[str, Template] = dict(TEMPLATES)
+        self.images = ImageRegistry()  # what a pod may run (tests.fakes.node_images); any other fails
         home = self.home if self.home is not None else Path(tempfile.mkdtemp(prefix="fake-runpod-"))
         folder = home / "proxy"
         self.proxy = RunPodProxy(self._proxied_port, folder)
@@ -151,14 +162,23 @@ class FakeRunPod(FakeCloud):
 
     def refresh(self, inst: Instance) -> None:
         """RunPod's own deadlines before the usual start: a pod past its `terminateAfter` is terminated
-        (its node stopped, whoever is looking), one past its `stopAfter` stopped, as RunPod does."""
+        (its node stopped, whoever is looking), one past its `stopAfter` stopped, as RunPod does; one whose
+        image cannot be pulled is stopped by RunPod once its pull has failed (PULL_FAILS_AFTER_S)."""
         now = time.time()
+        pull_failed = inst.extra.get("pull_error") and now - inst.extra["pull_started"] >= PULL_FAILS_AFTER_S
         if inst.state != "terminated" and _past(inst.extra.get("terminateAfter"), now):
             self.terminate(inst)
         elif inst.state in ("starting", "running") and _past(inst.extra.get("stopAfter"), now):
             self.set_stopped(inst)
+        elif inst.state == "starting" and pull_failed:
+            self.set_stopped(inst)
+            inst.extra["last_status_change"] = f"Exited by Runpod: {time.ctime(now)}"
         else:
             super().refresh(inst)
+
+    def register_image(self, name: str, like: str = DEFAULT_IMAGE) -> None:
+        """Let pods run the image `name` (its nodes the environment of the known image `like`)."""
+        self.images.register(name, like)
 
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
@@ -218,9 +238,12 @@ class FakeRunPod(FakeCloud):
 
     def vendor_control(self, request: Request) -> Response | None:
         """`POST /_fake/network-volumes {"id": ..., "dataCenterId": ...}`: `add_network_volume`, for a fake
-        served on its own (`python -m tests.fakes serve runpod`); `GET /_fake/proxy`: `proxy.settings()`."""
+        served on its own (`python -m tests.fakes serve runpod`); `GET /_fake/proxy`: `proxy.settings()`;
+        `POST /_fake/images {"name": ..., "like": ...}`: `register_image`."""
         if request.path == "/_fake/proxy" and request.method == "GET":
             return Response(200, self.proxy.settings())
+        if request.path == "/_fake/images" and request.method == "POST":
+            return Response(*self.images.register_from(request.json()))
         if request.path != "/_fake/network-volumes" or request.method != "POST":
             return None
         body = request.json() or {}
@@ -253,7 +276,8 @@ class FakeRunPod(FakeCloud):
         return str((args.get("input") or {}).get("podId") or "")
 
     def node_image(self, inst: Instance) -> str | None:
-        return inst.extra.get("imageName") or None
+        """The image whose environment the pod's node runs (a pod with an image no one knows never boots)."""
+        return self.images.runs_as(inst.extra.get("imageName"))
 
     def container_env(self, pod_id: str) -> dict[str, str]:
         """What RunPod puts in a pod's environment about itself: its id and its own, pod-scoped API key."""
@@ -303,19 +327,28 @@ class FakeRunPod(FakeCloud):
         return Response(200, {"data": {"podTerminate": None}})
 
     def _execute(self, operation: Operation, variables: dict[str, Any]) -> Response:
+        """Validate the whole document against RunPod's schema (tests.fakes.runpod_schema), then resolve
+        its fields in order. A document RunPod would refuse is answered 400 before any resolver runs, so
+        nothing is created, stopped or terminated for it."""
+        try:
+            validate(operation, variables)
+        except ValidationFailed as exc:
+            error = {"message": str(exc), "extensions": {"code": exc.code}}
+            return Response(400, {"errors": [error]})
+        kind = "Mutation" if operation.kind == "mutation" else "Query"
         roots = self._mutations() if operation.kind == "mutation" else self._queries()
         data: dict[str, Any] = {}
         try:
             for sel in operation.fields:
-                resolver = roots.get(sel.name)
-                kind = "Mutation" if operation.kind == "mutation" else "Query"
-                if resolver is None:
-                    raise GraphQLError(f'Cannot query field "{sel.name}" on type "{kind}".')
-                wanted = ARGUMENTS[kind][sel.name]  # nothing is done for a request RunPod would refuse
-                check_arguments(kind, sel.name, wanted, sel.args, operation.variables, variables)
+                if not sel.selected(variables):
+                    continue
+                if sel.name == "__typename":
+                    data[sel.key] = kind
+                    continue
                 with self.lock:
-                    value = resolver(substitute(sel.args, variables))
-                data[sel.key] = project(value, sel.selections, variables, sel.name)
+                    value = roots[sel.name](substitute(sel.args, variables))
+                type_name = named_type(OUTPUTS[kind][sel.name])
+                data[sel.key] = project(value, sel.selections, variables, type_name, OUTPUTS)
         except GraphQLError as exc:
             return Response(200, {"errors": [{"message": str(exc), "path": [sel.key]}], "data": None})
         return Response(200, {"data": data})
@@ -361,16 +394,8 @@ class FakeRunPod(FakeCloud):
             "oneMonthPrice": None,
             "threeMonthPrice": None,
             "oneWeekPrice": None,
-            "lowestPrice": lambda args: self._lowest(args, lowest),
+            "lowestPrice": lambda _args: lowest,  # its arguments were checked with the document
         }
-
-    @staticmethod
-    def _lowest(args: dict[str, Any], lowest: dict[str, Any]) -> dict[str, Any]:
-        for name, value in args.items():  # already substituted: variables were checked as declared
-            if name not in LOWEST_PRICE_ARGUMENTS:
-                raise GraphQLError(f'Unknown argument "{name}" on field "GpuType.lowestPrice".')
-            check_value(value, LOWEST_PRICE_ARGUMENTS[name], literal=False)
-        return lowest
 
     def _create(self, args: dict[str, Any], spot: bool) -> dict[str, Any]:
         spec = dict(args.get("input") or {})
@@ -403,6 +428,7 @@ class FakeRunPod(FakeCloud):
             spec.setdefault("imageName", template.image)
             # Its start command runs ours only if it says so (and no dockerArgs replace it): else no Ray.
             stuck = not (template.runs_bootstrap and BOOTSTRAP_ENV in env) and not spec.get("dockerArgs")
+        pull_error = self.images.pull_error(spec.get("imageName"))  # an image no one has: it never boots
         inst = Instance(
             id=_pod_id(),
             name=str(spec.get("name") or ""),
@@ -416,9 +442,10 @@ class FakeRunPod(FakeCloud):
                 "pod_api_key": secrets.token_hex(16),
                 # A TCP port is published on the pod's public IP under a port of RunPod's choosing.
                 "public_ports": {p: 10_000 + secrets.randbelow(50_000) for p, kind in ports if kind == "tcp"},
+                **({"pull_error": pull_error, "pull_started": time.time()} if pull_error else {}),
             },
         )
-        inst.stuck = stuck
+        inst.stuck = stuck or pull_error is not None
         self.add_instance(inst)
         return self._render(inst, inst.state)
 
@@ -442,6 +469,9 @@ class FakeRunPod(FakeCloud):
         bid = (args.get("input") or {}).get("bidPerGpu")
         if bid is not None:
             inst.bid = float(bid)
+        if inst.extra.get("pull_error"):  # its host tries the pull again, and fails again
+            inst.extra["pull_started"] = time.time()
+        inst.extra.pop("last_status_change", None)
         self.resume(inst)
         return self._render(inst, inst.state)
 
@@ -455,7 +485,7 @@ class FakeRunPod(FakeCloud):
             {"id": vid, "name": vid, "size": 100, "dataCenterId": center}
             for vid, center in self.network_volumes.items()
         ]
-        return {"id": "user-fake", "pods": pods, "networkVolumes": volumes}
+        return {"id": "user-fake", "pubKey": None, "pods": pods, "networkVolumes": volumes}
 
     def _pod(self, args: dict[str, Any]) -> dict[str, Any] | None:
         pod_id = str((args.get("input") or {}).get("podId") or "")
@@ -487,6 +517,7 @@ class FakeRunPod(FakeCloud):
         """The pod as RunPod's `Pod` type, for the state a caller sees."""
         running = shown == "running"
         extra = inst.extra
+        rented = time.ctime(inst.created_at)
         runtime = None
         if running:
             ports = [
@@ -529,7 +560,7 @@ class FakeRunPod(FakeCloud):
             "vcpuCount": 8,
             "machineId": f"m-{inst.id[:8]}",
             "machine": {"gpuDisplayName": inst.gpu.replace("NVIDIA ", ""), "podHostId": f"{inst.id}-host"},
-            "lastStatusChange": f"Rented by User: {time.ctime(inst.created_at)}",
+            "lastStatusChange": extra.get("last_status_change") or f"Rented by User: {rented}",
             "uptimeSeconds": inst.uptime_s(),
             "globalNetwork": extra.get("globalNetwork") is True,
             "networkVolumeId": extra.get("networkVolumeId"),

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakes.serving import Served
-from tests.fakes.tls import localhost_cert
+from tests.fakes.tls import Hellos, localhost_cert
 
 ROUTE = re.compile(r"^/(?P<pod>[a-z0-9]+)-(?P<port>\d{1,5})(?P<rest>/.*)?$")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length"})
+
+HANDSHAKE_TIMEOUT_S = 10.0
 
 Target = Callable[[str, int], int | None]
 """(pod id, container port) -> the local port that serves it now, or None (no such pod, port not up)."""
@@ -71,8 +73,16 @@ class _ProxyServer(ThreadingHTTPServer):
 
     def __init__(self, target: Target, context: ssl.SSLContext) -> None:
         self.target = target
+        self.context = context
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.socket = context.wrap_socket(self.socket, server_side=True)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """TLS in the connection's own thread, as a real proxy's front serves each client on its own: a
+        client that never finishes its handshake holds up no other (nor this thread, past the timeout)."""
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        with self.context.wrap_socket(request, server_side=True) as tls:
+            tls.settimeout(None)
+            super().finish_request(tls, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up, or one that did not trust the certificate, is not an error here."""
@@ -83,17 +93,29 @@ class _ProxyServer(ThreadingHTTPServer):
 
 class RunPodProxy(Served):
     """The proxy, served in a daemon thread: `url_template` is what the fleet's runpod_proxy_url is set to,
-    `ca_file` the certificate it trusts for it."""
+    `ca_file` the certificate it trusts for it. `hellos` counts the TLS handshakes it served."""
 
     def __init__(self, target: Target, folder: Path) -> None:
         self.port = 0
         self.target = target
+        self.folder = folder
         self.ca_file, self._key_file = localhost_cert(folder)
+        self.hellos = Hellos()
+        self._context: ssl.SSLContext | None = None
 
     def new_server(self) -> ThreadingHTTPServer:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.ca_file, self._key_file)
+        self._context = self.hellos.watch(context)
         return _ProxyServer(self.target, context)
+
+    def present(self, *names: str) -> Path:
+        """A test's knob: from now on the proxy presents a certificate for `names` only (self-signed, as a
+        misconfigured proxy's would be); returns its file, for a test to trust as the proxy's authority."""
+        cert, key = localhost_cert(self.folder / "presented", names)
+        assert self._context is not None, "the proxy is not serving"
+        self._context.load_cert_chain(cert, key)  # the handshakes from now on
+        return cert
 
     @property
     def url_template(self) -> str:

@@ -2,15 +2,30 @@
 
 A fake sets `port` (0: any free one) and implements `new_server`; `stop` ends the server and then calls
 `after_stop` for what the fake keeps besides (nodes, a temporary home).
+
+A fake served as a process of its own (`python -m tests.fakes serve ...`) prints its URL as the first line
+of stdout, then the settings that point the fleet (or the vendor's own client) at it as ready-to-paste
+`export NAME=value` lines, between EXPORTS_BEGIN and EXPORTS_END.
 """
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
+from collections.abc import Callable, Mapping
 from http.server import HTTPServer
 from types import FrameType, TracebackType
 from typing import Self
+
+EXPORTS_BEGIN = "# the settings for this fake: paste these lines into the shell that runs the fleet"
+EXPORTS_END = "# serving until Ctrl-C or SIGTERM"
+
+
+def export_lines(settings: Mapping[str, str]) -> list[str]:
+    """`settings` as shell `export NAME=value` lines (values quoted for the shell), between the markers."""
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in settings.items()]
+    return [EXPORTS_BEGIN, *exports, EXPORTS_END]
 
 
 class Served:
@@ -51,9 +66,10 @@ class Served:
             self._server = None
         self.after_stop()
 
-    def serve_until_signalled(self) -> None:
-        """Start, print the URL as the first line of stdout, serve until SIGTERM or SIGINT, then stop (a
-        fake run as a process of its own)."""
+    def serve_until_signalled(self, settings: Callable[[], Mapping[str, str]] | None = None) -> None:
+        """Start, print the URL as the first line of stdout and then `settings()` (the environment that
+        points a client here, asked once the URL is known) as `export` lines, serve until SIGTERM or
+        SIGINT, then stop (a fake run as a process of its own)."""
         self.start()
         stopping = threading.Event()
 
@@ -62,7 +78,7 @@ class Served:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        print(self.url, flush=True)
+        print("\n".join([self.url, *export_lines(settings() if settings else {})]), flush=True)
         try:
             while not stopping.wait(0.5):
                 pass

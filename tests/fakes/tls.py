@@ -16,7 +16,9 @@ import dataclasses
 import datetime
 import ipaddress
 import ssl
+import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,10 +44,15 @@ class _Opened:
 
 class Fronted:
     """A node backend whose nodes with a TLS certificate in their environment publish their Jobs API only
-    through a TLS front (the others, as `inner` runs them)."""
+    through a TLS front (the others, as `inner` runs them). `hellos` counts the handshakes at the fronts.
+    `impostor` (a test's knob): the fronts of nodes started from then on present a certificate of their
+    own instead of the one the fleet made and pinned, as something else answering at a node's address
+    would."""
 
     def __init__(self, inner: NodeBackend) -> None:
         self.inner = inner
+        self.hellos = Hellos()
+        self.impostor = False
         self._fronts: dict[str, _Opened] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -62,7 +69,7 @@ class Fronted:
         self._close(name)
         cert, key = boot.env.get(CERT_ENV), boot.env.get(KEY_ENV)
         if cert and key:
-            context = server_context(from_env(cert), from_env(key))
+            context = self.hellos.watch(server_context(*self._certificate(from_env(cert), from_env(key))))
             front = Front(None)
             server = self._serve(front, context, 0)
             opened = _Opened(front, server, int(server.sockets[0].getsockname()[1]))
@@ -73,6 +80,14 @@ class Fronted:
             env = {k: v for k, v in boot.env.items() if k not in (CERT_ENV, KEY_ENV)}
             boot = dataclasses.replace(boot, env=env)
         self.inner.start(name, boot)
+
+    def _certificate(self, cert: str, key: str) -> tuple[str, str]:
+        """The certificate and key a node's front presents: the fleet's, or an impostor's own."""
+        if not self.impostor:
+            return cert, key
+        with tempfile.TemporaryDirectory(prefix="impostor-") as folder:
+            files = localhost_cert(Path(folder))
+            return files[0].read_text(), files[1].read_text()
 
     def _serve(self, front: Front, context: ssl.SSLContext, port: int) -> asyncio.Server:
         """`front` listening with TLS on 127.0.0.1:`port` (0: any free one), in the fronts' loop."""
@@ -117,13 +132,17 @@ class Fronted:
         return getattr(self.inner, attribute)
 
 
-def localhost_cert(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost and its key, written under `folder`: a fake's
-    own HTTPS, which a test trusts by naming the certificate as its authority."""
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+def localhost_cert(folder: Path, names: tuple[str, ...] = LOCAL_NAMES) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (or `names`: host names and addresses) and its
+    key, written under `folder`: a fake's own HTTPS, which a test trusts by naming the certificate as its
+    authority."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainfleet test fake")])
     now = datetime.datetime.now(datetime.UTC)
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    sans = [_san(n) for n in names]
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -132,7 +151,7 @@ def localhost_cert(folder: Path) -> tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
@@ -146,3 +165,33 @@ def localhost_cert(folder: Path) -> tuple[Path, Path]:
     )
     key_file.chmod(0o600)
     return cert_file, key_file
+
+
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+class Hellos:
+    """When each TLS handshake began at a fake's server (the client's hello, whether the handshake then
+    succeeds or not): a test times what the fleet did after its first failed handshake by it."""
+
+    def __init__(self) -> None:
+        self._times: list[float] = []
+        self._lock = threading.Lock()
+
+    def watch(self, context: ssl.SSLContext) -> ssl.SSLContext:
+        """`context`, counting the handshakes it serves here."""
+        context.sni_callback = self._hello
+        return context
+
+    def _hello(self, _conn: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        with self._lock:
+            self._times.append(time.time())
+
+    @property
+    def times(self) -> list[float]:
+        with self._lock:
+            return list(self._times)

@@ -10,6 +10,12 @@ An instance launched with SSH (a `runtype` naming ssh) shows vast.ai's SSH proxy
 and with direct SSH (`ssh_direc`) a "22/tcp" binding, beside a binding for every port it publishes (`-p`
 in its env); nothing listens on them but the dashboard's and, on an instance with JupyterLab and a TLS
 certificate, JupyterLab's TLS front (tests.fakes.tls).
+
+A mutating call's body is checked against the fields vast.ai documents for it before anything is done
+(tests.fakes.vastai_bodies). An instance whose image the fake does not know (tests.fakes.node_images) never
+boots: it stays `loading`, the state vast.ai documents for "Docker image is downloading", and once its
+pull has failed its `status_msg` (vast.ai's "human-readable detail on the current status") carries docker's
+error for an image that does not exist. vast.ai neither stops nor destroys it: it bills until destroyed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import time
 from typing import Any
 
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Handler, Instance, Request, Response
+from tests.fakes.node_images import DEFAULT_IMAGE, ImageRegistry
 from tests.fakes.nodes import unused_port
+from tests.fakes.vastai_bodies import body_problem
 from tests.fakes.vastai_search import OFFER_KEYS, OFFER_ROWS, BadFilter, check_filters, matches, sort_key
 
 _ROUTES: list[tuple[str, str, str]] = [
@@ -37,8 +45,8 @@ _ROUTES: list[tuple[str, str, str]] = [
     ("DELETE", r"/api/v0/instances/(?P<id>\d+)/?", "terminate"),
     ("POST", r"/api/v0/instances/(?P<id>\d+)/ssh/?", "attach_ssh"),
 ]
-RUNTYPES = frozenset({"ssh", "ssh_proxy", "ssh_direc", "jupyter", "jupyter_proxy", "jupyter_direc", "args"})
 SSH_KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
+PULL_FAILS_AFTER_S = 1.0  # how long an image that does not exist takes to fail its pull
 
 
 def _host_ports(published: list[str], runtype: str) -> dict[int, int]:
@@ -63,6 +71,27 @@ def parse_env(env: Any) -> tuple[dict[str, str], list[str]]:
     return variables, ports
 
 
+def _checked_body(op: str, request: Request) -> tuple[dict[str, Any], str | None]:
+    """The request's body (none: {}) and why vast.ai would refuse it for the call `op` (None: it would
+    not): not a JSON object, or not what the call takes (tests.fakes.vastai_bodies)."""
+    try:
+        body = request.json() if request.body else {}
+    except ValueError:
+        return {}, "the request body is not JSON"
+    if not isinstance(body, dict):
+        return {}, f"the request body must be a JSON object, not {type(body).__name__}"
+    return body, body_problem(op, body)
+
+
+def _json_object(request: Request) -> dict[str, Any]:
+    """The request's body when it is a JSON object, else {} (the handler refuses it, naming why)."""
+    try:
+        body = request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 class FakeVastAI(FakeCloud):
     """vast.ai's REST API with a catalog of 8 offers; instance ids are integers."""
 
@@ -78,6 +107,17 @@ class FakeVastAI(FakeCloud):
             offer.update(rentable=True, rented=False, external=False, machine_id=int(row[0]) + 5000)
             self.offers[int(row[0])] = offer
         self._ids = itertools.count(24_000_001)
+        self.images = ImageRegistry()  # what an instance may run (tests.fakes.node_images); any other fails
+
+    def register_image(self, name: str, like: str = DEFAULT_IMAGE) -> None:
+        """Let instances run the image `name` (its nodes the environment of the known image `like`)."""
+        self.images.register(name, like)
+
+    def vendor_control(self, request: Request) -> Response | None:
+        """`POST /_fake/images {"name": ..., "like": ...}`: `register_image`, for a fake served on its own."""
+        if request.path == "/_fake/images" and request.method == "POST":
+            return Response(*self.images.register_from(request.json()))
+        return None
 
     # -- HTTP --------------------------------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
@@ -92,7 +132,9 @@ class FakeVastAI(FakeCloud):
         return own is not None and self.bearer(request) == own
 
     def node_image(self, inst: Instance) -> str | None:
-        return inst.extra.get("image") or None
+        """The image whose environment the instance's node runs (one with an image no one knows never
+        boots)."""
+        return self.images.runs_as(inst.extra.get("image"))
 
     def node_ports(self, inst: Instance) -> dict[int, int]:
         return dict(inst.extra.get("host_ports", {}))
@@ -135,9 +177,9 @@ class FakeVastAI(FakeCloud):
             if match is None or method != request.method:
                 continue
             ident = int(match.group("id")) if "id" in match.groupdict() else 0
-            if op == "update":
-                state = (request.json() or {}).get("state")
-                op = {"stopped": "stop", "running": "resume"}.get(str(state), "label")
+            if op == "update":  # by its body: a state (stop, resume: a wrong one is refused) or a label
+                body = _json_object(request)
+                op = "label" if "state" not in body else "resume" if body["state"] == "running" else "stop"
             return op, lambda req, op=op, ident=ident: self._handle(op, ident, req)
         return "other", lambda _r: Response(404, {"success": False, "error": "not_found", "msg": "No route"})
 
@@ -152,11 +194,14 @@ class FakeVastAI(FakeCloud):
 
     # -- handlers ----------------------------------------------------------------------------------
     def _handle(self, op: str, ident: int, request: Request) -> Response:
+        body, problem = _checked_body(op, request)
+        if problem is not None:  # refused before anything is done, as vast.ai refuses it
+            return Response(400, {"success": False, "error": "invalid_args", "msg": problem})
         with self.lock:
             if op == "search":
-                return self._search(request.json() or {})
+                return self._search(body)
             if op == "create":
-                return self._create(ident, request.json() or {})
+                return self._create(ident, body)
             if op == "list":
                 return self._list(request.query)
             if op == "get":
@@ -167,13 +212,14 @@ class FakeVastAI(FakeCloud):
             inst = self.instances.get(str(ident))
             if inst is None or inst.state == "terminated":
                 return self.not_found(op)
-            body = request.json() or {}
             if op == "terminate":
                 self.terminate(inst)
                 self._free_offer(inst)
             elif op == "stop":
                 self.set_stopped(inst)
             elif op == "resume" and inst.state in ("stopped", "preempted"):
+                if inst.extra.get("pull_error"):  # its host tries the pull again, and fails again
+                    inst.extra["pull_started"] = time.time()
                 self.resume(inst)
             elif op == "label":
                 inst.name = str(body.get("label", inst.name))
@@ -217,11 +263,9 @@ class FakeVastAI(FakeCloud):
             msg = f"Your bid price must be at least {offer['min_bid']}"
             return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
         env, ports = parse_env(body.get("env"))
-        runtype = str(body.get("runtype") or "")
-        if not set(runtype.split()) <= RUNTYPES:
-            msg = f"Invalid runtype {runtype!r}"
-            return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
+        runtype = str(body.get("runtype") or "")  # checked with the body (tests.fakes.vastai_bodies)
         count = int(offer["num_gpus"])
+        pull_error = self.images.pull_error(body.get("image"))  # an image no one has: it never boots
         inst = Instance(
             id=str(next(self._ids)),
             name=str(body.get("label") or ""),
@@ -239,8 +283,10 @@ class FakeVastAI(FakeCloud):
                 "runtype": runtype,
                 "host_ports": _host_ports(ports, runtype),
                 "container_api_key": secrets.token_hex(16),
+                **({"pull_error": pull_error, "pull_started": time.time()} if pull_error else {}),
             },
         )
+        inst.stuck = pull_error is not None
         offer.update(rentable=False, rented=True)
         self.add_instance(inst)
         return Response(200, {"success": True, "new_contract": int(inst.id)})
@@ -282,6 +328,10 @@ class FakeVastAI(FakeCloud):
             ports = {f"{DASHBOARD_PORT}/tcp": host}
             for port, host_port in inst.extra.get("host_ports", {}).items():  # see the module docstring
                 ports[f"{port}/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(host_port)}]
+        status_msg = "outbid by a higher bid" if shown == "preempted" else f"{actual or 'creating'}"
+        pulling = inst.extra.get("pull_error") if shown == "starting" else None
+        if pulling and time.time() - inst.extra["pull_started"] >= PULL_FAILS_AFTER_S:
+            status_msg = pulling  # still `loading`: see the module docstring
         runtype = str(inst.extra.get("runtype") or "")
         ssh: dict[str, Any] = {}
         if "ssh" in runtype or "jupyter" in runtype:  # launched with SSH: vast.ai's proxy for it
@@ -295,7 +345,7 @@ class FakeVastAI(FakeCloud):
             "actual_status": actual,
             "intended_status": "stopped" if shown == "stopped" else "running",
             "cur_state": "running" if shown in ("starting", "running") else "stopped",
-            "status_msg": "outbid by a higher bid" if shown == "preempted" else f"{actual or 'creating'}",
+            "status_msg": status_msg,
             "dph_total": inst.price_per_hour,
             "is_bid": inst.interruptible,
             "min_bid": offer.get("min_bid"),

@@ -203,6 +203,25 @@ def test_throttle_caps_each_connection_not_the_server(tmp_path: Path) -> None:
     assert 1.6 < four < 3.5, f"four 4 MB files on four connections took {four:.2f}s"
 
 
+def test_link_caps_all_connections_together(tmp_path: Path) -> None:
+    """Under a link of 2 MB/s, four 1 MB files on four connections come at 2 MB/s in all (about 2 s, as
+    one connection would take), not 2 MB/s each (0.5 s); each connection alone is not capped."""
+    link, size = 2_000_000, 1_000_000
+    with FakeHub(home=tmp_path / "hub", token=TOKEN, link_bps=link) as hub:
+        hub.put_files("me/shards", {f"shard-{i}.bin": os.urandom(size) for i in range(4)})
+        assert hub.state()["link_bps"] == link
+
+        started = time.monotonic()
+        got = download(hub, "me/shards", tmp_path / "four", allow_patterns="shard-*", max_workers=4)
+        four = time.monotonic() - started
+        sent = sum(d["bytes"] for d in hub.state()["downloads"])
+
+    assert len(files_under(got)) == 4 and sent == 4 * size
+    # Never faster than the link (10% for the bucket's burst and clock grain); a busy machine only slows it.
+    assert sent / four <= 1.1 * link, f"4 MB on four connections came at {sent / four / 1e6:.2f} MB/s"
+    assert four < 10, f"4 MB under a 2 MB/s link took {four:.2f}s"
+
+
 def test_scripted_500_and_429(hub: FakeHub, api: HfApi, tmp_path: Path) -> None:
     hub.put_files("me/flaky", {"config.json": b"{}"})
     hub.add_faults([{"op": "repo_info", "kind": "500"}, {"op": "download", "kind": "429", "retry_after": 0}])

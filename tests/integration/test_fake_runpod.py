@@ -16,13 +16,17 @@ import psutil
 import pytest
 import requests
 import runpod
+import runpod.api.graphql
 import runpod.error
 from pydantic import SecretStr
+from runpod.api.mutations.pods import generate_pod_deployment_mutation
 
 from providers.local.client import LocalHeads
 from providers.runpod.client import RunPodAPIError, RunPodClient
-from providers.runpod.models import PodSpec
+from providers.runpod.models import PodsData, PodSpec
 from tests.fakes import FakeRunPod
+from tests.fakes.nodes import NoNodes, RayNodes
+from tests.fakes.tls import Fronted
 from trainer.progress import NODE_ROOT_ENV
 
 pytestmark = pytest.mark.integration
@@ -351,12 +355,14 @@ def test_network_volumes_and_global_network_render_back(fake: FakeRunPod) -> Non
 
 
 def test_a_stuck_create_is_answered_but_never_boots(fake: FakeRunPod) -> None:
-    fake.add_faults([{"op": "create", "kind": "stuck", "every": 2}])
-    first, second = (runpod.create_pod(name, "img", GPU)["id"] for name in ("tf-ok-1", "tf-stuck-1"))
-    assert wait_running(first)["runtime"]["ports"]
-    time.sleep(0.5)  # the first is running: the second, created with it, would be too by now
-    pod = runpod.get_pod(second)
+    fake.add_faults([{"op": "create", "kind": "stuck"}])
+    stuck, ok = (runpod.create_pod(name, "img", GPU)["id"] for name in ("tf-stuck-1", "tf-ok-1"))
+    assert wait_running(ok)["runtime"]["ports"]
+    # The stuck pod was created first: booting, it would be running now that the later one is.
+    pod = runpod.get_pod(stuck)
     assert (pod["desiredStatus"], pod["runtime"]) == ("RUNNING", None)
+    assert isinstance(fake.nodes, Fronted) and isinstance(nodes := fake.nodes.inner, NoNodes)
+    assert f"runpod-{stuck}" not in nodes and f"runpod-{ok}" in nodes  # its node never started
     assert fake.state()["faults_served"] == {"create:stuck": 1}
     with pytest.raises(ValueError, match="for the create op"):
         fake.add_faults([{"op": "list", "kind": "stuck"}])
@@ -395,7 +401,8 @@ def test_pods_on_the_global_network_make_one_ray_cluster_on_a_shared_volume(
 
         stray = deploy_on_network(server, "tf-mn-2", join, network=False)["id"]
         wait_running(stray)
-        time.sleep(1.0)  # a node that was going to join would have been started by now
+        assert isinstance(server.nodes, Fronted) and isinstance(nodes := server.nodes.inner, RayNodes)
+        assert nodes.stranded(f"runpod-{stray}")  # decided at its start: it will never join
         assert heads.read(f"runpod-{stray}") is None and alive_ray_nodes(port, token) == 2
 
         for pod_id in (worker, stray, head):
@@ -451,3 +458,52 @@ def test_runpod_ends_a_pod_at_its_terminate_after(fake: FakeRunPod) -> None:
     assert dt.datetime.now(dt.UTC) >= soon  # not before its time
     assert [p.id for p in client.pods()] == [stays.id]
     assert [i["name"] for i in fake.state()["instances"]] == ["tf-t-2"]
+
+
+def test_a_document_runpod_would_refuse_is_400_and_nothing_in_it_runs(fake: FakeRunPod) -> None:
+    """RunPod validates the whole document before it runs any of it (tests.fakes.runpod_schema): a create
+    whose selection misspells a field makes no pod, and neither does a valid create beside a field that
+    does not fit, in the same document."""
+    misspelled = (
+        "mutation Deploy($input: PodFindAndDeployOnDemandInput!) "
+        "{ podFindAndDeployOnDemand(input: $input) { id imageName desiredStatus machine { podHostID } } }"
+    )
+    refused = gql(fake, misspelled, {"input": POD_SPEC})
+    assert refused.status_code == 400
+    (error,) = refused.json()["errors"]
+    assert error == {
+        "message": 'Cannot query field "podHostID" on type "PodMachineInfo".',
+        "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"},
+    }
+    create = 'podFindAndDeployOnDemand(input: {name: "tf-two-1", imageName: "img", gpuTypeId: "' + GPU + '"})'
+    both = f'mutation {{ made: {create} {{ id }} ended: podTerminate(input: {{podId: "x"}}) {{ id }} }}'
+    assert "must not have a selection" in gql(fake, both).json()["errors"][0]["message"]
+    sdk_create = generate_pod_deployment_mutation("tf-sdk-1", "img", GPU)  # what runpod.create_pod sends
+    assert "podHostId" in sdk_create
+    with pytest.raises(runpod.error.QueryError, match='Cannot query field "podHostID"'):
+        runpod.api.graphql.run_graphql_query(sdk_create.replace("podHostId", "podHostID"))
+    client = RunPodClient(SecretStr(KEY), fake.url)
+    with pytest.raises(RunPodAPIError, match='Cannot query field "bogus"') as caught:
+        client.call("query Pods { myself { pods { id bogus } } }", None, PodsData)
+    assert caught.value.status == 400
+    assert fake.state()["instances"] == [] and fake.state()["requests"]["create"] == 3  # refused, not made
+    assert gql(fake, misspelled.replace("podHostID", "podHostId"), {"input": POD_SPEC}).status_code == 200
+
+
+def test_an_image_runpod_cannot_pull_never_boots_and_runpod_stops_the_pod(fake: FakeRunPod) -> None:
+    """A pod of an image no one has shows RUNNING with no runtime while its host tries the pull, then RunPod
+    stops it (EXITED, "Exited by Runpod"), naming no reason, as RunPod does; a test registers an image to
+    use one the fake does not know."""
+    missing = runpod.create_pod("tf-nope-1", "me/trainer:v2", GPU)["id"]
+    pod = runpod.get_pod(missing)
+    assert (pod["desiredStatus"], pod["runtime"]) == ("RUNNING", None)
+    deadline = time.monotonic() + 10
+    while (pod := runpod.get_pod(missing))["desiredStatus"] == "RUNNING":
+        assert pod["runtime"] is None and time.monotonic() < deadline, "the pod was never stopped"
+        time.sleep(0.05)
+    assert pod["desiredStatus"] == "EXITED" and pod["lastStatusChange"].startswith("Exited by Runpod: ")
+    assert pod["runtime"] is None
+    fake.register_image("me/trainer:v2")
+    assert wait_running(runpod.create_pod("tf-yes-1", "me/trainer:v2", GPU)["id"])["runtime"]["ports"]
+    added = requests.post(f"{fake.url}/_fake/images", json={"name": "me/other:1"}, timeout=5)
+    assert added.status_code == 200 and "me/other:1" in added.json()["images"]

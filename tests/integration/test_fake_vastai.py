@@ -151,3 +151,50 @@ def test_ray_node_behind_published_port(tmp_path: Path) -> None:
         assert meta is not None and heads.processes(meta)
         vast.destroy_instance(ident)
         assert not heads.processes(meta)
+
+
+def test_a_body_vastai_does_not_take_is_400_and_nothing_is_done(vast: VastAI, fake: FakeVastAI) -> None:
+    """A mutating call's body is checked against the fields vast.ai documents for it before anything is
+    done (tests.fakes.vastai_bodies): a create with a misspelled field makes no instance and leaves the
+    offer rentable; a stop with a misspelled state stops nothing."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    refused = requests.put(
+        f"{fake.url}/api/v0/asks/1002/",
+        json={"client_id": "me", "image": "img", "labl": "tf-1", "disk": 20},
+        headers=headers,
+        timeout=5,
+    )
+    assert refused.status_code == 400
+    body = refused.json()
+    assert (body["success"], body["error"]) == (False, "invalid_args")
+    assert body["msg"].startswith("unknown field(s) labl; this call takes: args, args_str, cancel_unavail")
+    assert fake.state()["instances"] == []
+    ident = int(vast.create_instance(1002, image="img", label="tf-1")["new_contract"])  # still rentable
+    assert [r["name"] for r in fake.state()["instances"]] == ["tf-1"]
+
+    url = f"{fake.url}/api/v0/instances/{ident}/"
+    stop = requests.put(url, json={"state": "stoped"}, headers=headers, timeout=5)
+    assert (stop.status_code, stop.json()["msg"]) == (400, "invalid state 'stoped'; valid: running, stopped")
+    label = requests.put(url, json={"label": "tf-2", "labl": "x"}, headers=headers, timeout=5)
+    assert label.status_code == 400 and "unknown field(s) labl" in label.json()["msg"]
+    assert [(r["name"], r["state"]) for r in fake.state()["instances"]] == [("tf-1", "starting")]
+    assert vast.label_instance(ident, "tf-2") == {"success": True}  # what the library sends is taken
+    assert [r["name"] for r in fake.state()["instances"]] == ["tf-2"]
+
+
+def test_an_image_vastai_cannot_pull_never_boots_and_says_why(vast: VastAI, fake: FakeVastAI) -> None:
+    """An instance of an image no one has stays `loading`, never running, and its status_msg carries
+    docker's pull error once the pull has failed; a test registers an image to use one the fake does not
+    know."""
+    ident = int(vast.create_instance(1002, image="me/trainer:v2", label="tf-nope-1")["new_contract"])
+    deadline = time.monotonic() + 10
+    while "pull access denied" not in str((row := vast.show_instance(ident))["status_msg"]):
+        assert row["actual_status"] in (None, "loading") and time.monotonic() < deadline, row
+        time.sleep(0.05)
+    assert row["actual_status"] == "loading" and row["ports"] == {}
+    assert row["status_msg"].startswith(
+        "Error response from daemon: pull access denied for me/trainer, repository does not exist"
+    )
+    fake.register_image("me/trainer:v2")
+    assert wait_running(vast, int(vast.create_instance(1003, image="me/trainer:v2")["new_contract"]))
+    assert vast.show_instance(ident)["actual_status"] == "loading"  # the pull failed: still nothing runs
