@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
-import json
 import os
 import subprocess
 import threading
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import psutil
 
-MARKER = "@@fleet "  # trainer.progress.MARKER
+from trainer.progress import parse
+
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.02
 KEPT = frozenset({"redis-server"})  # the embedded Redis: the fleet's, not the run's
@@ -43,11 +43,11 @@ def become_subreaper() -> None:
 
 @dataclass
 class Lines:
-    """Progress lines seen in the Ray worker logs under some roots: (kind, first seen, file, text)."""
+    """Progress lines seen in the Ray worker logs under some roots: (kind, first seen, file, record)."""
 
     roots: list[str]  # globs of Ray temp dirs (a local node's appears only once it starts)
     since: float  # files last written before this are someone else's
-    seen: list[tuple[str, float, Path, str]] = field(default_factory=list)
+    seen: list[tuple[str, float, Path, dict[str, object]]] = field(default_factory=list)
     _offsets: dict[Path, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -85,18 +85,12 @@ class Lines:
             chunk = f.read()
         whole = chunk[: chunk.rfind(b"\n") + 1]
         self._offsets[path] = at + len(whole)
-        for line in whole.decode(errors="replace").splitlines():
-            if MARKER in line:
-                record = line[line.find(MARKER) + len(MARKER) :]
-                try:
-                    kind = str(json.loads(record).get("kind"))
-                except (json.JSONDecodeError, AttributeError):
-                    continue
-                self.seen.append((kind, now, path, record))
+        for record in parse(whole.decode(errors="replace")):
+            self.seen.append((str(record["kind"]), now, path, record))
 
     def stamp(self, kind: str, owner: str) -> float | None:
         """When `kind` was first printed by the worker whose FINISHED line names `owner`."""
-        files = {p for k, _, p, text in self.seen if k == "finished" and owner in text}
+        files = {p for k, _, p, rec in self.seen if k == "finished" and owner in str(rec.get("output_dir"))}
         times = [t for k, t, p, _ in self.seen if k == kind and p in files]
         return min(times) if times else None
 
