@@ -184,6 +184,7 @@ class Run(BaseModel):
     updated_at: float = Field(default_factory=time.time)
     attempt: int = Field(1, description="Which node the run is on: 1, then +1 for each replacement.")
     preemptions: int = Field(0, description="Nodes lost under the run (preempted) and replaced.")
+    boot_losses: int = Field(0, description="Of those, the nodes that stopped before they came up.")
     instance: str | None = None
     stages: list[StageTiming] = Field(default_factory=list)
     failure_reason: FailureReason | None = None

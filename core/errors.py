@@ -149,7 +149,13 @@ class StageFailed(FleetError):
 
 
 class NodeLost(FleetError):
-    """The run's node is gone from under it (preempted, outbid, no longer listed): replace it."""
+    """The run's node is gone from under it (preempted, outbid, no longer listed): replace it.
+    `at_boot`: it stopped before it ever came up (a spot machine outbid, or one whose image could not be
+    pulled: the cloud does not say which)."""
+
+    def __init__(self, message: str, at_boot: bool = False) -> None:
+        super().__init__(message)
+        self.at_boot = at_boot
 
 
 class LeaseLost(FleetError):

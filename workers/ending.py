@@ -136,10 +136,11 @@ def instance_lost(ctx: context.Context, run: Run, name: str) -> str | None:
     return f"instance {name}: not listed by {run.provider} ({missed} looks in a row)"
 
 
-def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None:
+def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot: bool = False) -> None:
     """The run's node is lost: end what is left of it and start the run again on a new node (the next
     attempt's), after a back-off; training resumes from its newest checkpoint. A lost node is not the
-    run's fault, so it does not use up train_restarts, but only `max_preemptions` are replaced."""
+    run's fault, so it does not use up train_restarts, but only `max_preemptions` are replaced. `at_boot`:
+    it stopped before it came up (counted in the run's `boot_losses`: workers.provision)."""
     if run.state.is_terminal():
         return
     if run.stopping is not None:  # stopped for money (workers.budget): never started again
@@ -164,6 +165,7 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str) -> None
             return []  # another task replaced it already, or the run ended
         r.attempt += 1
         r.preemptions += 1
+        r.boot_losses += at_boot
         r.instance, r.ray_jobs, r.log_offset = None, {}, 0
         r.progress.finished = False
         r.progress.cluster = []  # the new attempt's nodes join a new cluster

@@ -6,6 +6,7 @@ when one node fails, every one of them is terminated (teardown) and the run fail
 from __future__ import annotations
 
 import time
+from typing import NoReturn
 
 from celery import Task
 
@@ -17,6 +18,7 @@ from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, N
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
 from jobs.paths import node_paths
+from jobs.sections.base import RemoteSection
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.node import cluster_nodes, node_summary
@@ -67,8 +69,8 @@ def step(ctx: context.Context, run: Run) -> Next:
         if found is not None:
             nodes[name] = found
     for name, found in nodes.items():
-        if found.state == NodeState.STOPPED:  # preempted or outbid before it came up
-            raise NodeLost(f"instance {name}: {found.message}")
+        if found.state == NodeState.STOPPED:
+            _stopped(ctx, run, names.index(name), found)
         if found.state == NodeState.FAILED:
             raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
     up = [name for name in names if name in nodes and nodes[name].state == NodeState.RUNNING]
@@ -129,6 +131,30 @@ def _give_up(
             'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
         )
     raise StageFailed(FailureReason.NODE_TIMEOUT, why)
+
+
+def _stopped(ctx: context.Context, run: Run, k: int, found: NodeInstance) -> NoReturn:
+    """Node `k` stopped while the run waited for it. One that had come up was preempted: it is replaced.
+    One that stopped before it came up was outbid, or its cloud could not start it: an image that cannot be
+    pulled, a container that exits at once (RunPod stops such a pod and says neither). An on-demand machine
+    is never outbid, and a second spot machine stopping before it came up is unlikely to be chance: the run
+    fails, saying what to check, rather than renting the same failure again (up to max_preemptions)."""
+    why = f"instance {found.name}: {found.message}"
+    record = ctx.ledger.get_instance(found.name)
+    if record is not None and record.state == InstanceState.RUNNING:
+        raise NodeLost(why)
+    section = run.node_section(k)
+    spot = isinstance(section, RemoteSection) and section.pod_type == "INTERRUPTABLE"
+    if spot and run.boot_losses == 0:
+        raise NodeLost(f"{why}, before it came up", at_boot=True)
+    which = "the second spot machine to stop" if spot else "an on-demand machine, never outbid, stopped"
+    check = "that its image exists and can be pulled (a private image needs registry credentials)"
+    if spot:
+        check += ", and that max_bid_per_gpu is not below the market"
+    raise StageFailed(
+        FailureReason.PROVISIONING_FAILED,
+        f"{why}: {which} before it came up, so its cloud could not start it; check {check}",
+    )
 
 
 def _bring_up(

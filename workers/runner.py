@@ -86,7 +86,7 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
         teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, exc.reason, str(exc), keep=exc.keep)
         return
     except NodeLost as exc:
-        replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id)
+        replace_node(ctx, ctx.ledger.get_run(run_id), str(exc), task_id, exc.at_boot)
         return
     except (FleetError, SoftTimeLimitExceeded) as caught:
         # Every error ends somewhere: one that may pass is retried (run.retrying says why) until its bound;

@@ -29,7 +29,7 @@ from providers.runpod.models import (
 )
 
 POD_FIELDS = (
-    "id name desiredStatus costPerHr gpuCount "
+    "id name desiredStatus lastStatusChange imageName costPerHr gpuCount "
     "runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } "
     "gpus { id gpuUtilPercent } }"
 )

@@ -69,6 +69,9 @@ class RunPodPod(RunPodRecord):
     name: str | None = None
     desired_status: str | None = None
     """RUNNING, EXITED, STOPPED, TERMINATED..."""
+    last_status_change: str | None = None
+    """Who changed the status last, and when: "Rented by User: <date>", "Exited by Runpod: <date>"."""
+    image_name: str | None = None
     cost_per_hr: float | None = None
     runtime: RunPodRuntime | None = None
 

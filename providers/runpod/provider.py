@@ -236,8 +236,10 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         runtime = pod.runtime
         unanswered: Unanswered | None = None  # why its head did not answer the probe
         status = pod.desired_status
-        if status in ("EXITED", "STOPPED"):
-            state, message = NodeState.STOPPED, f"pod {status.lower()} (stopped or preempted)"
+        if status in ("EXITED", "STOPPED"):  # who stopped it and when, never why (RunPod emails that)
+            said = f": {pod.last_status_change}" if pod.last_status_change else ""
+            state, message = NodeState.STOPPED, f"pod {status.lower()} (stopped or preempted{said})"
+            message += f", image {pod.image_name}" if pod.image_name else ""
         elif runtime is None or self._jobs_url(pod) is None:
             state, message = NodeState.PENDING, "starting"
         elif probe and (unanswered := self._unanswered(pod)) is not None:

@@ -70,6 +70,16 @@ NO_CAPACITY_MARK = "no longer available"
 SSH_PORT_KEY = "22/tcp"  # direct SSH: the container's port 22 on the host's public address
 PENDING_STATUSES = (None, "", "created", "loading", "scheduling")
 STOPPED_STATUSES = ("stopped", "frozen")  # stopped by its owner, or outbid; storage still bills
+# Docker's words (in status_msg) for a pull that will never work: vast.ai leaves such an instance `loading`,
+# billing, for as long as it is not destroyed. A pull that may yet work (a registry's rate limit, a timeout)
+# says none of these.
+PULL_NEVER_WORKS = (
+    "pull access denied",
+    "manifest unknown",
+    "repository does not exist",
+    "invalid reference format",
+    "unauthorized: ",
+)
 
 
 def _vendor_message(response: requests.Response) -> tuple[str, str]:
@@ -288,6 +298,8 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
             )
         elif status == "exited" and row.intended_status == "stopped":
             state, message = NodeState.STOPPED, "instance stopped"
+        elif status in ("loading", None, "") and any(w in note.lower() for w in PULL_NEVER_WORKS):
+            state, message = NodeState.FAILED, f"its image cannot be pulled: {note}"
         elif status in ("exited", "offline", "unknown"):
             state, message = (
                 NodeState.FAILED,
