@@ -241,8 +241,8 @@ def test_train_attachment_validates_and_enqueues(
         assert _queued(redis_client) == 1
 
         record = await h.invoke("train", {"config": "tiny"}, focused="config")
-        assert record["callbacks"][0]["data"]["choices"] == [
-            {"name": "tiny-lora.yml", "value": "tiny-lora.yml"}
+        assert record["callbacks"][0]["data"]["choices"] == [  # every config whose name has it
+            {"name": name, "value": name} for name in ("tiny-lora-runpod.yml", "tiny-lora.yml")
         ]
         kind, data = _reply(await h.invoke("train", {"config": "tiny-lora.yml"}, roles=(ALLOWED_ROLE,)))
         assert kind == 5 and len(fleet.ledger.list_runs()) == 2
