@@ -28,7 +28,9 @@ Beside it: all events, each run's first event, how many runs met a 429.
 
 An event's latency runs from its `time` (set as the ledger writes it) to the moment the fake recorded what
 it caused: for an event with a message of its own (a result, a failure, a W&B link), that message's
-creation; for any other, the first creation or edit of its run's status message after it.
+creation; for any other, the first creation or edit after it of its run's status message, or of the board
+while it lists the run (bot.board: a run waiting for its thread is listed on the newest thread-starting
+message, an edit, a route its wait does not hold up).
 
 Left out: Discord's global limit (50 requests/s per bot; the request rate is printed), the network to
 Discord and its own time to answer (the fake is on loopback).

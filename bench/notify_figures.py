@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from bot.board import TITLE as BOARD_TITLE
 from bot.notifier import PICTURED
 from bot.render import SEPARATE, separate_message
 from broker.constants import EVENTS_STREAM
@@ -103,11 +104,17 @@ def side_figures(
         if state["channels"].get(t)
     }
     posted = {m["created"]["content"]: _at(m["created"]) for m in messages if m["created"]["content"]}
-    status: dict[str, list[float]] = {}
+    status: dict[str, list[float]] = {}  # run -> when its status showed: its status message, the board
     for m in messages:
-        if m["embeds"]:
+        versions = [m["created"], *m["edits"]]
+        if m["embeds"] and m["embeds"][0].get("title") != BOARD_TITLE:
             run_id = m["embeds"][0]["title"].split(" · ")[0]
-            status.setdefault(run_id, []).extend(_at(v) for v in [m["created"], *m["edits"]])
+            status.setdefault(run_id, []).extend(_at(v) for v in versions)
+        for v in versions:  # a board (bot.board) on a thread-starting message: every run it lists
+            for embed in v["embeds"][:1]:
+                if embed.get("title") == BOARD_TITLE:
+                    for f in embed.get("fields", []):
+                        status.setdefault(f["name"].split(" · ")[0], []).append(_at(v))
     took: list[tuple[Event, float]] = []
     for _sid, fields in client.xrange(EVENTS_STREAM):
         event = Event.model_validate_json(fields["event"])

@@ -40,6 +40,7 @@ import discord.http
 import redis
 import requests
 
+from bot.board import Board
 from bot.lanes import Lanes
 from bot.render import (
     CONTENT_MAX,
@@ -128,6 +129,8 @@ class Notifier:
         # One request at a time per route of the channel itself (posts, edits, thread starts: every run's): a
         # burst of lanes there would cross its limits before discord.py learned them. A thread is its run's.
         self._posts, self._edits, self._starts = threading.Lock(), threading.Lock(), threading.Lock()
+        # Runs waiting for their threads are listed on the newest thread-starting message (bot.board).
+        self.board = Board(self._board_run, self._board_edit) if sink.threads else None
 
     @classmethod
     def from_settings(
@@ -169,8 +172,10 @@ class Notifier:
         self.close()
 
     def close(self) -> None:
-        """Stop the lanes' threads and the painter (what a lane is doing still ends)."""
+        """Stop the lanes' threads, the board and the painter (what a lane is doing still ends)."""
         self.lanes.close()
+        if self.board is not None:
+            self.board.close()
         self.painter.close()
 
     def process_once(self) -> int:
@@ -250,6 +255,8 @@ class Notifier:
             status = self.client.get(notify_status_key(run_id))  # its status message's id, once it has one
             if status is None:
                 self._update_status(run, wandb_url, thread, None)
+                if self.board is not None:
+                    self.board.started(run_id)
             posted = [(event, self._post_separate(event, thread)) for event in separate]
             if status is not None:
                 self._update_status(run, wandb_url, thread, status)
@@ -270,6 +277,8 @@ class Notifier:
         if known is not None:
             return _thread_id(known)
         name = self.scrub(thread_name(run))
+        if self.board is not None:  # shown there should its start wait on the channel's routes
+            self.board.waiting(run.run_id)
         try:
             with self._posts:
                 starter = self.sink.post(content=name, key=f"thread:{run.run_id}")
@@ -277,6 +286,8 @@ class Notifier:
             raise DiscordDown(str(exc)) from exc
         with self._starts:  # a route of its own: the next run's message goes out meanwhile
             thread = self.sink.start_thread(starter, name)
+        if self.board is not None and thread is not None:
+            self.board.starter(starter)
         if thread is None:
             log.warning(
                 "run %s: no thread (the bot may not start threads here); it posts in the channel", run.run_id
@@ -337,6 +348,16 @@ class Notifier:
                 self.sink.attach(message_id, picture, thread)
         except Exception:
             log.exception("run %s: its loss picture could not be drawn or attached", event.run_id)
+
+    def _board_run(self, run_id: str) -> Run | None:
+        try:
+            return self.ledger.get_run(run_id)
+        except NotFound:
+            return None
+
+    def _board_edit(self, message_id: int, embed: discord.Embed | None) -> None:
+        with self._edits:
+            self.sink.edit(message_id, embed)
 
     def _route(self, thread: int | None, channel: threading.Lock) -> AbstractContextManager[object]:
         """A run's thread is its own; the channel's route (`channel`: its lock) is taken in turn."""

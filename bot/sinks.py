@@ -85,7 +85,7 @@ class Sink(Protocol):
         """Post a message; `key` identifies it, so a sink that can dedupe posts it at most once."""
         ...
 
-    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None: ...
+    def edit(self, message_id: int, embed: discord.Embed | None, thread: int | None = None) -> None: ...
 
     def attach(self, message_id: int, file: tuple[str, bytes], thread: int | None = None) -> None:
         """Attach `file`, (name, bytes), to a message posted without one (its only attachment then)."""
@@ -124,7 +124,7 @@ class WebhookSink:
             )
         return message.id
 
-    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
+    def edit(self, message_id: int, embed: discord.Embed | None, thread: int | None = None) -> None:
         with discord_errors():
             self.webhook.edit_message(message_id, embed=embed, thread=_in(thread))
 
@@ -169,7 +169,7 @@ class BotSink:
         )
         return message.id
 
-    def edit(self, message_id: int, embed: discord.Embed, thread: int | None = None) -> None:
+    def edit(self, message_id: int, embed: discord.Embed | None, thread: int | None = None) -> None:
         channel = self.client.get_partial_messageable(thread or self.channel_id)
         self._call(channel.get_partial_message(message_id).edit(embed=embed))
 
