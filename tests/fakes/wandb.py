@@ -130,6 +130,8 @@ class FakeWandb(Served):
         body = handler.rfile.read(length) if length else b""
         path = urlsplit(handler.path).path
         segments = [unquote(s) for s in path.split("/")[1:]]
+        if segments == ["_fake", "state"] and handler.command == "GET":  # `state()`, for a served fake
+            return self._json(handler, 200, self.state())
         if segments[:3] == ["sdk", "otel", "v1"]:  # wandb-core's own telemetry
             return self._reply(handler, 200, b"", "application/x-protobuf")
         if segments[:1] == ["_upload"] and handler.command == "PUT":  # the URLs CreateRunFiles gave

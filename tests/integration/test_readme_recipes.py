@@ -247,7 +247,8 @@ def test_the_vastai_hub_and_wandb_recipe_reaches_each_fake(
     assert shell.wait(120) == 0, shell.output()[-3000:]
     assert "user: tester" in shell.output()  # hf auth whoami, with the Hub fake's token
     assert fake_state(served.settings["VAST_URL"])["requests"].get("list", 0) >= 1  # fleet instances
-    assert "by-hand" in shell.output()  # the wandb client's run, synced to the W&B fake
+    runs = fake_state(served.settings["WANDB_BASE_URL"])["runs"]
+    assert [r["project"] for r in runs] == ["by-hand"], runs  # the wandb client's run, on the W&B fake
 
 
 def test_the_discord_recipe_posts_the_fleets_events_into_the_served_channel(
