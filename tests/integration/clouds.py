@@ -10,9 +10,17 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from tests.factories import EXAMPLE_YAML, copy_example_data
-from tests.integration.fleetproc import REPO
+from tests.factories import (
+    EXAMPLE_YAML,
+    RUNPOD_SECTION,
+    VASTAI_SECTION,
+    copy_example_data,
+    light_job_file,
+)
+from tests.fakes import FakeCloud, FakeRunPod
+from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env
 
 API_KEY = "fake-runpod-key-0123456789"
 VAST_KEY = "fake-vast-key-9876543210"
@@ -35,6 +43,23 @@ def serving(vendor: str, fake_home: Path, api_key: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def failed_run(
+    fake: FakeCloud, home: Path, tmp_path: Path, keys: str = "", **settings: str
+) -> tuple[dict[str, Any], list[Any]]:
+    """`fleet run` of a light job on an in-process fake's cloud (its section, plus `keys`: indented
+    lines), with `settings` in its environment, which must fail: the run's status view and its events."""
+    if isinstance(fake, FakeRunPod):
+        env = fleet_env(home, RUNPOD_API_BASE_URL=fake.url, RUNPOD_API_KEY=API_KEY, **settings)
+        section = RUNPOD_SECTION
+    else:
+        env = fleet_env(home, VAST_URL=fake.url, VAST_API_KEY=VAST_KEY, **settings)
+        section = VASTAI_SECTION
+    done = fleet(env, "run", str(light_job_file(tmp_path / "job", section + keys)), "--json", timeout=120)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    view = json.loads(done.stdout)
+    return view, events_of(home, view["run_id"])
 
 
 def fake_state(url: str) -> dict[str, list[dict[str, object]]]:

@@ -9,16 +9,13 @@ came up; vast.ai leaves the instance `loading`, billing, with docker's error in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, FakeVastAI
-from tests.integration.clouds import API_KEY, VAST_KEY
-from tests.integration.fleetproc import events_of, fleet, fleet_env
+from tests.integration.clouds import API_KEY, VAST_KEY, failed_run
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +26,7 @@ FAST = {"FLEET_POLL_INTERVAL_S": "0.5", "FLEET_PREEMPT_BACKOFF_S": "0.5"}
 def run_image(fake: FakeCloud, home: Path, tmp_path: Path, extra: str) -> tuple[dict[str, Any], list[Any]]:
     """`fleet run` of a light job on the fake's cloud with `image: IMAGE` and the section's `extra` keys:
     the run's status view and its events."""
-    if isinstance(fake, FakeRunPod):
-        env = fleet_env(home, RUNPOD_API_BASE_URL=fake.url, RUNPOD_API_KEY=API_KEY, **FAST)
-        section = RUNPOD_SECTION
-    else:
-        env = fleet_env(home, VAST_URL=fake.url, VAST_API_KEY=VAST_KEY, **FAST)
-        section = VASTAI_SECTION
-    section += f"  image: {IMAGE}\n{extra}"
-    done = fleet(env, "run", str(light_job_file(tmp_path / "job", section)), "--json", timeout=120)
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(done.stdout), events_of(home, json.loads(done.stdout)["run_id"])
+    return failed_run(fake, home, tmp_path, f"  image: {IMAGE}\n{extra}", **FAST)
 
 
 def rented(fake: FakeCloud) -> list[str]:

@@ -19,11 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, FakeVastAI
 from tests.fakes.tls import Fronted, Hellos, localhost_cert
-from tests.integration.clouds import API_KEY, VAST_KEY
-from tests.integration.fleetproc import events_of, fleet, fleet_env
+from tests.integration.clouds import API_KEY, VAST_KEY, failed_run
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +32,7 @@ READY_TIMEOUT_S = 10.0  # FLEET_NODE_READY_TIMEOUT_S for the nodes that never an
 
 def run_on(fake: FakeCloud, home: Path, tmp_path: Path, **settings: str) -> tuple[dict[str, Any], list[Any]]:
     """`fleet run` of a light job on the fake's cloud: the run's status view and its events."""
-    settings = {"FLEET_POLL_INTERVAL_S": f"{POLL_S:g}", **settings}
-    if isinstance(fake, FakeRunPod):
-        env = fleet_env(home, RUNPOD_API_BASE_URL=fake.url, RUNPOD_API_KEY=API_KEY, **settings)
-        section = RUNPOD_SECTION
-    else:
-        env = fleet_env(home, VAST_URL=fake.url, VAST_API_KEY=VAST_KEY, **settings)
-        section = VASTAI_SECTION
-    done = fleet(env, "run", str(light_job_file(tmp_path / "job", section)), "--json", timeout=120)
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
-    view = json.loads(done.stdout)
-    return view, events_of(home, view["run_id"])
+    return failed_run(fake, home, tmp_path, **{"FLEET_POLL_INTERVAL_S": f"{POLL_S:g}", **settings})
 
 
 def fronts(fake: FakeCloud) -> Fronted:
