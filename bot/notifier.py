@@ -202,6 +202,8 @@ class Notifier:
                     continue
                 self._in_flight.add(sid)
             self.lanes.add(key, (sid, event))
+        if entries and self.board is not None:  # a waiting run's line on it may have changed
+            self.board.nudge()
 
     def _again(self) -> None:
         """Read this consumer's pending entries again from the first: the stopped runs' go round again."""

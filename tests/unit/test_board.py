@@ -121,3 +121,26 @@ def test_its_edits_keep_within_the_channels_limit(channel: Channel) -> None:
         assert channel.edits[-1] == (1, [("r1 · t", "PREPARING · prepare")])
     finally:
         board.close()
+
+
+def test_a_nudge_shows_a_change_at_once_or_the_moment_the_gap_allows(channel: Channel) -> None:
+    """The notifier nudges the board as it reads events: the change shows then, not a poll later, and an
+    edit the gap held back is made as the gap ends."""
+    board = Board(channel.get_run, channel.edit, after_s=0.0, window_s=5.0, gap_s=0.4, poll_s=30.0)
+    try:
+        board.starter(1)
+        board.waiting("r1")  # (starting to wait is a nudge of its own)
+        channel.wait(lambda: len(channel.edits) == 1)
+        shown = time.monotonic()
+        channel.runs["r1"] = channel.runs["r1"].model_copy(update={"state": RunState.PROVISIONING})
+        board.nudge()
+        channel.wait(lambda: len(channel.edits) == 2)
+        assert 0.35 <= time.monotonic() - shown < 0.6  # held for the gap, then at once
+        channel.runs["r1"] = channel.runs["r1"].model_copy(update={"state": RunState.PREPARING})
+        time.sleep(0.8)
+        assert len(channel.edits) == 2  # no nudge, no look before the poll (30 s here)
+        board.nudge()
+        channel.wait(lambda: len(channel.edits) == 3)
+        assert channel.edits[-1] == (1, [("r1 · t", "PREPARING · prepare")])
+    finally:
+        board.close()
