@@ -14,7 +14,7 @@ from rich.table import Table
 from core.errors import FleetError, NodeError, NotFound
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from providers.base import INSTANCE_PREFIX, NodeEndpoint
-from providers.node import NodeSummary, cluster_nodes, cluster_status, node_summary
+from providers.cluster import NodeSummary, cluster_nodes, cluster_status, node_summary
 from service.runs import Fleet
 
 

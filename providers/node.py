@@ -29,7 +29,6 @@ from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, ValidationError
 from requests.adapters import HTTPAdapter
 
 from core.errors import NodeError, Unreachable
@@ -167,93 +166,6 @@ def ping(endpoint: NodeEndpoint, timeout_s: float = 5.0) -> bool:
     return answers(endpoint, fleet_headers(endpoint), timeout_s)
 
 
-def _get_json(endpoint: NodeEndpoint, path: str, timeout_s: float = 10.0) -> Any:
-    url = f"{endpoint.jobs_url.rstrip('/')}{path}"
-    with channel(endpoint) as session:
-        try:
-            reply = session.get(url, headers=fleet_headers(endpoint), timeout=timeout_s)
-            reply.raise_for_status()
-            return reply.json()
-        except (requests.RequestException, OSError, ValueError) as exc:
-            raise NodeError(f"the node's Ray head did not answer {path}: {exc}") from None
-
-
-class RayNode(BaseModel):
-    """One node of a Ray cluster, as the head's State API lists it (`ray list nodes`); the fields the fleet
-    reads (Ray sends more, and null for what it does not know)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    node_id: str | None = None
-    node_ip: str | None = None
-    is_head_node: bool | None = None
-    state: str | None = None
-    """ALIVE or DEAD."""
-    resources_total: dict[str, float] | None = None
-    """CPU, GPU, memory (bytes), accelerator_type:<type>..."""
-
-
-class _NodeList(BaseModel):
-    result: list[RayNode]
-
-
-class _NodeListResult(BaseModel):
-    result: _NodeList
-
-
-class _NodesAnswer(BaseModel):
-    """The State API's envelope: `{"data": {"result": {"result": [node, ...]}}}`."""
-
-    data: _NodeListResult
-
-
-class NodeSummary(TypedDict):
-    """One Ray node in a few fields (providers.node.node_summary); broker.payloads.NodeJoined's fields."""
-
-    node_id: str | None
-    node_ip: str | None
-    head: bool
-    cpus: float
-    gpus: float
-    memory_gb: float
-    accelerator: str | None
-
-
-def cluster_nodes(endpoint: NodeEndpoint) -> list[RayNode]:
-    """The Ray nodes of the head's cluster, as its State API lists them (`ray list nodes`): node_id, node_ip,
-    is_head_node, state (ALIVE, DEAD), resources_total..."""
-    body = _get_json(endpoint, "/api/v0/nodes")
-    try:
-        return _NodesAnswer.model_validate(body).data.result.result
-    except ValidationError:
-        raise NodeError("the node's Ray head answered /api/v0/nodes without a node list") from None
-
-
-def cluster_status(endpoint: NodeEndpoint) -> str:
-    """What `ray status` prints for the head's cluster (nodes, resources in use, pending demands)."""
-    body = _get_json(endpoint, "/api/cluster_status?format=1")
-    try:
-        return str(body["data"]["clusterStatus"])
-    except (KeyError, TypeError):
-        raise NodeError("the node's Ray head answered /api/cluster_status without a status") from None
-
-
-def node_summary(node: RayNode) -> NodeSummary:
-    """One Ray node in a few fields: its id and address, whether it is the head, CPUs, GPUs, memory and the
-    accelerator type Ray detected (the `accelerator_type:<type>` resource a job may ask for)."""
-    total = node.resources_total or {}
-    accelerators = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
-    return {
-        "node_id": node.node_id,
-        "node_ip": node.node_ip,
-        "head": bool(node.is_head_node),
-        "cpus": total.get("CPU", 0),
-        "gpus": total.get("GPU", 0),
-        "memory_gb": round(total.get("memory", 0) / 2**30, 1),
-        "accelerator": accelerators[0] if accelerators else None,
-    }
-
-
 class RuntimeEnv(TypedDict, total=False):
     """What a job takes along to the node (Ray's runtime_env): the trainer package, env vars, and files."""
 
@@ -282,31 +194,76 @@ class NodeTimeouts:
 
 
 class NodeClient:
-    """Submit, watch and stop Ray jobs on one node. Submissions are idempotent by submission id."""
+    """Submit, watch and stop Ray jobs on one node. Submissions are idempotent by submission id.
+
+    Only a submission goes through Ray's own JobSubmissionClient (it packs and uploads the job's files as the
+    node's Ray expects them); reading a job, its logs, stopping and deleting it are the Jobs API's plain
+    REST calls on the same channel. Importing Ray's client takes a worker seconds of CPU, which a watcher
+    that only reads jobs never pays (and a `fleet run` paid on its first look at a job)."""
 
     def __init__(self, endpoint: NodeEndpoint, timeouts: NodeTimeouts | None = None) -> None:
-        session = channel(endpoint)
+        self._endpoint, self._timeouts = endpoint, timeouts or NodeTimeouts()
+        self._session = channel(endpoint)
+        self._headers = fleet_headers(endpoint)
+        self._client: Any = None  # Ray's, made for the first submission
         try:
-            self._client = _submission_client(endpoint, session, timeouts or NodeTimeouts())
-        except (OSError, RuntimeError) as exc:
-            session.close()
+            reply = self._request("GET", "/api/version")
+        except NodeError as exc:
+            self._session.close()
             raise NodeError(f"the node's Ray head at {endpoint.jobs_url} does not answer: {exc}") from None
+        if reply.status_code != 200:
+            self._session.close()
+            raise NodeError(
+                f"the node's Ray head at {endpoint.jobs_url} does not answer: /api/version is HTTP "
+                f"{reply.status_code}"
+            )
+
+    def _request(self, method: str, path: str) -> requests.Response:
+        """One Jobs API call on the node's channel; NodeError when it gets no answer or the node refuses the
+        fleet's token."""
+        try:
+            reply = self._session.request(
+                method,
+                self._endpoint.jobs_url + path,
+                headers=self._headers,
+                timeout=self._timeouts.for_request(method, path),
+            )
+        except OSError as exc:  # requests' errors are OSErrors: the node does not answer (gone?)
+            raise NodeError(str(exc)) from None
+        if reply.status_code in (401, 403):
+            refused = f"the node refused the fleet's Ray token (HTTP {reply.status_code})"
+            raise NodeError(f"{refused}: {reply.text[:500]}")
+        return reply
+
+    def _json(self, method: str, path: str, what: str) -> Any:
+        """The JSON answer of a call; None when the node has no such job (HTTP 404)."""
+        try:
+            reply = self._request(method, path)
+        except NodeError as exc:
+            raise NodeError(f"cannot {what}: {exc}") from None
+        if reply.status_code == 404:
+            return None
+        if reply.status_code != 200:
+            raise NodeError(f"cannot {what}: HTTP {reply.status_code}: {reply.text[:500]}")
+        try:
+            return reply.json()
+        except ValueError:
+            raise NodeError(f"cannot {what}: not JSON: {reply.text[:200]}") from None
 
     def info(self, submission_id: str) -> JobInfo | None:
         """The job's status, or None when the node has no such job."""
-        try:
-            info = self._client.get_job_info(submission_id)
-        except RuntimeError as exc:
-            if "does not exist" in str(exc) or "404" in str(exc):
-                return None
-            raise NodeError(f"cannot read job {submission_id}: {exc}") from None
-        except OSError as exc:  # requests' errors are OSErrors: the node does not answer (gone?)
-            raise NodeError(f"cannot read job {submission_id}: {exc}") from None
-        start, end = info.start_time, info.end_time  # milliseconds
+        found = self._json("GET", f"/api/jobs/{submission_id}", f"read job {submission_id}")
+        if found is None:
+            return None
+        start, end = found.get("start_time"), found.get("end_time")  # milliseconds
         seconds = round((end - start) / 1000, 3) if start is not None and end is not None else None
-        never_ran = str(getattr(info, "error_type", None) or "") in NEVER_RAN_ERRORS
+        never_ran = str(found.get("error_type") or "") in NEVER_RAN_ERRORS
         return JobInfo(
-            JobStatus(str(info.status)), info.message or "", info.driver_exit_code, seconds, never_ran
+            JobStatus(str(found["status"])),
+            found.get("message") or "",
+            found.get("driver_exit_code"),
+            seconds,
+            never_ran,
         )
 
     def submit(
@@ -323,7 +280,7 @@ class NodeClient:
         if files is not None:
             runtime_env["working_dir"] = str(files)
         try:
-            self._client.submit_job(
+            self._ray().submit_job(
                 entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env
             )
         except RuntimeError as exc:
@@ -333,27 +290,28 @@ class NodeClient:
         except OSError as exc:
             raise NodeError(f"cannot submit job {submission_id}: {exc}") from None
 
+    def _ray(self) -> Any:
+        """Ray's JobSubmissionClient on this node's channel, made at the first call."""
+        if self._client is None:
+            self._client = _submission_client(self._endpoint, self._session, self._timeouts)
+        return self._client
+
     def delete(self, submission_id: str) -> None:
         """Forget an ended job on the node (its id can be submitted again); a job it does not know is gone."""
-        try:
-            self._client.delete_job(submission_id)
-        except RuntimeError as exc:
-            if "does not exist" not in str(exc) and "404" not in str(exc):
-                raise NodeError(f"cannot delete job {submission_id}: {exc}") from None
-        except OSError as exc:
-            raise NodeError(f"cannot delete job {submission_id}: {exc}") from None
+        self._json("DELETE", f"/api/jobs/{submission_id}", f"delete job {submission_id}")
 
     def logs(self, submission_id: str) -> str:
-        try:
-            return str(self._client.get_job_logs(submission_id))
-        except (RuntimeError, OSError) as exc:
-            raise NodeError(f"cannot read the logs of job {submission_id}: {exc}") from None
+        found = self._json("GET", f"/api/jobs/{submission_id}/logs", f"read the logs of job {submission_id}")
+        if found is None:
+            raise NodeError(f"cannot read the logs of job {submission_id}: the node has no such job")
+        return str(found.get("logs", ""))
 
     def stop(self, submission_id: str) -> bool:
         try:
-            return bool(self._client.stop_job(submission_id))
-        except (RuntimeError, OSError):
+            found = self._json("POST", f"/api/jobs/{submission_id}/stop", f"stop job {submission_id}")
+        except NodeError:
             return False
+        return bool(found and found.get("stopped"))
 
 
 def _submission_client(endpoint: NodeEndpoint, session: requests.Session, timeouts: NodeTimeouts) -> Any:

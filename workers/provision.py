@@ -21,7 +21,7 @@ from jobs.paths import node_paths
 from jobs.sections.base import RemoteSection
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
-from providers.node import cluster_nodes, node_summary
+from providers.cluster import cluster_nodes, node_summary
 from workers import budget, context, failover, provision_reach, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
