@@ -24,8 +24,10 @@ def _width(stream: TextIO) -> int | None:
     return None if stream.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
 
 
-out = Console(soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
+# emoji=False: rich would print ":cd:" in a certificate's fingerprint (8A:CD:CC) as an emoji; what the fleet
+# prints (fingerprints, ids, paths, the user's own values) is printed as it is.
+out = Console(soft_wrap=True, width=_width(sys.stdout), emoji=False)
+err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr), emoji=False)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 

@@ -54,3 +54,15 @@ def test_a_malformed_flower_basic_auth_exits_2_without_quoting_it(
     result = CliRunner().invoke(cli, ["flower"])
     assert result.exit_code == 2 and "FLOWER_BASIC_AUTH" in result.output
     assert "s3cret" not in result.output and not (tmp_path / "redis").exists()
+
+
+def test_the_cli_prints_a_fingerprint_as_it_is_never_as_an_emoji(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich's emoji codes turned ":CD:" in a certificate's SHA-256 fingerprint into a compact disc, so the
+    fingerprint `fleet jupyter` asks its user to check was wrong (a clean-clone CI met one)."""
+    from fleet.cli_common import err, out
+
+    said = "SHA-256 fingerprint 6D:05:8A:CD:CC:E5 (and :smile: too)"
+    out.print(said, markup=False, highlight=False)
+    err.print(said, markup=False, highlight=False)
+    printed = capsys.readouterr()
+    assert said in printed.out and said in printed.err, printed
