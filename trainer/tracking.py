@@ -14,7 +14,6 @@ A train job that runs again (a restart from a checkpoint) opens the same id: onl
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -133,10 +132,13 @@ def open_run(
     plan: WandbPlan, fleet_run_id: str, directory: Path, config: Mapping[str, Any], settings: Any = None
 ) -> Any:
     """The planned W&B run, opened (online: continued if it exists) with its files under `directory`;
-    `settings` are wandb.Settings. The trainer's and, for a run that never trained, the fleet's."""
-    os.environ.setdefault("WANDB_SILENT", "true")
+    `settings` are wandb.Settings. The trainer's and, for a run that never trained, the fleet's. The
+    client is silenced through these settings, never through WANDB_SILENT in this process's environment,
+    which every process it starts afterwards (a test's, a worker's) would inherit."""
     import wandb
 
+    settings = settings if settings is not None else wandb.Settings()
+    settings.silent = True
     return wandb.init(
         id=plan.run_id,
         project=plan.project,

@@ -5,6 +5,7 @@ And the fleet's question at submit (service.wandbkey) gets the answers W&B gives
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,14 @@ def segment(
 
 
 def test_a_run_continued_online_is_one_run_with_its_whole_history(fake: FakeWandb, tmp_path: Path) -> None:
+    environ = dict(os.environ)
     first = segment(fake, tmp_path / "a", range(0, 3), exit_code=1)
     second = segment(fake, tmp_path / "b", range(3, 6), exit_code=0)
+    # Opening runs leaves this process's environment as it was, once the client is torn down (which takes
+    # back its own WANDB_SERVICE): a WANDB_SILENT set here reached every process a later test started (a
+    # recipe's shell, whose W&B lines it then did not print).
+    wandb.teardown()
+    assert dict(os.environ) == environ
     assert first == second == f"{fake.url}/tester/demo/runs/tf-r1"  # a W&B Server at host:port: its pages
     state = fake.state()
     assert state["refused"] == [], state["refused"]  # nothing the client sent went unanswered
