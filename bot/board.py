@@ -128,13 +128,15 @@ class Board:
                 self._wake.wait(self._idle_s())
 
     def _idle_s(self) -> float:
-        """How long to wait for a nudge: `poll_s`, or less when a waiting run goes on the board sooner."""
+        """How long to wait for a nudge: `poll_s`, or less when a waiting run comes due sooner. Only runs not
+        yet due count: one already due that the board cannot show (no thread started yet, or the run is
+        gone) waits for a nudge like the rest, or the loop would spin."""
         if self._on is not None:
             return self.poll_s
         now = time.monotonic()
         with self._lock:
-            due_in = [since + self.after_s - now for since in self._waiting.values()]
-        return max(0.0, min([self.poll_s, *due_in]))
+            due_in = [d for since in self._waiting.values() if (d := since + self.after_s - now) > 0]
+        return min([self.poll_s, *due_in])
 
     def _held_s(self, now: float) -> float:
         """How long the edit budget holds the next edit back (0: it may be made now)."""

@@ -104,6 +104,27 @@ def test_with_no_starter_yet_nothing_is_edited(channel: Channel, board: Board) -
     assert channel.edits == [(7, [("r1 · t", "QUEUED · provision")])]
 
 
+def test_a_due_run_it_cannot_show_yet_waits_for_a_nudge_without_spinning(channel: Channel) -> None:
+    """A run past due with no thread started yet to show it on: the board waits for the next nudge (or its
+    poll), it does not look again and again meanwhile."""
+    looks: list[str] = []
+
+    def get_run(run_id: str) -> Run | None:
+        looks.append(run_id)
+        return channel.get_run(run_id)
+
+    board = Board(get_run, channel.edit, after_s=0.0, window_s=5.0, gap_s=0.0, poll_s=30.0)
+    try:
+        board.waiting("r1")
+        time.sleep(0.5)
+        assert len(looks) <= 3, f"{len(looks)} looks in 0.5 s with nothing to show"
+        board.starter(4)
+        channel.wait(lambda: len(channel.edits) == 1)
+        assert channel.edits == [(4, [("r1 · t", "QUEUED · provision")])]
+    finally:
+        board.close()
+
+
 def test_its_edits_keep_within_the_channels_limit(channel: Channel) -> None:
     """Two edits a second here, with no gap between them: a third change waits for the window, then shows."""
     board = Board(channel.get_run, channel.edit, after_s=0.0, budget=2, window_s=1.0, gap_s=0, poll_s=0.01)
