@@ -70,16 +70,18 @@ class WorkerDiedOfTheCeleryBug(AssertionError):
 
 @pytest.mark.xfail(strict=True, raises=WorkerDiedOfTheCeleryBug, reason=CELERY_BUG)
 def test_an_unsupervised_worker_survives_a_redis_restart(case: Case, tmp_path: Path) -> None:
-    """Redis goes while a provision task is in the middle of a (slow) cloud call, so the worker holds an
-    unacked message for sure; the worker must still be there once Redis is back, and the run go on."""
+    """Redis goes while the provision task is in the middle of a (slow) cloud call, so the worker holds an
+    unacked message for sure (acks_late); the worker must still be there once Redis is back, and the run go
+    on. The call is the task's own create: the later polls of a node not yet up are the watcher's, in the
+    worker's main process, and hold no message (a restart during one of those, the worker survives)."""
     fake = case.cloud(FakeRunPod, tmp_path / "fake", nodes="stub", ready_delay_s=3600)
+    fake.add_faults([{"op": "create", "kind": "timeout", "delay": 4.0}])  # the provision task's create: 4 s
     fleet = LiveFleet(case, tmp_path / "fleet", [fake])
     worker = fleet.worker()
     run_id = fleet.enqueue(light_job_file(tmp_path / "job", RUNPOD_SECTION))
     case.expect(run_id, RunState.CANCELLED)
-    fleet.wait_event(run_id, "instance.requested")
-    fake.add_faults([{"op": "list", "kind": "timeout", "delay": 4.0}])  # the next poll's list call: 4 s
-    wait_until(lambda: fake.state()["faults_served"], 30, "a provision poll inside its list call", every=0.05)
+    in_create = "the provision task inside its create call"
+    wait_until(lambda: fake.state()["faults_served"].get("create:timeout"), 60, in_create, every=0.05)
     fleet.restart_redis()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
