@@ -14,12 +14,13 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK, Stage
+from broker.models import STAGES
 from core import redisurl
 
 if TYPE_CHECKING:
     from core.settings import Settings
 
-TASK_MODULES = ["workers.provision", "workers.prepare", "workers.train", "workers.finalize", "workers.reap"]
+TASK_MODULES = [*(facts.module for facts in STAGES.values()), "workers.reap"]
 # Long enough that no task (each is a short step) is redelivered while still running; a worker that
 # died leaves its message to the reaper's kick long before this. Never shorter than the longest task's hard
 # time limit plus VISIBILITY_MARGIN_S (`visibility_timeout_s`).
@@ -92,11 +93,8 @@ def time_limits(settings: Settings) -> dict[str, tuple[float, float]]:
     """Every task's (soft, hard) time limit in seconds, by task name. At the soft one the task's step gets
     SoftTimeLimitExceeded (the runner retries the step, within its bound); `time_limit_grace_s` later the
     worker kills the process (the reaper re-sends the task; a task that keeps dying fails the run STALLED)."""
-    soft = {
-        Stage.PROVISION.task_name: settings.provision_time_limit_s,
-        Stage.PREPARE.task_name: settings.prepare_time_limit_s,
-        Stage.TRAIN.task_name: settings.train_time_limit_s,
-        Stage.FINALIZE.task_name: settings.finalize_time_limit_s,
+    soft: dict[str, float] = {
+        **{stage.task_name: getattr(settings, facts.time_limit) for stage, facts in STAGES.items()},
         REAP_TASK: settings.reap_time_limit_s,
         REAP_AT_TASK: settings.reap_time_limit_s,
     }

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
@@ -14,6 +17,7 @@ from core.errors import FailureReason, Unreachable
 from jobs.sections import CloudSection, ProviderName, SectionBase
 from jobs.spec import JobSpec
 from trainer.config import WandbPlan
+from trainer.lines import StepFields
 
 
 class RunState(StrEnum):
@@ -37,19 +41,53 @@ class RunState(StrEnum):
         return _STAGE_OF.get(self)
 
 
-_STAGE_OF = {
-    RunState.QUEUED: Stage.PROVISION,
-    RunState.PROVISIONING: Stage.PROVISION,
-    RunState.PREPARING: Stage.PREPARE,
-    RunState.TRAINING: Stage.TRAIN,
-    RunState.FINALIZING: Stage.FINALIZE,
-}
-STATE_OF_STAGE = {
-    Stage.PROVISION: RunState.PROVISIONING,
-    Stage.PREPARE: RunState.PREPARING,
-    Stage.TRAIN: RunState.TRAINING,
-    Stage.FINALIZE: RunState.FINALIZING,
-}
+@dataclass(frozen=True)
+class StageFacts:
+    """What the fleet knows of one stage: every per-stage table is read from STAGES (the stages' order,
+    the way a run goes, is Stage's)."""
+
+    state: RunState  # a run's state while the stage acts on it
+    failure: FailureReason  # why the run failed when the stage fails it (and the error names no reason)
+    time_limit: str  # the core.settings.Settings field with its task's soft time limit, in seconds
+    on_node: (
+        bool  # it works on the run's node: a retryable error there is first asked whether the node is lost
+    )
+    module: str  # the workers module with its task, and `relay` if its node job's lines are events as printed
+
+
+STAGES: Mapping[Stage, StageFacts] = MappingProxyType(
+    {
+        Stage.PROVISION: StageFacts(
+            state=RunState.PROVISIONING,
+            failure=FailureReason.PROVISIONING_FAILED,
+            time_limit="provision_time_limit_s",
+            on_node=False,
+            module="workers.provision",
+        ),
+        Stage.PREPARE: StageFacts(
+            state=RunState.PREPARING,
+            failure=FailureReason.PREPARE_FAILED,
+            time_limit="prepare_time_limit_s",
+            on_node=True,
+            module="workers.prepare",
+        ),
+        Stage.TRAIN: StageFacts(
+            state=RunState.TRAINING,
+            failure=FailureReason.TRAINING_FAILED,
+            time_limit="train_time_limit_s",
+            on_node=True,
+            module="workers.train",
+        ),
+        Stage.FINALIZE: StageFacts(
+            state=RunState.FINALIZING,
+            failure=FailureReason.FINALIZE_FAILED,
+            time_limit="finalize_time_limit_s",
+            on_node=True,
+            module="workers.finalize",
+        ),
+    }
+)
+_STAGE_OF = {RunState.QUEUED: Stage.PROVISION, **{facts.state: stage for stage, facts in STAGES.items()}}
 
 
 class InstanceState(StrEnum):
@@ -127,20 +165,16 @@ class Placement(BaseModel):
         return f"{self.cloud.value}:{self.offer}"
 
 
-class RunProgress(BaseModel):
-    """What the stages have learned about a run as it went; each stage writes its own fields."""
+class RunProgress(StepFields):
+    """What the stages have learned about a run as it went; each stage writes its own fields (train: the
+    latest STEP line's, trainer.lines.StepFields)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
     wandb: WandbPlan | None = Field(None, description="The run's W&B run, decided as provision starts.")
     cluster: list[str] = Field(
         default_factory=list, description="The Ray node ids that have joined the run's head (provision)."
     )
-    total_steps: int | None = Field(None, description="Optimizer steps the trainer plans.")
-    step: int | None = Field(None, description="The trainer's latest step.")
-    loss: float | None = Field(None, description="The training loss at `step`.")
-    learning_rate: float | None = None
-    epoch: float | None = None
     finished: bool = Field(False, description="The train job reported its result.")
     done: str | None = Field(
         None, description="The train Ray job (submission id) whose last line said it is done (trainer DONE)."

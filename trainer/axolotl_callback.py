@@ -24,11 +24,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer import samples, tracking
+from trainer import lines, samples, tracking
 from trainer.axolotl_run import RESULT_ENV, RESULT_FILE
 from trainer.config import TrainJob
 from trainer.data import Example
-from trainer.progress import ENV_VAR, Kind, emit
+from trainer.progress import ENV_VAR
 
 DEFAULT_TABLE_SIZE = 4
 DEFAULT_MAX_NEW_TOKENS = 48
@@ -75,23 +75,20 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        emit(
-            Kind.STARTED,
+        started = lines.Started(
             total_steps=state.max_steps,
             num_workers=args.world_size,
             train_examples=_size(getattr(self.trainer, "train_dataset", None)),
             eval_examples=_size(getattr(self.trainer, "eval_dataset", None)),
             python=sys.executable,
         )
+        lines.emit(started)
         if state.global_step > 0:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            emit(
-                Kind.RESUMED,
-                step=state.global_step,
-                total_steps=state.max_steps,
-                path=str(path),
-                source="local",
+            resumed = lines.Resumed(
+                step=state.global_step, total_steps=state.max_steps, path=str(path), source="local"
             )
+            lines.emit(resumed)
         self.state["started"] = True
         self._write()
         self._lifecycle()
@@ -105,18 +102,18 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
             loss = float(logs["loss"])
             loss = round(loss, 6) if math.isfinite(loss) else loss  # as the STEP line and the watchdog say it
             if main:
-                emit(
-                    Kind.STEP,
+                step = lines.Step(
                     step=state.global_step,
                     total_steps=state.max_steps,
                     loss=loss,
                     learning_rate=_float(logs.get("learning_rate")),
                     epoch=round(float(state.epoch or 0.0), 4),
                 )
+                lines.emit(step)
             if self.watch(state.global_step, loss):
                 control.should_training_stop = True
         if "eval_loss" in logs and main:
-            emit(Kind.EVAL, step=state.global_step, eval_loss=round(float(logs["eval_loss"]), 6))
+            lines.emit(lines.Eval(step=state.global_step, eval_loss=round(float(logs["eval_loss"]), 6)))
 
     def watch(self, step: int, loss: float) -> bool:
         """Note one logged loss; True (and the trip recorded) when training must stop."""
@@ -165,7 +162,7 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            emit(Kind.CHECKPOINT, step=state.global_step, path=str(path))
+            lines.emit(lines.Checkpoint(step=state.global_step, path=str(path)))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:

@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from trainer import card
+from trainer import card, lines
 from trainer.config import FLEET_KEYS, HUB_ID_PATTERN, AxolotlConfig, TrainJob
 from trainer.data import every_file
 from trainer.errors import DatasetError, TrainingFailed
-from trainer.progress import ENV_VAR, Kind, emit
+from trainer.progress import ENV_VAR
 
 CONFIG_FILE = "axolotl.yml"  # under work_dir: what axolotl ran with
 RESULT_FILE = "axolotl-result.json"  # under work_dir: what the plugin found (watchdog, final metrics)
@@ -222,7 +222,7 @@ def finish(job: TrainJob, metrics: dict[str, Any]) -> None:
         trainer_version=version,
     )
     card.write(out / "README.md", text)
-    emit(Kind.FINISHED, metrics=metrics, output_dir=str(out))
+    lines.emit(lines.Finished(metrics=metrics, output_dir=str(out)))
 
 
 def local_dataset_files(job: TrainJob, base_dir: Path) -> list[Path]:

@@ -23,8 +23,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
+from trainer import lines
 from trainer.errors import TrainingFailed
 
 if TYPE_CHECKING:
@@ -44,21 +45,6 @@ class Trial:
 
     size: int
     fits: bool
-
-
-class TrialJson(TypedDict):
-    """One trial in a BATCH_SIZE line."""
-
-    size: int
-    fits: bool
-
-
-class BatchSizeJson(TypedDict):
-    """A BATCH_SIZE line's fields."""
-
-    micro_batch_size: int
-    gradient_accumulation_steps: int
-    tried: list[TrialJson]
 
 
 @dataclass(frozen=True)
@@ -82,13 +68,13 @@ class Choice:
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
 
-    def to_json(self) -> BatchSizeJson:
-        """A BATCH_SIZE line's fields."""
-        return {
-            "micro_batch_size": self.micro_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "tried": [{"size": t.size, "fits": t.fits} for t in self.tried],
-        }
+    def line(self) -> lines.BatchSize:
+        """The BATCH_SIZE line that says it."""
+        return lines.BatchSize(
+            micro_batch_size=self.micro_batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            tried=[lines.Trial(size=t.size, fits=t.fits) for t in self.tried],
+        )
 
 
 def search(start: int, limit: int, fits: Callable[[int], bool]) -> tuple[int, list[Trial]]:

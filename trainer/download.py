@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypedDict
 
 from trainer.errors import DownloadError
 from trainer.fslock import exclusive
+from trainer.lines import Download, Repo
 from trainer.transfer import DEFAULT_RETRIES, transfer
 from trainer.transfer_state import Item
 
@@ -132,38 +132,18 @@ class Snapshot:
 Select = Callable[[Listing], Sequence[RemoteFile]]
 
 
-class RepoSummary(TypedDict):
-    """One repo of a DownloadSummary."""
-
-    repo_id: str
-    type: str
-    sha: str
-
-
-class DownloadSummary(TypedDict):
-    """The FETCHED progress record's `download` (the fleet reads it back: keep the keys)."""
-
-    bytes: int
-    files: int
-    seconds: float
-    mb_per_s: float
-    connections: int
-    bytes_skipped: int
-    repos: list[RepoSummary]
-
-
-def summary(stats: Sequence[DownloadStats]) -> DownloadSummary:
-    """The figures of several repos fetched one after the other, for the FETCHED progress record."""
+def summary(stats: Sequence[DownloadStats]) -> Download:
+    """The figures of several repos fetched one after the other, for the FETCHED progress line."""
     fetched, seconds = sum(s.bytes for s in stats), sum(s.seconds for s in stats)
-    return {
-        "bytes": fetched,
-        "files": sum(s.files for s in stats),
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(fetched / seconds / 1e6, 2) if seconds > 0 else 0.0,
-        "connections": max((s.connections for s in stats), default=0),
-        "bytes_skipped": sum(s.bytes_skipped for s in stats),
-        "repos": [{"repo_id": s.repo_id, "type": s.repo_type, "sha": s.sha} for s in stats],
-    }
+    return Download(
+        bytes=fetched,
+        files=sum(s.files for s in stats),
+        seconds=round(seconds, 3),
+        mb_per_s=round(fetched / seconds / 1e6, 2) if seconds > 0 else 0.0,
+        connections=max((s.connections for s in stats), default=0),
+        bytes_skipped=sum(s.bytes_skipped for s in stats),
+        repos=[Repo(repo_id=s.repo_id, type=s.repo_type, sha=s.sha) for s in stats],
+    )
 
 
 def list_repo(

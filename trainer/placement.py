@@ -16,10 +16,10 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from trainer import lines
 from trainer.errors import ResourcesUnavailable, TrainerError
-from trainer.progress import PENDING_ENV, Kind, emit
+from trainer.progress import PENDING_ENV
 
 DEFAULT_LIMIT_S = 600.0  # a node started by hand (no fleet) waits this long
 SHOWN = ("CPU", "GPU")  # besides the demand's own keys, what a node's line always shows
@@ -173,15 +173,14 @@ def wait_for_room(
             return
         waited = clock() - start
         if waited >= bound_s:
-            line = pending_line(placement, nodes, waited, bound_s, reports + 1, gave_up=True)
-            emit(Kind.PENDING, **line)
+            lines.emit(pending_line(placement, nodes, waited, bound_s, reports + 1, gave_up=True))
             raise ResourcesUnavailable(
                 f"Ray cannot place the training workers: {demand} asked, {placement.why}; the cluster "
                 f"has {cluster_text(nodes, demand)}; waited {waited:.0f} s ({PENDING_ENV}={bound_s:g})"
             )
         if reported is None or clock() - reported >= report_every_s:
             reports += 1
-            emit(Kind.PENDING, **pending_line(placement, nodes, waited, bound_s, reports, gave_up=False))
+            lines.emit(pending_line(placement, nodes, waited, bound_s, reports, gave_up=False))
             reported = clock()
         sleep(max(0.0, min(every_s, bound_s - waited)))
 
@@ -193,29 +192,29 @@ def pending_line(
     bound_s: float,
     report: int,
     gave_up: bool,
-) -> dict[str, Any]:
-    """The PENDING line's fields: the demand, each node's free and total resources, how long so far, the
-    line's number in this wait (1: the wait begins)."""
-    return {
-        "workers": placement.demand.workers,
-        "per_worker": dict(placement.demand.per_worker),
-        "demand": str(placement.demand),
-        "nodes": [
-            {
-                "node_id": n.node_id,
-                "total": relevant(n.total, placement.demand),
-                "available": relevant(n.available, placement.demand),
-                "fit": fit,
-            }
+) -> lines.Pending:
+    """The PENDING line: the demand, each node's free and total resources, how long so far, the line's
+    number in this wait (1: the wait begins)."""
+    return lines.Pending(
+        workers=placement.demand.workers,
+        per_worker=dict(placement.demand.per_worker),
+        demand=str(placement.demand),
+        nodes=[
+            lines.PendingNode(
+                node_id=n.node_id,
+                total=relevant(n.total, placement.demand),
+                available=relevant(n.available, placement.demand),
+                fit=fit,
+            )
             for n, fit in zip(nodes, placement.per_node, strict=True)
         ],
-        "cluster": cluster_text(nodes, placement.demand),
-        "why": placement.why,
-        "waited_s": round(waited, 1),
-        "limit_s": bound_s,
-        "report": report,
-        "gave_up": gave_up,
-    }
+        cluster=cluster_text(nodes, placement.demand),
+        why=placement.why,
+        waited_s=round(waited, 1),
+        limit_s=bound_s,
+        report=report,
+        gave_up=gave_up,
+    )
 
 
 def wait_in_ray(workers: int, resources: Mapping[str, float], use_gpu: bool) -> None:

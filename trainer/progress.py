@@ -20,40 +20,33 @@ PENDING_ENV = "FLEET_TRAIN_PENDING_S"  # how long a Ray job waits for room for i
 
 
 class Kind(StrEnum):
-    """What a progress line reports."""
+    """What a progress line reports; its fields are trainer.lines' model of that kind (CHECKED's,
+    trainer.nodecheck's; CHUNK's and PACKED's, trainer.pack's)."""
 
-    # base model and datasets resolved on the node: {model_path, examples, dataset_files,
-    # download: {bytes, files, seconds, mb_per_s, connections, bytes_skipped, repos}}
-    FETCHED = "fetched"
-    # {total_steps, num_workers, nodes (the Ray node of each rank), num_nodes, train_examples, eval_examples}
+    FETCHED = "fetched"  # base model and datasets resolved on the node
     STARTED = "started"
-    STEP = "step"  # {step, total_steps, loss, learning_rate, epoch}
-    EVAL = "eval"  # {step, eval_loss}
-    CHECKPOINT = "checkpoint"  # {step, path}
-    RESUMED = "resumed"  # {step, total_steps, path, source}: went on from a checkpoint (source: local|ray)
-    ROLLBACK = "rollback"  # {step, to_step, reason, loss (high_loss only), learning_rate, rollbacks}
-    BATCH_SIZE = "batch_size"  # {micro_batch_size, gradient_accumulation_steps, tried: [{size, fits}]}
-    FINISHED = "finished"  # {metrics: {...}, output_dir}
+    STEP = "step"
+    EVAL = "eval"
+    CHECKPOINT = "checkpoint"
+    RESUMED = "resumed"  # went on from a checkpoint
+    ROLLBACK = "rollback"
+    BATCH_SIZE = "batch_size"
+    FINISHED = "finished"
     # `python -m trainer train`'s last line, once every result is written and reported: what the process does
     # after it (exiting: Python's and torch's teardown, a driver's ray.shutdown) matters to no one
     DONE = "done"
-    CHUNK = "chunk"  # {seq, data}: one base64 piece of a packed output directory (trainer.pack)
-    PACKED = "packed"  # {bytes, sha256, files, chunks}: the packed output is complete
-    # the node's readiness check (trainer.nodecheck): {python, executable, versions, missing, cuda, gpus,
-    # gpu_names, bf16, cpu_standin, setup, problems}
-    CHECKED = "checked"
-    PUSHED = "pushed"  # {repo_id, commit, url}: the results are on the HF Hub (trainer.push)
-    # Ray cannot place the training workers yet (trainer.placement): {workers, per_worker, demand, nodes:
-    # [{node_id, total, available, fit}], cluster, why, waited_s, limit_s, report (1, 2, ...), gave_up (the
-    # last one, then it fails)}
-    PENDING = "pending"
-    # W&B could not be opened (down, or the key refused since submit): {status: "unavailable", error}; the
-    # trainer trains on without it
-    WANDB = "wandb"
+    CHUNK = "chunk"  # one base64 piece of a packed output directory (trainer.pack)
+    PACKED = "packed"  # the packed output is complete
+    CHECKED = "checked"  # the node's readiness check (trainer.nodecheck)
+    PUSHED = "pushed"  # the results are on the HF Hub (trainer.push)
+    PENDING = "pending"  # Ray cannot place the training workers yet (trainer.placement)
+    WANDB = "wandb"  # W&B could not be opened; the trainer trains on without it
 
 
 def emit(kind: Kind, **data: Any) -> None:
-    """Print one progress line (call from rank 0 only)."""
+    """Print one progress line (call from rank 0 only). The trainer's typed lines go through
+    trainer.lines.emit; this plain form is for the standard-library programs (trainer.nodecheck) and the
+    lines no event reads (CHUNK, PACKED, DONE)."""
     sys.stdout.write(MARKER + json.dumps({"kind": kind.value, **data}, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 

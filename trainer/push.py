@@ -10,29 +10,19 @@ HF_ENDPOINT (and HF_HUB_DISABLE_XET) come from the environment, as huggingface_h
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from trainer import lines
 from trainer.config import TrainJob
 from trainer.errors import TrainerError
-from trainer.progress import Kind, emit
 
 
 class PushFailed(TrainerError):
     """The hub refused the push or could not be reached."""
 
 
-@dataclass(frozen=True)
-class Pushed:
-    """Where the results went: the repository, its commit and its page."""
-
-    repo_id: str
-    commit: str
-    url: str
-
-
-def push(job: TrainJob) -> Pushed:
-    """Upload `job.output_dir` to `hub_model_id`; emit PUSHED {repo_id, commit, url, private}."""
+def push(job: TrainJob) -> lines.Pushed:
+    """Upload `job.output_dir` to `hub_model_id`; emit PUSHED (the repository, its commit and its page)."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -56,6 +46,6 @@ def push(job: TrainJob) -> Pushed:
         raise PushFailed(f"the hub refused the push to {repo_id}: HTTP {status}{hint}") from None
     except OSError as exc:
         raise PushFailed(f"cannot reach the hub to push {repo_id}: {exc}") from None
-    pushed = Pushed(repo_id, str(info.oid), str(repo.url))
-    emit(Kind.PUSHED, repo_id=pushed.repo_id, commit=pushed.commit, url=pushed.url)
+    pushed = lines.Pushed(repo_id=repo_id, commit=str(info.oid), url=str(repo.url))
+    lines.emit(pushed)
     return pushed

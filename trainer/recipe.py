@@ -30,12 +30,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypedDict
 
-from trainer import dist, extras, faults, hub_checkpoints, outputs, precision, samples
+from trainer import dist, extras, faults, hub_checkpoints, lines, outputs, precision, samples
 from trainer.config import TrainJob
 from trainer.data import IGNORE_INDEX
 from trainer.faults import InjectedCrash
 from trainer.outputs import Metrics, TrainerState
-from trainer.progress import Kind
 from trainer.recipe_setup import RunSetup, plan_steps
 from trainer.watchdog import LR_FACTOR, Reason, Trip, scale_learning_rate
 
@@ -108,18 +107,19 @@ class _Run(RunSetup):
         cfg, w = self.config, self.worker
         nodes = dist.gather_text(w.node_id, w)  # where each rank runs, as Ray says (a collective)
         self.say(
-            Kind.STARTED,
-            total_steps=self.total,
-            num_workers=w.world_size,
-            nodes=nodes,
-            num_nodes=len(set(nodes)),
-            train_examples=len(self.data.train),
-            eval_examples=len(self.data.eval),
-            python=sys.executable,  # the node environment's interpreter, which trains (rank 0's)
-            precision=self.precision.dtype or "float32",
+            lines.Started(
+                total_steps=self.total,
+                num_workers=w.world_size,
+                nodes=nodes,
+                num_nodes=len(set(nodes)),
+                train_examples=len(self.data.train),
+                eval_examples=len(self.data.eval),
+                python=sys.executable,  # the node environment's interpreter, which trains (rank 0's)
+                precision=self.precision.dtype or "float32",
+            )
         )
         if (where := self.resumed) is not None:
-            self.say(Kind.RESUMED, step=where.step, total_steps=self.total, **where.to_json())
+            self.say(where.line(self.total))
         else:
             self.pos.eval_loss_first = self.evaluate()
         self.model.train()
@@ -157,7 +157,7 @@ class _Run(RunSetup):
                 wandb_url=self.tracker.url,
             )
         dist.report(w, metrics)
-        self.say(Kind.FINISHED, metrics=metrics, output_dir=str(output_dir))
+        self.say(lines.Finished(metrics=dict(metrics), output_dir=str(output_dir)))
         return metrics
 
     def train_epoch(self) -> None:
@@ -255,12 +255,13 @@ class _Run(RunSetup):
         loss = total / count
         lr = float(self.scheduler.get_last_lr()[0])
         self.say(
-            Kind.STEP,
-            step=self.pos.step,
-            total_steps=self.total,
-            loss=round(loss, 6),
-            learning_rate=lr,
-            epoch=round(self.pos.epoch, 4),
+            lines.Step(
+                step=self.pos.step,
+                total_steps=self.total,
+                loss=round(loss, 6),
+                learning_rate=lr,
+                epoch=round(self.pos.epoch, 4),
+            )
         )
         return self.watchdog.logged(self.pos.step, loss)
 
@@ -277,13 +278,14 @@ class _Run(RunSetup):
         self.window = []
         self.model.train()
         self.say(
-            Kind.ROLLBACK,
-            step=trip.step,
-            to_step=self.pos.step,
-            reason=trip.reason.value,
-            loss=round(trip.loss, 6) if trip.reason == Reason.HIGH_LOSS else None,
-            learning_rate=float(self.scheduler.get_last_lr()[0]),
-            rollbacks=self.pos.rollbacks,
+            lines.Rollback(
+                step=trip.step,
+                to_step=self.pos.step,
+                reason=trip.reason.value,
+                loss=round(trip.loss, 6) if trip.reason == Reason.HIGH_LOSS else None,
+                learning_rate=float(self.scheduler.get_last_lr()[0]),
+                rollbacks=self.pos.rollbacks,
+            )
         )
 
     def evaluate(self) -> float | None:
@@ -301,7 +303,7 @@ class _Run(RunSetup):
                 loss_sum, tokens = loss_sum + batch_sum, tokens + batch_tokens
         loss_sum, tokens = dist.all_reduce_sum([loss_sum, tokens], self.worker)
         eval_loss = self.pos.eval_loss = loss_sum / max(tokens, 1.0)
-        self.say(Kind.EVAL, step=self.pos.step, eval_loss=round(eval_loss, 6))
+        self.say(lines.Eval(step=self.pos.step, eval_loss=round(eval_loss, 6)))
         if self.worker.is_main and self.config.eval_table_size:
             picked = self.data.eval[: self.config.eval_table_size]
             with self.precision.autocast():
@@ -335,4 +337,4 @@ class _Run(RunSetup):
             hub = hub_checkpoints.push(path, self.job)
         reported: dist.CheckpointMetrics = {"step": self.pos.step, "eval_loss": self.pos.eval_loss}
         dist.report(w, reported, checkpoint_dir=path)
-        self.say(Kind.CHECKPOINT, step=self.pos.step, path=str(path), hub=hub)
+        self.say(lines.Checkpoint(step=self.pos.step, path=str(path), hub=hub))

@@ -15,13 +15,12 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from trainer import batch_size, dist, extras, faults, precision, resume, snapshot
+from trainer import batch_size, dist, extras, faults, lines, precision, resume, snapshot
 from trainer.config import TrainConfig, TrainJob
 from trainer.data import Collator, prepare
 from trainer.lora import build_optimizer, load_lora_model
-from trainer.progress import Kind, emit
 from trainer.snapshot import Position, Snapshot
 from trainer.tracking import Tracker
 from trainer.watchdog import Watchdog
@@ -142,13 +141,13 @@ class RunSetup:
                 agree=lambda fits: dist.all_true(fits, self.worker),
                 autocast=self.precision.autocast,
             )
-        self.say(Kind.BATCH_SIZE, **choice.to_json())
+        self.say(choice.line())
         return cfg.model_copy(update=choice.config_update())
 
-    def say(self, kind: Kind, **data: Any) -> None:
+    def say(self, line: lines.Line) -> None:
         if self.worker.is_main:
-            emit(kind, **data)
-            self.tracker.record(kind, data)
+            lines.emit(line)
+            self.tracker.record(line)
 
     def capture(self) -> Snapshot:
         position = self.pos.normalized(self.batches_per_epoch)

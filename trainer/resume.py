@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from trainer import dist, outputs
+from trainer import dist, lines, outputs
 from trainer.errors import TrainingFailed
 from trainer.snapshot import Snapshot
 
@@ -42,9 +42,11 @@ class Resume:
     def step(self) -> int:
         return self.snapshot.position.step
 
-    def to_json(self) -> dict[str, str]:
-        """A RESUMED line's `path` and `source`."""
-        return {"path": self.location, "source": self.source.value}
+    def line(self, total_steps: int) -> lines.Resumed:
+        """The RESUMED line that says it, in a run of `total_steps`."""
+        return lines.Resumed(
+            step=self.step, total_steps=total_steps, path=self.location, source=self.source.value
+        )
 
 
 def find(work_dir: Path, worker: dist.Worker) -> Resume | None:

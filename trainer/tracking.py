@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer import lines
 from trainer.config import TrainJob, WandbPlan, as_jsonable
-from trainer.progress import Kind, emit
 
 SAMPLE_COLUMNS = ("step", "input", "prediction", "label")
 REDACTED = "<redacted>"
@@ -67,45 +67,45 @@ class Tracker:
         try:
             self.run = open_run(plan, self.job.run_id, work, config)
         except Exception as exc:  # noqa: BLE001 - W&B is a report: a paid node trains on without it
-            emit(Kind.WANDB, status="unavailable", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+            error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            lines.emit(lines.WandbUnavailable(status="unavailable", error=error))
             self.plan = None  # no W&B run for this trainer, as on the other ranks: nothing to write or link
             return
         self.run.define_metric("train/global_step")
         self.run.define_metric("*", step_metric="train/global_step")
         log_lifecycle(self.run, plan.lifecycle)
 
-    def record(self, kind: Kind, data: Mapping[str, Any]) -> None:
+    def record(self, line: lines.Line) -> None:
         """Mirror one progress line."""
         if self.run is None:
             return
-        step = data.get("step")
-        if kind == Kind.STEP:
+        if isinstance(line, lines.Step):
             self.run.log(
                 {
-                    "train/global_step": step,
-                    "train/loss": data.get("loss"),
-                    "train/learning_rate": data.get("learning_rate"),
-                    "train/epoch": data.get("epoch"),
+                    "train/global_step": line.step,
+                    "train/loss": line.loss,
+                    "train/learning_rate": line.learning_rate,
+                    "train/epoch": line.epoch,
                 }
             )
-        elif kind == Kind.EVAL:
-            self.run.log({"train/global_step": step, "eval/loss": data.get("eval_loss")})
-        elif kind == Kind.CHECKPOINT:
-            self.run.log({"train/global_step": step, "train/checkpoint": step})
-        elif kind == Kind.ROLLBACK:
+        elif isinstance(line, lines.Eval):
+            self.run.log({"train/global_step": line.step, "eval/loss": line.eval_loss})
+        elif isinstance(line, lines.Checkpoint):
+            self.run.log({"train/global_step": line.step, "train/checkpoint": line.step})
+        elif isinstance(line, lines.Rollback):
             self.run.log(
                 {
-                    "train/global_step": data.get("to_step"),
-                    "watchdog/rollbacks": data.get("rollbacks"),
-                    "watchdog/learning_rate": data.get("learning_rate"),
+                    "train/global_step": line.to_step,
+                    "watchdog/rollbacks": line.rollbacks,
+                    "watchdog/learning_rate": line.learning_rate,
                 }
             )
-        elif kind in (Kind.RESUMED, Kind.BATCH_SIZE, Kind.STARTED):
-            for key, value in data.items():
+        elif isinstance(line, lines.Resumed | lines.BatchSize | lines.Started):
+            for key, value in lines.fields(line).items():
                 if _number(value) or isinstance(value, str):
-                    self.run.summary[f"{kind.value}/{key}"] = value
-        elif kind == Kind.FINISHED:
-            for key, value in (data.get("metrics") or {}).items():
+                    self.run.summary[f"{line.kind.value}/{key}"] = value
+        elif isinstance(line, lines.Finished):
+            for key, value in line.metrics.items():
                 self.run.summary[f"final/{key}"] = value
 
     def samples(self, step: int, rows: Sequence[Mapping[str, str]]) -> None:

@@ -27,27 +27,18 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainer import extras, hub_checkpoints, pack, placement, push
+from trainer import extras, hub_checkpoints, lines, pack, placement, push
 from trainer.config import AxolotlConfig, TrainConfig, TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
 
 if TYPE_CHECKING:
-    from trainer.download import DownloadStats, DownloadSummary
+    from trainer.download import DownloadStats
     from trainer.outputs import Metrics
-
-
-class Fetched(TypedDict):
-    """What `fetch` found: the FETCHED progress line's fields."""
-
-    model_path: str
-    examples: int | None  # None: axolotl's datasets in a format the fetch does not read
-    dataset_files: list[str]
-    download: DownloadSummary
 
 
 def load_job(job_file: Path | None, environ: Mapping[str, str]) -> TrainJob:
@@ -74,9 +65,9 @@ def cache_dir(job: TrainJob) -> Path | None:
     return Path(job.cache_dir) if job.cache_dir else None
 
 
-def fetch(job: TrainJob, base_dir: Path) -> Fetched:
+def fetch(job: TrainJob, base_dir: Path) -> lines.Fetched:
     """Resolve the base model and read every dataset, downloading hub repos into the cache; emit FETCHED
-    {model_path, examples, dataset_files, download: {bytes, files, seconds, mb_per_s, connections, ...}}."""
+    (the model's path, the examples, the dataset files, what the downloads moved) and return it."""
     from trainer.data import dataset_files, load_records, localize_datasets
     from trainer.download import summary
     from trainer.tiny import fetch_model
@@ -94,8 +85,11 @@ def fetch(job: TrainJob, base_dir: Path) -> Fetched:
         examples = len(load_records(datasets, base_dir))
         files = [str(f) for ds in datasets for f in dataset_files(ds, base_dir)]
     download = summary([*([model_download] if model_download else []), *downloads])
-    emit(Kind.FETCHED, model_path=str(model_path), examples=examples, dataset_files=files, download=download)
-    return {"model_path": str(model_path), "examples": examples, "dataset_files": files, "download": download}
+    fetched = lines.Fetched(
+        model_path=str(model_path), examples=examples, dataset_files=files, download=download
+    )
+    lines.emit(fetched)
+    return fetched
 
 
 # Ray Train's controller: look at the workers every 0.5 s, not 2 s (a finished run's teardown waits for the

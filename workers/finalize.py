@@ -130,7 +130,7 @@ def push_results(ctx: context.Context, run: Run) -> Next | None:
     log = node_job(ctx, run, "push", PUSH_ENTRYPOINT)
     if isinstance(log, Next):
         return log
-    pushed = [r for r in progress.parse(log) if r["kind"] == progress.Kind.PUSHED]
+    pushed = [r for r in progress.parse(log) if r["kind"] == HubPush.kind]
     if not pushed:
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the push job said nothing of where it pushed")
     hub = HubPush.model_validate({k: pushed[-1].get(k) for k in HubPush.model_fields})

@@ -9,7 +9,7 @@ from broker.app import app
 from broker.constants import Stage
 from broker.ledger import Draft
 from broker.models import Run
-from broker.payloads import EventType, PrepareFetched, RaySubmitted
+from broker.payloads import PrepareFetched, RaySubmitted
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus, NodeClient
 from trainer import progress
@@ -54,8 +54,8 @@ def step(ctx: context.Context, run: Run) -> Next:
 
 def fetched(log: str) -> PrepareFetched | None:
     """What the fetch job said it fetched (its FETCHED line), once it said it."""
-    lines = [r for r in progress.parse(log) if r["kind"] == progress.Kind.FETCHED]
-    said = node_record(EventType.PREPARE_FETCHED, lines[-1]) if lines else None
+    said_lines = [r for r in progress.parse(log) if r["kind"] == PrepareFetched.kind]
+    said = node_record(PrepareFetched.type, said_lines[-1]) if said_lines else None
     return said if isinstance(said, PrepareFetched) else None
 
 

@@ -13,7 +13,7 @@ from broker import sweeps
 from broker.app import time_limits
 from broker.constants import Stage
 from broker.cost import run_cost
-from broker.models import Run, RunState
+from broker.models import STAGES, Run, RunState
 from core.errors import FailureReason, FleetError, LeaseLost, NodeLost, StageFailed, StepTimedOut
 from jobs.redact import redact_values
 from workers import budget, context
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from celery import Task
 
 log = logging.getLogger("trainfleet.workers")
-
-NODE_STAGES = (Stage.PREPARE, Stage.TRAIN, Stage.FINALIZE)  # the stages that work on the run's node
 
 
 def run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Context, Run], Next]) -> None:
@@ -92,7 +90,7 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
         # Every error ends somewhere: one that may pass is retried (run.retrying says why) until its bound;
         # any other fails the run at once, with the reason its class names (AUTH_FAILED) or the stage's.
         error = caught if isinstance(caught, FleetError) else _timed_out(ctx, stage)
-        if stage in NODE_STAGES and error.retryable and (lost := node_lost(ctx, run)) is not None:
+        if STAGES[stage].on_node and error.retryable and (lost := node_lost(ctx, run)) is not None:
             replace_node(ctx, ctx.ledger.get_run(run_id), lost, task_id)
             return
         why = redact_values(str(error), known_secrets(ctx))  # a vendor's words may echo what it was sent
@@ -102,7 +100,9 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
                 ctx.dispatcher.wait(run_id, task_id, plan.wait_s)
                 raise task.retry(exc=error, countdown=plan.wait_s) from None
             why = plan.gave_up(why)
-        teardown(ctx, ctx.ledger.get_run(run_id), RunState.FAILED, error.failure or _reason_for(stage), why)
+        teardown(
+            ctx, ctx.ledger.get_run(run_id), RunState.FAILED, error.failure or STAGES[stage].failure, why
+        )
         return
     except Exception as exc:  # a bug must not leave a node billing: log it, clean up, fail the run
         log.exception("run %s: %s step crashed", run_id, stage)
@@ -118,12 +118,3 @@ def _run_stage(task: Task, run_id: str, stage: Stage, step: Callable[[context.Co
 def _timed_out(ctx: context.Context, stage: Stage) -> StepTimedOut:
     limit, _hard = time_limits(ctx.settings)[stage.task_name]
     return StepTimedOut(f"the {stage.value} step ran past its soft time limit ({limit:g} s)")
-
-
-def _reason_for(stage: Stage) -> FailureReason:
-    return {
-        Stage.PROVISION: FailureReason.PROVISIONING_FAILED,
-        Stage.PREPARE: FailureReason.PREPARE_FAILED,
-        Stage.TRAIN: FailureReason.TRAINING_FAILED,
-        Stage.FINALIZE: FailureReason.FINALIZE_FAILED,
-    }[stage]

@@ -21,7 +21,7 @@ from celery.utils.time import get_exponential_backoff_interval
 
 from broker.constants import Stage
 from broker.ledger import Draft
-from broker.models import STATE_OF_STAGE, Retrying, Run, RunState
+from broker.models import STAGES, Retrying, Run, RunState
 from broker.parking import Watch
 from broker.payloads import RunRetrying, StageFinished, StageStarted
 from core.errors import RETRYABLE, FleetError
@@ -98,7 +98,7 @@ def enter(run: Run, stage: Stage) -> list[Draft]:
         if timing.ended is None:
             timing.ended = now
             drafts.append(StageFinished(stage=previous, seconds=timing.seconds))
-    run.state = STATE_OF_STAGE[stage]
+    run.state = STAGES[stage].state
     run.stage(stage).started = now
     drafts.append(StageStarted(stage=stage))
     return drafts

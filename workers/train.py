@@ -14,17 +14,22 @@ from broker.ledger import Draft
 from broker.models import Run
 from broker.payloads import (
     EventType,
+    TrainBatchSize,
+    TrainCheckpoint,
     TrainEval,
     TrainFinished,
     TrainPending,
     TrainRestarted,
+    TrainResumed,
+    TrainRollback,
     TrainStarted,
     TrainStep,
     TrainSubmitted,
+    WandbUnavailable,
 )
 from core.errors import FailureReason, NodeLost, StageFailed
 from providers.node import JobStatus, NodeClient
-from trainer import progress
+from trainer import lines, progress
 from workers import context
 from workers.ending import node_lost
 from workers.node_job import files_for_node, job_log, keep_log, node, node_env, node_record, resend
@@ -34,18 +39,20 @@ from workers.stage import RETRY_POLICY, Next, enter_next
 ENTRYPOINT = "python -m trainer train"
 TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change
 
-_EVENT_OF = {
-    progress.Kind.STARTED: EventType.TRAIN_STARTED,
-    progress.Kind.STEP: EventType.TRAIN_STEP,
-    progress.Kind.EVAL: EventType.TRAIN_EVAL,
-    progress.Kind.CHECKPOINT: EventType.TRAIN_CHECKPOINT,
-    progress.Kind.FINISHED: EventType.TRAIN_FINISHED,
-    progress.Kind.RESUMED: EventType.TRAIN_RESUMED,
-    progress.Kind.ROLLBACK: EventType.TRAIN_ROLLBACK,
-    progress.Kind.BATCH_SIZE: EventType.TRAIN_BATCH_SIZE,
-    progress.Kind.PENDING: EventType.TRAIN_PENDING,
-    progress.Kind.WANDB: EventType.WANDB_UNAVAILABLE,
-}
+# The train job's lines that become events: each event's payload is its line's model (trainer.lines).
+RELAYED = (
+    TrainStarted,
+    TrainStep,
+    TrainEval,
+    TrainCheckpoint,
+    TrainFinished,
+    TrainResumed,
+    TrainRollback,
+    TrainBatchSize,
+    TrainPending,
+    WandbUnavailable,
+)
+_EVENT_OF = {payload.kind: payload.type for payload in RELAYED}
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -167,15 +174,12 @@ def relay(ctx: context.Context, run: Run, client: NodeClient, sid: str) -> Run:
     return run
 
 
-_STEP_FIELDS = frozenset({"step", "total_steps", "loss", "learning_rate", "epoch"})
-
-
 def _track(run: Run, payload: Draft) -> None:
     """Keep the run's latest progress and first/last eval loss in the ledger."""
     if isinstance(payload, TrainStarted):
         run.progress.total_steps = payload.total_steps
-    elif isinstance(payload, TrainStep):
-        for key in sorted(payload.model_fields_set & _STEP_FIELDS):
+    elif isinstance(payload, TrainStep):  # the fields the line gave (RunProgress has a StepFields')
+        for key in sorted(payload.model_fields_set & lines.StepFields.model_fields.keys()):
             setattr(run.progress, key, getattr(payload, key))
     elif isinstance(payload, TrainEval):
         run.metrics.setdefault("eval_loss_first", payload.eval_loss)

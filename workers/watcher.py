@@ -19,25 +19,28 @@ needs the run itself only once, when it is parked: its node's client is kept unt
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from broker.constants import WATCHER_LEASE, Stage
 from broker.ledger import fenced
 from broker.locks import Lease
-from broker.models import Run
+from broker.models import STAGES, Run
 from broker.parking import WATCHER, Watch
 from core.errors import FleetError, LeaseLost, NotFound
 from providers.node import NodeClient
-from workers import context, prepare, provision_reach, train
+from workers import context, provision_reach
 from workers.node_job import node
 
 log = logging.getLogger("trainfleet.watcher")
 
-_RELAYS = {Stage.TRAIN: train.relay, Stage.PREPARE: prepare.relay}  # a job's lines as events, as printed
+Relay = Callable[[context.Context, Run, NodeClient, str], Run]
+
 LOOKERS = 16  # parked runs looked at at once (their calls are mostly waiting on the network)
 LEASE_TTL_S = 15.0  # a watcher that died is replaced this long after
 
@@ -153,7 +156,7 @@ class Watcher:
     def _relay(self, known: _Parked, client: NodeClient, job: str) -> Run:
         """The job's new lines as events, as its stage's task would relay them (under WATCHER's claim)."""
         with fenced(known.run.run_id, WATCHER):
-            return _RELAYS[known.watch.stage](self.ctx, known.run, client, job)
+            return relay_of(known.watch.stage)(self.ctx, known.run, client, job)
 
     def _nodes_changed(self, known: _Parked) -> bool:
         provider = self.ctx.provider(known.run.provider)
@@ -181,3 +184,10 @@ def start_watcher(ctx: context.Context, holder: str) -> threading.Event:
     watcher = Watcher(ctx, holder)
     threading.Thread(target=watcher.serve, args=(stop,), name="fleet-watcher", daemon=True).start()
     return stop
+
+
+def relay_of(stage: Stage) -> Relay:
+    """The stage's relay of its node job's lines as events, as printed: its module's `relay` (broker.models
+    STAGES names the module; looked up when used, so no import order can find it half made)."""
+    relay: Relay = importlib.import_module(STAGES[stage].module).relay
+    return relay

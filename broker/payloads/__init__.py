@@ -1,7 +1,8 @@
 """Events: their types, one payload model per type (validated when the event is written), and the Event.
 
 base.py holds EventType and the payload bases; runs.py, node.py and sweeps.py the payloads; PAYLOADS here
-names the payload model of every event type, explicitly (a unit test checks that it covers them all).
+names the payload model of every event type, found from the classes themselves (each names its `type`; a
+unit test checks that every type has one).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from broker.payloads.base import (
     Payload,
 )
 from broker.payloads.node import (
-    DownloadSummary,
     FinalizePulled,
     NodeCheck,
     NodeReady,
@@ -86,60 +86,21 @@ from broker.payloads.sweeps import (
     SweepSummary,
 )
 
-PAYLOADS: Mapping[EventType, type[Payload]] = MappingProxyType(
-    {
-        EventType.RUN_QUEUED: RunQueued,
-        EventType.WANDB_RUN: WandbRun,
-        EventType.STAGE_STARTED: StageStarted,
-        EventType.STAGE_FINISHED: StageFinished,
-        EventType.OFFER_CHOSEN: OfferChosen,
-        EventType.OFFER_LEFT: OfferLeft,
-        EventType.INSTANCE_REQUESTED: InstanceRequested,
-        EventType.INSTANCE_ADOPTED: InstanceAdopted,
-        EventType.INSTANCE_READY: InstanceReady,
-        EventType.INSTANCE_TERMINATING: InstanceTerminating,
-        EventType.INSTANCE_TERMINATED: InstanceTerminated,
-        EventType.INSTANCE_KEPT: InstanceKept,
-        EventType.INSTANCE_IDLE: InstanceIdle,
-        EventType.INSTANCE_REMINDER: InstanceReminder,
-        EventType.INSTANCE_STUCK: InstanceStuck,
-        EventType.INSTANCE_LOST: InstanceLost,
-        EventType.NODE_UNREACHABLE: NodeUnreachable,
-        EventType.NODE_JOINED: NodeJoined,
-        EventType.NODE_SETUP: NodeSetup,
-        EventType.NODE_READY: NodeReady,
-        EventType.PREPARE_SUBMITTED: RaySubmitted,
-        EventType.PREPARE_ENTRY: PrepareEntry,
-        EventType.PREPARE_FETCHED: PrepareFetched,
-        EventType.TRAIN_SUBMITTED: TrainSubmitted,
-        EventType.TRAIN_STARTED: TrainStarted,
-        EventType.TRAIN_STEP: TrainStep,
-        EventType.TRAIN_EVAL: TrainEval,
-        EventType.TRAIN_CHECKPOINT: TrainCheckpoint,
-        EventType.TRAIN_FINISHED: TrainFinished,
-        EventType.TRAIN_RESUMED: TrainResumed,
-        EventType.TRAIN_ROLLBACK: TrainRollback,
-        EventType.TRAIN_BATCH_SIZE: TrainBatchSize,
-        EventType.WANDB_UNAVAILABLE: WandbUnavailable,
-        EventType.TRAIN_PENDING: TrainPending,
-        EventType.TRAIN_RESTARTED: TrainRestarted,
-        EventType.FINALIZE_PUSHED: HubPush,
-        EventType.FINALIZE_PULLED: FinalizePulled,
-        EventType.RUN_CANCEL_REQUESTED: RunCancelRequested,
-        EventType.RUN_SUCCEEDED: RunSucceeded,
-        EventType.RUN_FAILED: RunFailed,
-        EventType.RUN_CANCELLED: RunCancelled,
-        EventType.RUN_KICKED: RunKicked,
-        EventType.RUN_RETRYING: RunRetrying,
-        EventType.RUN_PREEMPTED: RunPreempted,
-        EventType.RUN_RELEASED: RunReleased,
-        EventType.SWEEP_STARTED: SweepStarted,
-        EventType.SWEEP_FINISHED: SweepFinished,
-        EventType.REAP_TERMINATED: ReapTerminated,
-        EventType.BOT_REFUSED: BotRefused,
-        EventType.BOT_COMMAND: BotCommand,
-    }
-)
+
+def _by_type() -> dict[EventType, type[Payload]]:
+    """Every payload class that names its event type (`type` in its own body), under that type: an event
+    type is registered by the one class that declares it; a second is an error at import."""
+    found: dict[EventType, type[Payload]] = {}
+    classes: list[type[Payload]] = [Payload]
+    while classes:
+        model = classes.pop()
+        classes.extend(model.__subclasses__())
+        if "type" in vars(model) and found.setdefault(model.type, model) is not model:
+            raise TypeError(f"{model.type.value}: both {found[model.type].__name__} and {model.__name__}")
+    return found
+
+
+PAYLOADS: Mapping[EventType, type[Payload]] = MappingProxyType(_by_type())
 """The payload model of each event type."""
 
 
@@ -181,7 +142,6 @@ __all__ = [
     "BotCommand",
     "BotRefused",
     "DiscordOrigin",
-    "DownloadSummary",
     "Event",
     "EventType",
     "FinalizePulled",

@@ -4,9 +4,10 @@ pulled back."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field
 
-from broker.payloads.base import EventType, Metrics, NodeRecord, Payload
+from broker.payloads.base import EventType, NodeRecord, Payload
+from trainer import lines
 
 
 class NodeCheck(BaseModel):
@@ -68,123 +69,48 @@ class PrepareEntry(Payload):
     output: str = Field("", description="The end of what it printed, the fleet's credentials taken out.")
 
 
-class DownloadSummary(BaseModel):
-    """What the node's download moved: bytes, files, seconds, MB/s, connections, ..."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    bytes: int = 0
-    seconds: float = 0
-    mb_per_s: float = 0
-
-
-class PrepareFetched(NodeRecord):
+class PrepareFetched(lines.Fetched, NodeRecord):
     type = EventType.PREPARE_FETCHED
-    model_path: str | None = None
-    examples: int | None = None
-    dataset_files: list[str] = Field(default_factory=list)
-    download: DownloadSummary | None = None
 
 
-class TrainStarted(NodeRecord):
+class TrainStarted(lines.Started, NodeRecord):
     type = EventType.TRAIN_STARTED
-    total_steps: int | None = None
-    num_workers: int | None = None
-    nodes: list[str | None] | None = None
-    num_nodes: int | None = None
-    train_examples: int | None = None
-    eval_examples: int | None = None
-    python: str | None = Field(None, description="The interpreter rank 0 trains with (the node's own).")
-    precision: str | None = Field(
-        None, description="What the forward passes compute in: bfloat16, float16, float32."
-    )
 
 
-class TrainStep(NodeRecord):
+class TrainStep(lines.Step, NodeRecord):
     type = EventType.TRAIN_STEP
-    step: int
-    total_steps: int | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    epoch: float | None = None
 
 
-class TrainEval(NodeRecord):
+class TrainEval(lines.Eval, NodeRecord):
     type = EventType.TRAIN_EVAL
-    step: int | None = None
-    eval_loss: float | None = None
 
 
-class TrainCheckpoint(NodeRecord):
+class TrainCheckpoint(lines.Checkpoint, NodeRecord):
     type = EventType.TRAIN_CHECKPOINT
-    step: int | None = None
-    path: str | None = None
 
 
-class TrainFinished(NodeRecord):
+class TrainFinished(lines.Finished, NodeRecord):
     type = EventType.TRAIN_FINISHED
-    metrics: Metrics = Field(default_factory=dict)
-    output_dir: str | None = None
 
 
-class TrainResumed(NodeRecord):
+class TrainResumed(lines.Resumed, NodeRecord):
     type = EventType.TRAIN_RESUMED
-    step: int | None = None
-    total_steps: int | None = None
-    path: str | None = None
-    source: str | None = None
 
 
-class TrainRollback(NodeRecord):
+class TrainRollback(lines.Rollback, NodeRecord):
     type = EventType.TRAIN_ROLLBACK
-    step: int | None = None
-    to_step: int | None = None
-    reason: str | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    rollbacks: int | None = None
 
 
-class WandbUnavailable(NodeRecord):
+class WandbUnavailable(lines.WandbUnavailable, NodeRecord):
     type = EventType.WANDB_UNAVAILABLE
-    status: str = "unavailable"
-    error: str | None = None
 
 
-class TrainBatchSize(NodeRecord):
+class TrainBatchSize(lines.BatchSize, NodeRecord):
     type = EventType.TRAIN_BATCH_SIZE
-    micro_batch_size: int | None = None
-    gradient_accumulation_steps: int | None = None
-    tried: list[dict[str, JsonValue]] = Field(default_factory=list)
 
 
-class PendingNode(BaseModel):
-    """One node of the cluster as a PENDING line shows it: its resources in all and free, how many of the
-    workers' bundles it holds."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    node_id: str | None = None
-    total: dict[str, float] = Field(default_factory=dict)
-    available: dict[str, float] = Field(default_factory=dict)
-    fit: int | None = None
-
-
-class TrainPending(NodeRecord):
-    """Ray cannot place the training workers (trainer.placement): `workers` bundles of `per_worker`, each
-    on one node, against what the nodes have; repeated while it waits; `gave_up` on the last (it fails)."""
-
+class TrainPending(lines.Pending, NodeRecord):
     type = EventType.TRAIN_PENDING
-    workers: int
-    per_worker: dict[str, float]
-    demand: str | None = Field(None, description="The demand as one line: `2 x {CPU: 1}`.")
-    nodes: list[PendingNode] = Field(default_factory=list)
-    cluster: str | None = Field(None, description="The nodes' free/total resources as one line.")
-    why: str | None = None
-    waited_s: float = 0.0
-    limit_s: float | None = None
-    report: int | None = Field(None, description="The line's number in its wait: 1 when the wait begins.")
-    gave_up: bool = False
 
 
 class TrainRestarted(Payload):

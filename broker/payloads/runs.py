@@ -12,15 +12,13 @@ from broker.payloads.base import EventType, Metrics, Payload
 from core.errors import FailureReason, Unreachable
 from core.policy_settings import Submitter
 from jobs.sections import ProviderName
+from trainer import lines
 
 
-class HubPush(Payload):
-    """The run's results are on the HF Hub (what the node's `pushed` progress line said)."""
+class HubPush(lines.Pushed, Payload):
+    """The run's results are on the HF Hub (what the node's PUSHED progress line said)."""
 
     type = EventType.FINALIZE_PUSHED
-    repo_id: str
-    commit: str | None = None
-    url: str | None = None
 
 
 class GitOrigin(BaseModel):

@@ -300,7 +300,8 @@ def test_hub_base_model_resolves_loads_and_reports_its_download(
     (record,) = progress.parse(capsys.readouterr().out)
     assert record["model_path"] == str(path) and record["examples"] == 1
     figures = record["download"]
-    assert figures == fetched["download"] and figures["files"] == 1  # the model was there already
+    assert fetched.download is not None and figures == fetched.download.model_dump()
+    assert figures["files"] == 1  # the model was there already
     assert figures["bytes"] == len(b'{"instruction": "Say hi.", "output": "hi"}\n')
     assert figures["bytes_skipped"] == sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     assert figures["connections"] == 1 and figures["seconds"] > 0 and "mb_per_s" in figures

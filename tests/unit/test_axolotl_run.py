@@ -208,8 +208,8 @@ def test_fetch_builds_the_model_and_checks_the_local_data_leaving_hub_datasets_t
     ]
     job = train_job(tmp_path, axolotl_config(datasets=datasets))
     fetched = fetch(job, REPO_ROOT)
-    assert fetched["dataset_files"] == [str(TINY_DATA)] and fetched["examples"] == 800
-    assert (Path(fetched["model_path"]) / "config.json").is_file()
+    assert fetched.dataset_files == [str(TINY_DATA)] and fetched.examples == 800
+    assert fetched.model_path is not None and (Path(fetched.model_path) / "config.json").is_file()
     (line,) = progress.parse(capsys.readouterr().out)
     assert line["kind"] == "fetched" and line["examples"] == 800
     missing = train_job(tmp_path, axolotl_config(datasets=[{"path": "data/nowhere.jsonl", "type": "alpaca"}]))

@@ -9,7 +9,7 @@ from typing import Any
 from bot.render import separate_message
 from broker.payloads import Event, EventType, TrainPending
 from service.describe import describe
-from trainer import progress
+from trainer import lines, progress
 from trainer.placement import Demand, NodeRoom, pending_line, place
 from workers.train import _EVENT_OF, gave_up, unplaced
 
@@ -17,7 +17,7 @@ from workers.train import _EVENT_OF, gave_up, unplaced
 def line(report: int, waited: float, gave: bool) -> dict[str, Any]:
     """A PENDING line as trainer.placement writes it: 2 workers of 1 CPU against a 1-CPU node."""
     nodes = [NodeRoom("n1", {"CPU": 1, "memory": 1e9}, {"CPU": 1})]
-    return pending_line(place(Demand(2, {"CPU": 1}), nodes), nodes, waited, 600, report, gave)
+    return lines.fields(pending_line(place(Demand(2, {"CPU": 1}), nodes), nodes, waited, 600, report, gave))
 
 
 def log_of(*records: dict[str, Any]) -> str:
