@@ -121,11 +121,11 @@ def job_files(work: Path) -> dict[str, Path]:
 def submit_all(args: argparse.Namespace, files: dict[str, Path]) -> dict[str, Any]:
     """Validate each job file once, then submit `--runs` runs as fast as one process can (the real
     service.runs.submit). Run ids are service.runs.new_run_id's, drawn again on a repeat (see `repeats`)."""
-    from core.settings import load_settings
     from jobs.spec import load_job
+    from providers.world import World
     from service.runs import Fleet, new_run_id, submit
 
-    settings = load_settings()
+    settings = World.load().settings
     fleet = Fleet.connect(settings)
     jobs = {p: load_job(f, default_provider=settings.default_provider) for p, f in files.items()}
     ids: list[str] = []
@@ -259,9 +259,9 @@ def compute(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def settings_shown(args: argparse.Namespace) -> dict[str, Any]:
     """What the bench sets, and the fleet's defaults that shape its polling (none of them changed)."""
-    from core.settings import load_settings
+    from providers.world import World
 
-    fleet = load_settings()
+    fleet = World.load().settings
     defaults = (
         "poll_interval_s",
         "reap_interval_s",

@@ -39,10 +39,10 @@ MARK_S = 5.0  # how often the bot says whether its gateway session is up (`fleet
 class FleetBot(discord.Client):
     """The bot: the fleet's commands, and (with a channel configured) its notifier."""
 
-    def __init__(self, fleet: Fleet, secrets: Secrets, stop_on_sigterm: bool = False) -> None:
+    def __init__(self, fleet: Fleet, stop_on_sigterm: bool = False) -> None:
         super().__init__(intents=discord.Intents(guilds=True))  # no privileged intent
-        self.fleet, self.secrets = fleet, secrets
-        self.tree = FleetTree(self, fleet, secret_values(secrets))
+        self.fleet, self.secrets = fleet, fleet.world.secrets
+        self.tree = FleetTree(self, fleet, secret_values(self.secrets))
         self.stop_notifier = threading.Event()
         self.notifier_thread: threading.Thread | None = None
         self.marker: asyncio.Task[None] | None = None
@@ -108,9 +108,9 @@ def bot_token(secrets: Secrets) -> str:
     return token.get_secret_value()
 
 
-def run_bot(fleet: Fleet, secrets: Secrets) -> None:
+def run_bot(fleet: Fleet) -> None:
     """Connect to Discord and serve until Ctrl-C or SIGTERM. Points discord.py at `discord_api_base`."""
-    token = bot_token(secrets)
+    token = bot_token(fleet.world.secrets)
     discord.http.Route.BASE = fleet.settings.discord_api_base.rstrip("/")
     discord.utils.setup_logging()  # INFO to stderr for discord.py and the fleet's own loggers alike
-    FleetBot(fleet, secrets, stop_on_sigterm=True).run(token, log_handler=None)
+    FleetBot(fleet, stop_on_sigterm=True).run(token, log_handler=None)

@@ -62,7 +62,7 @@ def _register_train(tree: FleetTree) -> app_commands.Command[Any, ..., None]:
         origin = caller.origin()
         try:
             job = await _load_job(settings, file, config)
-            await tree.run(svc.check_submittable, settings, job, origin)
+            await tree.run(svc.check_submittable, fleet.world, job, origin)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid job", f"```\n{format_problems(exc)}\n```")
             return
@@ -104,7 +104,7 @@ def _register_sweep(tree: FleetTree) -> app_commands.Command[Any, ..., None]:
         try:
             plan = await _load_sweep(tree, settings, file, config, sweep_file, max_parallel)
             for job in plan.jobs:
-                await tree.run(svc.check_submittable, settings, job, origin)
+                await tree.run(svc.check_submittable, fleet.world, job, origin)
         except ConfigError as exc:
             await tree.refuse(interaction, "Invalid sweep", f"```\n{format_problems(exc)}\n```")
             return

@@ -22,10 +22,18 @@ from broker.models import Run
 from broker.payloads import TERMINAL_EVENTS
 from core import redisurl
 from core.errors import ConfigError, FleetError
-from core.settings import Settings, load_settings
 from fleet import cli_nodes, cli_offers, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
-from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
+from fleet.cli_common import (
+    JsonOpt,
+    connect_or_exit,
+    err,
+    find_run_or_exit,
+    out,
+    settings_or_exit,
+    world_or_exit,
+)
 from jobs.spec import LoadedJob, format_problems, load_job
+from providers.world import World
 from service import runs as svc
 from service.axolotl_check import AxolotlVerdict
 from service.axolotl_check import check as axolotl_verdict
@@ -58,8 +66,9 @@ def _options(
 UseRay = Annotated[bool, typer.Option("--use-ray", help="Set use_ray: true (like axolotl's flag).")]
 
 
-def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJob]:
+def _load(paths: list[Path], world: World, use_ray: bool) -> list[LoadedJob]:
     """Validate every file; print every problem and exit 1 if any is invalid (nothing is enqueued)."""
+    settings = world.settings
     jobs, failed = [], False
     overrides = {"use_ray": True} if use_ray else None
     for path in paths:
@@ -70,7 +79,7 @@ def _load(paths: list[Path], settings: Settings, use_ray: bool) -> list[LoadedJo
                 overrides=overrides,
                 data_roots=settings.data_roots,
             )
-            svc.check_submittable(settings, job)
+            svc.check_submittable(world, job)
             jobs.append(job)
         except ConfigError as exc:
             failed = True
@@ -102,7 +111,8 @@ def validate(
 ) -> None:
     """Check job files; print every problem with its key and line, and the trainer each would run with.
     Exit 1 on any problem."""
-    settings = settings_or_exit()
+    world = world_or_exit()
+    settings = world.settings
     failed, shown = False, []
     for path in files:
         try:
@@ -119,7 +129,7 @@ def validate(
         for warning in job.warnings:
             err.print(f"[yellow]warning[/yellow] {job.source}: {warning}", highlight=False)
         if as_json or plan:
-            shown.append(plan_job(settings, job))
+            shown.append(plan_job(world, job))
         if not as_json:
             out.print(f"[green]ok[/green] {job.source} (provider {job.spec.provider.value})", highlight=False)
             out.print(f"  {job.choice.describe() if job.choice else job.spec.train.trainer}", highlight=False)
@@ -183,9 +193,9 @@ def enqueue(
     if not files or changed_since is not None:
         err.print("give job FILES, or --changed-since REF (not both)", style="red")
         raise typer.Exit(2)
-    settings = settings_or_exit()
-    jobs = _load(files, settings, use_ray)
-    fleet = connect_or_exit(settings)
+    world = world_or_exit()
+    jobs = _load(files, world, use_ray)
+    fleet = connect_or_exit(world.settings)
     svc.check_budget(fleet, jobs)  # before the first, all together: all the files are queued, or none
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
@@ -220,8 +230,9 @@ def run(
     Starts a worker (with the reaper's beat) itself when none is up, and stops it on the way out. Ctrl-C
     (or SIGTERM, SIGHUP) cancels the run cleanly (its node is terminated); a second one leaves at once.
     """
-    settings = settings_or_exit()
-    (job,) = _load([file], settings, use_ray)
+    world = world_or_exit()
+    settings = world.settings
+    (job,) = _load([file], world, use_ray)
     fleet = connect_or_exit(settings)
 
     def unfinished(run: Run) -> tuple[str, str] | None:
@@ -369,7 +380,7 @@ def _redis_at() -> str:
     """` at <the settings' Redis URL, its password masked>`, or nothing (the embedded Redis, or settings that
     cannot be read)."""
     try:
-        url = load_settings().redis_url
+        url = World.load().settings.redis_url
     except ConfigError:
         return ""
     return f" at {redisurl.shown(url)}" if url else ""

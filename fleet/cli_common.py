@@ -12,8 +12,10 @@ from rich.console import Console
 
 from broker.models import Run
 from core.errors import ConfigError, FleetError
-from core.settings import Settings, load_settings
+from core.secrets import Secrets
+from core.settings import Settings
 from jobs.spec import format_problems
+from providers.world import World
 from service import embedded, runs
 
 PIPE_WIDTH = 400  # a table printed into a pipe or file: as wide as its cells, not cut at rich's 80 columns
@@ -32,24 +34,39 @@ err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr), emoji=False
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
-def settings_or_exit() -> Settings:
-    """The settings, or exit 2 with every problem listed."""
+def world_or_exit() -> World:
+    """This process's world (providers.world): its settings, or exit 2 with every problem listed."""
     try:
-        return load_settings()
+        return World.load()
     except ConfigError as exc:
         err.print("invalid settings", style="red")
         err.print(format_problems(exc), markup=False, highlight=False)
         raise typer.Exit(2) from None
 
 
-def connect_or_exit(settings: Settings, reading: bool = False) -> runs.Fleet:
+def settings_or_exit() -> Settings:
+    """The settings, or exit 2 with every problem listed."""
+    return world_or_exit().settings
+
+
+def secrets_or_exit(world: World) -> Secrets:
+    """The world's secrets, or exit 2 saying why the secrets file cannot be read."""
+    try:
+        return world.secrets
+    except ConfigError as exc:
+        err.print("invalid secrets", style="red")
+        err.print(format_problems(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def connect_or_exit(settings: Settings, reading: bool = False, secrets: Secrets | None = None) -> runs.Fleet:
     """A connection to the fleet (starting the embedded Redis if needed), or exit saying why: 2 for a
     REDIS_URL that is not valid, 1 for a Redis that cannot be reached or started. A command
     only `reading` the fleet (status, logs, plot, ...) that had to start the embedded Redis stops it again
     as it exits, unless someone else connected to it meanwhile: it leaves no server running."""
     started = reading and settings.redis_url is None and not embedded.running(settings.home)
     try:
-        fleet = runs.Fleet.connect(settings)
+        fleet = runs.Fleet.connect(settings, secrets)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None

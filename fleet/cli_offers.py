@@ -12,13 +12,12 @@ import typer
 from rich.table import Table
 
 from core.errors import ConfigError, FleetError
-from fleet.cli_common import JsonOpt, err, out, settings_or_exit
+from fleet.cli_common import JsonOpt, err, out, world_or_exit
 from jobs.gpus import known_names
 from jobs.sections import CloudSection
 from jobs.spec import format_problems, load_job
 from providers.anycloud import CloudChoice, providers_of, rank
 from providers.offers import Choice
-from providers.registry import get_provider, provider_context
 
 Row = dict[str, Any]
 
@@ -37,17 +36,17 @@ def offers(
 ) -> None:
     """The offers that fit the job's provider section, cheapest first, and why the others do not (a
     `cloud:` job: every cloud's, with their cloud)."""
-    settings = settings_or_exit()
+    world = world_or_exit()
+    settings = world.settings
     unasked: list[Row] = []
     try:
         job = load_job(file, default_provider=settings.default_provider, data_roots=settings.data_roots)
         section = job.spec.section.node_section(0) if head else job.spec.section
-        context = provider_context(settings)
         if isinstance(section, CloudSection):
-            ranked = rank(section, providers_of(lambda name: get_provider(name, context)), settings.providers)
+            ranked = rank(section, providers_of(world.provider), settings.providers)
             fits, rejected, unasked = _cloud_rows(ranked)
         else:
-            provider = get_provider(job.spec.provider.value, context)
+            provider = world.provider(job.spec.provider.value)
             chooser = getattr(provider, "choose", None)
             choice: Choice | None = chooser(section) if chooser is not None else None
             if choice is None:

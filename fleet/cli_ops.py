@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from core.errors import ConfigError
-from fleet.cli_common import connect_or_exit, err, settings_or_exit
+from fleet.cli_common import connect_or_exit, err, settings_or_exit, world_or_exit
 from service.flower_auth import FlowerAuth, flower_auth
 from service.flower_guard import FlowerServe, Guard, allowed_hosts
 
@@ -96,14 +96,13 @@ def announce(auth: FlowerAuth) -> None:
 def seal_key() -> None:
     """Print this machine's seal key (made now if it has none): the key that seals the nodes' tokens in the
     fleet's Redis. Set it as FLEET_SEAL_KEY on every other machine whose workers share this fleet."""
-    from core.secrets import load_secrets
     from providers.sealed import SEAL_KEY
     from providers.sealed import seal_key as key_of
 
-    settings = settings_or_exit()
-    configured = load_secrets(known=[SEAL_KEY]).get(SEAL_KEY)
+    world = world_or_exit()
     try:
-        key, source = key_of(configured.get_secret_value() if configured else None, settings.home)
+        configured = world.secrets.get(SEAL_KEY)
+        key, source = key_of(configured.get_secret_value() if configured else None, world.settings.home)
     except ConfigError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None

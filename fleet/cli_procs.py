@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from broker.constants import QUEUES, REAP_SEEN, alive_key
-from fleet.cli_common import connect_or_exit, err, out, settings_or_exit
+from fleet.cli_common import connect_or_exit, err, out, secrets_or_exit, settings_or_exit, world_or_exit
 
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
 ALL_QUEUES = ",".join(QUEUES)
@@ -79,10 +79,9 @@ def notify() -> None:
     from bot.app import bot_token
     from bot.notifier import Notifier, secret_values
     from bot.sinks import RestClient
-    from providers.registry import load_fleet_secrets
 
-    settings = settings_or_exit()
-    secrets = load_fleet_secrets()
+    world = world_or_exit()
+    settings, secrets = world.settings, secrets_or_exit(world)
     as_bot = secrets.get("FLEET_DISCORD_BOT_TOKEN") is not None and settings.discord_channel_id is not None
     if not as_bot and not settings.discord_webhook_url:
         err.print(
@@ -91,7 +90,7 @@ def notify() -> None:
             style="red",
         )
         raise typer.Exit(2)
-    fleet = connect_or_exit(settings)
+    fleet = connect_or_exit(settings, secrets=secrets)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     with contextlib.ExitStack() as stack:
@@ -117,10 +116,9 @@ def bot() -> None:
     allowlisted channels, and the notifier posting into FLEET_DISCORD_CHANNEL_ID. Needs
     FLEET_DISCORD_BOT_TOKEN."""
     from bot.app import run_bot
-    from providers.registry import load_fleet_secrets
 
-    settings = settings_or_exit()
-    secrets = load_fleet_secrets()
+    world = world_or_exit()
+    settings, secrets = world.settings, secrets_or_exit(world)
     if secrets.get("FLEET_DISCORD_BOT_TOKEN") is None:
         err.print("FLEET_DISCORD_BOT_TOKEN is not set (environment or the fleet's secrets file)", style="red")
         raise typer.Exit(2)
@@ -136,7 +134,7 @@ def bot() -> None:
     channel = settings.discord_channel_id
     where = f"posting the fleet's events to channel {channel}" if channel else "no notify channel set"
     err.print(f"bot: slash commands for the allowlisted; {where}; Ctrl-C to stop", highlight=False)
-    run_bot(connect_or_exit(settings), secrets)
+    run_bot(connect_or_exit(settings, secrets=secrets))
 
 
 def down() -> None:

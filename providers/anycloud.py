@@ -159,8 +159,8 @@ def _price(
 
 
 def providers_of(make: Callable[[str], Provider]) -> Provide:
-    """Each cloud's provider as `make` gives it by name (a worker's own, `workers.context.Context.provider`;
-    or a new one: `lambda name: get_provider(name, context)`); `rank` asks for each cloud once."""
+    """Each cloud's provider as `make` gives it by name (a world's, `providers.world.World.provider`); `rank`
+    asks for each cloud once."""
 
     def provide(cloud: ProviderName) -> RemoteProvider[Any, Any]:
         provider = make(cloud.value)

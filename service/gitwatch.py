@@ -310,7 +310,7 @@ def _submit(
     if refused is not None:
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, f"{job.source}: {refused}")
     try:
-        runs.check_submittable(fleet.settings, job, origin)
+        runs.check_submittable(fleet.world, job, origin)
         runs.check_budget(fleet, [job], origin)
     except ConfigError as exc:
         return ConfigResult(commit, path, Outcome.REFUSED, run_id, format_problems(exc), tuple(exc.problems))

@@ -11,7 +11,6 @@ from broker.models import InstanceState
 from broker.payloads import InstanceTerminated, InstanceTerminating
 from core.errors import FleetError, NotFound
 from providers.base import NodeInstance, Provider
-from providers.registry import configured_providers
 from service.runs import Fleet
 
 
@@ -41,7 +40,7 @@ class Row:
 
 
 def _providers(fleet: Fleet) -> list[Provider]:
-    return configured_providers(fleet.provider_context())
+    return fleet.world.configured()
 
 
 def live_instances(fleet: Fleet) -> list[Row]:

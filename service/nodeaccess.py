@@ -17,7 +17,6 @@ from broker.models import Instance
 from core.errors import NodeError, NotFound
 from providers.base import INSTANCE_PREFIX, Provider, SshAccess
 from providers.node import fingerprint
-from providers.registry import get_provider
 from service.runs import Fleet
 
 
@@ -105,7 +104,7 @@ def run_node(fleet: Fleet, ident: str) -> Instance:
 
 
 def _provider(fleet: Fleet, record: Instance) -> Provider:
-    return get_provider(record.provider.value, fleet.provider_context())
+    return fleet.world.provider(record.provider.value)
 
 
 def ssh_command(fleet: Fleet, ident: str) -> SshCommand:

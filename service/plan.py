@@ -15,14 +15,13 @@ from pydantic import BaseModel, ConfigDict
 
 from broker.worstcase import WorstCase, worst_case
 from core.errors import FleetError
-from core.settings import Settings
 from jobs.sections import CloudSection, LocalSection, ProviderName, RunPodSection
 from jobs.spec import LoadedJob
 from providers.anycloud import providers_of, rank, summary
-from providers.base import NodeSoftware, ProviderContext
+from providers.base import NodeSoftware
 from providers.local.client import axolotl_python, node_python
 from providers.offers import Choice
-from providers.registry import get_provider, provider_context
+from providers.world import World
 from trainer.config import AxolotlConfig, FleetKeys
 
 
@@ -62,18 +61,17 @@ class JobPlan(BaseModel):
         return text if self.head is None else f"1 x {self.head} as the head + {text}"
 
 
-def plan_job(settings: Settings, job: LoadedJob) -> JobPlan:
+def plan_job(world: World, job: LoadedJob) -> JobPlan:
     """The plan of a validated job; asks the job's provider for its offers (never raises FleetError)."""
-    spec, train, section = job.spec, job.spec.train, job.spec.section
+    settings, spec, train, section = world.settings, job.spec, job.spec.train, job.spec.section
     software = NodeSoftware.of(train, settings.axolotl_version)
     axolotl = software.trainer == "axolotl"
-    context = provider_context(settings)
     local = isinstance(section, LocalSection)
     if local:
         where = str(axolotl_python(settings.axolotl_python) if axolotl else node_python(settings.node_python))
     else:
-        where = context.image(getattr(section, "image", None), software)
-    price, note = _price(context, job, settings.providers)
+        where = world.context.image(getattr(section, "image", None), software)
+    price, note = _price(world, job, settings.providers)
     worst = worst_case(spec, settings.max_dollars_per_run)
     return JobPlan(
         source=job.source,
@@ -140,7 +138,7 @@ def _workers(train: FleetKeys, gpus: int) -> str:
 
 
 def _price(
-    context: ProviderContext, job: LoadedJob, fleet_runs: Collection[str] | None = None
+    world: World, job: LoadedJob, fleet_runs: Collection[str] | None = None
 ) -> tuple[float | None, str]:
     """The cheapest fitting offers' price for the whole cluster (the head's own shape priced apart), and a
     note on where it came from."""
@@ -148,7 +146,7 @@ def _price(
     if isinstance(spec.section, LocalSection):
         return 0.0, "this machine"
     if isinstance(spec.section, CloudSection):
-        ranked = rank(spec.section, providers_of(lambda name: get_provider(name, context)), fleet_runs)
+        ranked = rank(spec.section, providers_of(world.provider), fleet_runs)
         if not ranked.fits:
             return None, f"no offer fits now: {summary(ranked)} (`fleet offers FILE` says why)"
         best = ranked.fits[0]
@@ -158,7 +156,7 @@ def _price(
     head = spec.section.node_section(0)
     shapes = [(head, 1), (spec.section, nodes - 1)] if spec.section.has_own_head else [(spec.section, nodes)]
     try:
-        chooser = getattr(get_provider(spec.provider.value, context), "choose", None)
+        chooser = getattr(world.provider(spec.provider.value), "choose", None)
     except FleetError as exc:
         return None, f"offers unknown: {exc}"
     total, notes = 0.0, []

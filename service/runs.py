@@ -28,8 +28,7 @@ from core.settings import Settings
 from jobs.sections import CloudSection, ProviderName
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
-from providers.base import ProviderContext
-from providers.registry import get_provider, load_fleet_secrets, provider_context, shared_context
+from providers.world import World
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
 from service.wandbkey import wandb_refusal
@@ -39,30 +38,31 @@ from workers.process import served_queues
 
 @dataclass
 class Fleet:
-    """A connection to the fleet: settings, Redis, the ledger and the dispatcher."""
+    """A connection to the fleet: its world (settings, secrets, providers: providers.world), Redis, the
+    ledger and the dispatcher."""
 
-    settings: Settings
+    world: World
     redis_url: str
     redis: redis.Redis[str]
     ledger: Ledger
     dispatcher: Dispatcher
 
     @classmethod
-    def connect(cls, settings: Settings) -> Fleet:
+    def connect(cls, settings: Settings, secrets: Secrets | None = None) -> Fleet:
         url = settings.redis_url or ensure_redis(settings.home)
         client = redisurl.connect(url, decode_responses=True)
         app = broker_app.configure(settings, url)
         return cls(
-            settings,
+            World.of(settings, secrets).sharing(client),
             url,
             client,
             Ledger(client, settings.events_maxlen),
             Dispatcher(app, client, settings.stall_after_s),
         )
 
-    def provider_context(self) -> ProviderContext:
-        """What providers get in this process: with the lists and the nodes' tokens the fleet shares."""
-        return shared_context(self.settings, self.redis)
+    @property
+    def settings(self) -> Settings:
+        return self.world.settings
 
 
 ID_DRAWS = 50
@@ -97,7 +97,7 @@ LOCAL_ELSEWHERE = (
 )
 
 
-def check_submittable(settings: Settings, job: LoadedJob, origin: Origin | None = None) -> None:
+def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None) -> None:
     """Refuse (ConfigError) a valid job this fleet cannot run for whoever sent it (`origin`; None: the
     CLI): its provider is not available, or has no credential (named, never shown), or is this machine and
     the sender may not run code here, or it pushes where the sender may not."""
@@ -106,9 +106,9 @@ def check_submittable(settings: Settings, job: LoadedJob, origin: Origin | None 
         raise ConfigError(job.source, [Problem("sweep", message, job.lines.get("sweep"))])
     submitter = submitter_of(origin)
     provider = job.spec.provider.value
-    secrets = load_fleet_secrets()
+    settings, secrets = world.settings, world.secrets
     if isinstance(job.spec.section, CloudSection):
-        _check_clouds(settings, job, job.spec.section, secrets)
+        _check_clouds(world, job, job.spec.section)
     elif provider == "local" and not settings.may_run_here(submitter):
         what = "a local job"
         if provider not in job.lines:
@@ -127,7 +127,7 @@ def check_submittable(settings: Settings, job: LoadedJob, origin: Origin | None 
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     else:
         try:
-            unavailable = get_provider(provider, provider_context(settings, secrets)).unavailable()
+            unavailable = world.provider(provider).unavailable()
         except CredentialsMissing as exc:
             raise ConfigError(job.source, [Problem(provider, f"cannot submit: {exc}")]) from None
         if unavailable is not None:
@@ -192,10 +192,11 @@ def _check_push(settings: Settings, job: LoadedJob, repo_id: str, token: SecretS
         raise ConfigError(job.source, [Problem("hub_model_id", f"cannot submit: {why}", line)])
 
 
-def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, secrets: Secrets) -> None:
+def _check_clouds(world: World, job: LoadedJob, section: CloudSection) -> None:
     """A `cloud:` job needs one cloud it allows that this fleet runs and has the credential of."""
     where = "cloud.clouds" if "cloud.clouds" in job.lines else "cloud"
     line = job.lines.get(where)
+    settings = world.settings
     runs = [c for c in section.clouds if c.value in settings.providers]
     if not runs:
         message = (
@@ -206,7 +207,7 @@ def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, sec
     missing = []
     for cloud in runs:
         try:
-            get_provider(cloud.value, provider_context(settings, secrets))
+            world.provider(cloud.value)
             return
         except CredentialsMissing as exc:
             missing.append(str(exc).split(":", 1)[0])
@@ -214,10 +215,10 @@ def _check_clouds(settings: Settings, job: LoadedJob, section: CloudSection, sec
     raise ConfigError(job.source, [Problem(where, message, line)])
 
 
-def _node_shares_files(settings: Settings, provider: ProviderName) -> bool:
+def _node_shares_files(world: World, provider: ProviderName) -> bool:
     """Whether the node of a job for `provider` reads this machine's files (an unsandboxed local node);
     else the job's files travel to it (a rented node, a sandboxed local one, a `cloud:` job's)."""
-    return not provider.is_choice and get_provider(provider.value, provider_context(settings)).shares_files
+    return not provider.is_choice and world.provider(provider.value).shares_files
 
 
 def check_budget(fleet: Fleet, jobs: Sequence[LoadedJob] = (), origin: Origin | None = None) -> None:
@@ -251,7 +252,7 @@ def submit(
     what it may do (check_submittable); it must hold no secret.
     """
     spec = job.spec
-    check_submittable(fleet.settings, job, origin)
+    check_submittable(fleet.world, job, origin)
     if sweep_id is None:  # a sweep's children were checked together, before the first was written
         check_budget(fleet, [job], origin)
     run_id, run_dir, made = _run_dir(fleet.settings.runs_dir, run_id)
@@ -263,7 +264,7 @@ def submit(
             # The run trains with the release the fleet names now, even if the setting changes later.
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})
-        if spec.provider.is_choice or not _node_shares_files(fleet.settings, spec.provider):
+        if spec.provider.is_choice or not _node_shares_files(fleet.world, spec.provider):
             here = spec.provider is ProviderName.LOCAL  # a sandboxed local node reads a local model in place
             shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths, node_is_here=here)
             spec = spec.model_copy(update={"train": shipped})

@@ -33,7 +33,7 @@ def submit_sweep(fleet: Fleet, plan: SweepPlan, origin: Origin | None = None) ->
     who sent it (service.runs.submit), None for the CLI. The children's worst cases are checked against
     the caps together, before anything is written: a sweep that would pass one is refused whole."""
     for job in plan.jobs:
-        runs.check_submittable(fleet.settings, job, origin)
+        runs.check_submittable(fleet.world, job, origin)
     runs.check_budget(fleet, plan.jobs, origin)
     run_ids: list[str] = []
     while len(run_ids) < len(plan.jobs):

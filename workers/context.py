@@ -1,8 +1,9 @@
-"""What every task uses, built once per worker process: settings, Redis, the ledger, providers."""
+"""What every task uses, built once per worker process: its world (settings, secrets, providers: built in
+providers.world), Redis, the ledger and the dispatcher."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 
@@ -12,39 +13,45 @@ from broker.ledger import Ledger
 from core import redisurl
 from core.settings import Settings
 from providers.base import Provider, ProviderContext
-from providers.registry import get_provider, shared_context
+from providers.world import World
 
 
 @dataclass
 class Context:
     """The per-process world of a worker."""
 
-    settings: Settings
+    world: World
     redis: redis.Redis[str]
     ledger: Ledger
     dispatcher: Dispatcher
-    provider_context: ProviderContext
-    _providers: dict[str, Provider] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return self.world.settings
+
+    @property
+    def provider_context(self) -> ProviderContext:
+        return self.world.context
 
     def provider(self, name: str) -> Provider:
-        if name not in self._providers:
-            self._providers[name] = get_provider(name, self.provider_context)
-        return self._providers[name]
+        return self.world.provider(name)
 
 
 _context: Context | None = None
 
 
 def init(settings: Settings, redis_url: str) -> Context:
-    """Build this process's context (the CLI calls it before it starts a worker or beat)."""
+    """Build this process's context (the CLI calls it before it starts a worker or beat). The world's
+    provider context is made here, not at a task's first use: a seal key that is not one fails the start."""
     global _context
     client = redisurl.connect(redis_url, decode_responses=True)
+    world = World.of(settings).sharing(client)
+    world.context  # noqa: B018 (made now: a bad FLEET_SEAL_KEY or secrets file stops the worker at its start)
     _context = Context(
-        settings=settings,
+        world=world,
         redis=client,
         ledger=Ledger(client, settings.events_maxlen),
         dispatcher=Dispatcher(app, client, settings.stall_after_s),
-        provider_context=shared_context(settings, client),
     )
     return _context
 

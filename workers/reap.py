@@ -66,7 +66,6 @@ from core.errors import FailureReason, FleetError, NotFound
 from jobs.spec import JobSpec
 from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
 from providers.node import ping
-from providers.registry import configured_providers
 from workers import budget, context
 from workers.ending import teardown
 
@@ -110,7 +109,7 @@ def reap_once(ctx: context.Context) -> Report | None:
         return None
     report = Report()
     try:
-        for provider in configured_providers(ctx.provider_context):
+        for provider in ctx.world.configured():
             try:
                 Pass(ctx, provider, report).run()
             except FleetError as exc:  # one cloud's outage must not stop the others' reaping

@@ -112,7 +112,7 @@ class DirectFleet:
         configure(self.settings, redis_url)
         self.ctx = context.init(self.settings, redis_url)
         self.fleet = runs.Fleet(
-            self.settings, redis_url, self.ctx.redis, self.ctx.ledger, self.ctx.dispatcher
+            self.ctx.world, redis_url, self.ctx.redis, self.ctx.ledger, self.ctx.dispatcher
         )
         self.rng = random.Random(case.name)
         self.case = case

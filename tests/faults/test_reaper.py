@@ -97,7 +97,7 @@ def test_two_reapers_at_once_act_once_in_process(
         redis=client,
         ledger=Ledger(client),
         dispatcher=Dispatcher(fleet.ctx.dispatcher.app, client, fleet.settings.stall_after_s),
-        _providers={},
+        world=fleet.ctx.world.sharing(client),
     )
     # Slow terminate calls (0.3 s each, well inside the client's timeout): the two passes overlap.
     fake.add_faults([{"op": "terminate", "kind": "timeout", "delay": 0.3, "times": len(orphans)}])

@@ -33,7 +33,6 @@ from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
 from providers.base import LaunchRequest
-from providers.registry import load_fleet_secrets
 from service.runs import Fleet
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
@@ -124,7 +123,7 @@ class Harness:
 
 def run_bot(fleet: Fleet, fake_discord: FakeDiscord, scenario: Scenario) -> None:
     async def main() -> None:
-        bot = FleetBot(fleet, load_fleet_secrets())
+        bot = FleetBot(fleet)
         await bot.login(TOKEN)
         try:
             await scenario(Harness(bot, fake_discord))
@@ -316,7 +315,6 @@ def test_caps_per_user(fleet: Fleet, fake_discord: FakeDiscord, redis_client: re
 def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
     fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from providers.registry import get_provider, provider_context
     from tests.fakes.runpod import FakeRunPod
 
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  one_shot: false\n  jupyter: true\n"
@@ -338,7 +336,7 @@ def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
             kind, data = _reply(await h.invoke("jupyter", {"run": run.run_id}))
             assert kind == 5 and data["flags"] & EPHEMERAL and "has no node" in str(data)
             # The run's pod, as provision would make it (no worker runs here).
-            provider = get_provider("runpod", provider_context(lab.settings))
+            provider = lab.world.provider("runpod")
             provider.launch(LaunchRequest(run.instance_name, run.run_id, run.spec.section))
             lab.ledger.update_run(run.run_id, on_node)
             lab.ledger.put_instance(Instance(name=run.instance_name, provider="runpod", run_id=run.run_id))

@@ -125,6 +125,6 @@ def test_a_cancel_wakes_a_parked_run_at_once(ctx: context.Context, redis_url: st
 
     ctx.redis.set(WATCHER_LEASE, "w", px=30_000)  # a watcher looks (not this test's business here)
     _parked_run(ctx, until_s=300)
-    cancel(Fleet(ctx.settings, redis_url, ctx.redis, ctx.ledger, ctx.dispatcher), "r1")
+    cancel(Fleet(ctx.world, redis_url, ctx.redis, ctx.ledger, ctx.dispatcher), "r1")
     assert ctx.redis.llen(Stage.TRAIN.value) == 1  # its task, which sees the flag and tears it down
     assert ctx.dispatcher.parking.parked() == {}

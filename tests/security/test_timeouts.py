@@ -24,7 +24,7 @@ from core.secrets import Secrets
 from core.settings import Settings
 from providers.base import NodeEndpoint
 from providers.node import NodeClient, NodeTimeouts
-from providers.registry import get_provider, provider_context
+from providers.world import World
 
 pytestmark = pytest.mark.timeout(20)  # without timeouts these calls never return: fail, not hang
 
@@ -144,10 +144,9 @@ def test_an_upload_the_node_never_answers_is_a_node_error_within_the_upload_time
 def test_a_provider_api_that_never_answers_is_unavailable_within_the_timeout(
     silent: str, fleet_home: Path, provider: str, credential: str, url_setting: str
 ) -> None:
-    """Built as a worker builds it: settings -> provider_context -> the provider and its wire client."""
+    """Built as a worker builds it: settings and secrets -> its world -> the provider and its wire client."""
     secrets = Secrets(values={credential: SecretStr("key-for-the-test")}, file=fleet_home / "none.yml")
-    context = provider_context(settings(fleet_home, **{url_setting: silent}), secrets)
-    cloud = get_provider(provider, context)
+    cloud = World.of(settings(fleet_home, **{url_setting: silent}), secrets).provider(provider)
     began = time.monotonic()
     with pytest.raises(ProviderUnavailable):
         cloud.list_instances()

@@ -13,7 +13,7 @@ from providers import nodesetup
 from providers.base import NodeSoftware, ProviderContext
 from providers.bootstrap import axolotl_pins, node_pins, node_setup_env
 from providers.local.client import AXOLOTL_VENV, axolotl_python, node_python
-from providers.registry import provider_context
+from providers.world import World
 from tests.factories import REPO_ROOT
 from tests.fakes import node_images
 from workers.readiness import entrypoint
@@ -26,7 +26,7 @@ def test_an_axolotl_node_starts_axolotls_image_unless_its_section_names_one(tmp_
     assert context.image(None, AXOLOTL) == DEFAULT_AXOLOTL_IMAGE
     assert context.image(None, NodeSoftware()) == DEFAULT_NODE_IMAGE
     assert context.image("me/mine:1", AXOLOTL) == "me/mine:1"
-    chosen = provider_context(Settings(home=tmp_path, node_image="me/node:2", axolotl_image="me/ax:3"))
+    chosen = World.of(Settings(home=tmp_path, node_image="me/node:2", axolotl_image="me/ax:3")).context
     assert chosen.image(None, NodeSoftware()) == "me/node:2" and chosen.image(None, AXOLOTL) == "me/ax:3"
 
 

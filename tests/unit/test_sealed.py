@@ -13,9 +13,9 @@ from pydantic import SecretStr
 from broker.constants import NODE_SECRETS
 from core.errors import ConfigError, SealMismatch
 from core.settings import Settings
-from providers.registry import shared_context
 from providers.sealed import KEY_FILE, SEAL_KEY, FileStore, SealedStore, seal_key
 from providers.tokens import NodeTokens
+from providers.world import World
 
 
 def tokens_of(client: redis.Redis[str], home: Path, key: bytes) -> NodeTokens:
@@ -95,7 +95,7 @@ def test_a_configured_seal_key_that_is_none_is_a_config_error_naming_it(
 
     secrets = Secrets({SEAL_KEY: SecretStr("hunter2")}, tmp_path / "secrets.yml")
     with pytest.raises(ConfigError, match=SEAL_KEY) as refused:
-        shared_context(Settings(home=tmp_path), redis_client, secrets)
+        _ = World.of(Settings(home=tmp_path), secrets).sharing(redis_client).context
     assert "hunter2" not in str(refused.value)
 
 

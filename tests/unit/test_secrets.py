@@ -9,7 +9,8 @@ import pytest
 from core.errors import ConfigError, CredentialsMissing
 from core.secrets import FLEET_CREDENTIALS, load_secrets
 from core.settings import Settings
-from providers.registry import load_fleet_secrets, provider_context
+from providers.registry import load_fleet_secrets
+from providers.world import World
 
 CANARY = "rpa_CANARY0123456789abcdefghijklmnopqrstuv"
 
@@ -24,7 +25,7 @@ def secrets_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
 def test_environment_wins_over_the_file(tmp_path: Path) -> None:
     path = secrets_file(tmp_path, f"RUNPOD_API_KEY: from-file\nVAST_API_KEY: {CANARY}\n")
     secrets = load_fleet_secrets({"FLEET_SECRETS_FILE": str(path), "RUNPOD_API_KEY": "from-env"})
-    context = provider_context(Settings(home=tmp_path), secrets)
+    context = World.of(Settings(home=tmp_path), secrets).context
     assert context.credential("RUNPOD_API_KEY").get_secret_value() == "from-env"
     vast_key = context.credential("VAST_API_KEY")
     assert vast_key.get_secret_value() == CANARY
@@ -32,9 +33,7 @@ def test_environment_wins_over_the_file(tmp_path: Path) -> None:
 
 
 def test_a_missing_credential_is_named_with_where_to_put_it(tmp_path: Path) -> None:
-    context = provider_context(
-        Settings(home=tmp_path), load_fleet_secrets({"FLEET_SECRETS_FILE": str(tmp_path / "none.yml")})
-    )
+    context = World(Settings(home=tmp_path), env={"FLEET_SECRETS_FILE": str(tmp_path / "none.yml")}).context
     with pytest.raises(CredentialsMissing, match=r"VAST_API_KEY is not set.*secrets file"):
         context.credential("VAST_API_KEY")
 

@@ -12,7 +12,7 @@ import pytest
 from core.errors import ConfigError
 from core.settings import load_settings
 from core.sshkey import parse_ssh_public_key
-from providers.registry import provider_context
+from providers.world import World
 
 
 def key_line(kind: str = "ssh-ed25519", named: str | None = None, comment: str = "me@laptop") -> str:
@@ -33,7 +33,7 @@ def test_unset_means_no_key_and_no_key_for_the_providers(tmp_path: Path) -> None
     (tmp_path / "settings.yml").write_text("{}\n")
     settings = load_settings({"FLEET_SETTINGS_FILE": str(tmp_path / "settings.yml")})
     assert settings.ssh_public_key is None
-    assert provider_context(settings).ssh_public_key is None
+    assert World.of(settings).context.ssh_public_key is None
 
 
 def test_a_key_line_from_the_environment(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_a_key_line_from_the_environment(tmp_path: Path) -> None:
     env = {"FLEET_SETTINGS_FILE": str(tmp_path / "settings.yml"), "FLEET_SSH_PUBLIC_KEY": line}
     settings = load_settings(env)
     assert settings.ssh_public_key == key
-    assert provider_context(settings).ssh_public_key == line  # what the providers install on the nodes
+    assert World.of(settings).context.ssh_public_key == line  # what the providers install on the nodes
 
 
 def test_a_pub_file_in_the_settings_file_with_its_private_key_beside_it(tmp_path: Path) -> None:
