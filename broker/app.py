@@ -20,7 +20,7 @@ from core import redisurl
 if TYPE_CHECKING:
     from core.settings import Settings
 
-TASK_MODULES = [*(facts.module for facts in STAGES.values()), "workers.reap"]
+TASK_MODULES = [*(facts.module for facts in STAGES.values()), "workers.stages.reap"]
 # Long enough that no task (each is a short step) is redelivered while still running; a worker that
 # died leaves its message to the reaper's kick long before this. Never shorter than the longest task's hard
 # time limit plus VISIBILITY_MARGIN_S (`visibility_timeout_s`).

@@ -62,28 +62,28 @@ STAGES: Mapping[Stage, StageFacts] = MappingProxyType(
             failure=FailureReason.PROVISIONING_FAILED,
             time_limit="provision_time_limit_s",
             on_node=False,
-            module="workers.provision",
+            module="workers.stages.provision",
         ),
         Stage.PREPARE: StageFacts(
             state=RunState.PREPARING,
             failure=FailureReason.PREPARE_FAILED,
             time_limit="prepare_time_limit_s",
             on_node=True,
-            module="workers.prepare",
+            module="workers.stages.prepare",
         ),
         Stage.TRAIN: StageFacts(
             state=RunState.TRAINING,
             failure=FailureReason.TRAINING_FAILED,
             time_limit="train_time_limit_s",
             on_node=True,
-            module="workers.train",
+            module="workers.stages.train",
         ),
         Stage.FINALIZE: StageFacts(
             state=RunState.FINALIZING,
             failure=FailureReason.FINALIZE_FAILED,
             time_limit="finalize_time_limit_s",
             on_node=True,
-            module="workers.finalize",
+            module="workers.stages.finalize",
         ),
     }
 )

@@ -2,8 +2,8 @@
 
 A job's `env` (jobs.sections) goes into its node's environment. It must not change what code the node's
 processes load (loader and interpreter variables), nor any name that the fleet, Ray, the vendor or what
-the fleet starts on a node reads: the node's failsafe (providers.failsafe), its start script
-(providers.bootstrap) and its setup (providers.nodesetup). A job that set FLEET_RAY_HEAD_ADDRESS,
+the fleet starts on a node reads: the node's failsafe (providers.onnode.failsafe), its start script
+(providers.bootstrap) and its setup (providers.onnode.nodesetup). A job that set FLEET_RAY_HEAD_ADDRESS,
 RUNPOD_POD_ID or CONTAINER_ID could switch the failsafe off, and one that set LD_PRELOAD or PYTHONPATH ran
 its own code in every Ray process. Validation refuses these names (`refusal`), and the providers drop them
 from a job's `env` whatever its origin (`job_may_set`), so a job in the ledger from before is held too.

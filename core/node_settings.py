@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from core.sshkey import SshPublicKey, parse_ssh_public_key
 
 # A rented node's image when neither its section nor the settings name one: Ray's, at the fleet's Ray and
-# Python, with CUDA; its start installs the rest of the node's software (providers.nodesetup).
+# Python, with CUDA; its start installs the rest of the node's software (providers.onnode.nodesetup).
 DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 # axolotl jobs: the axolotl release their nodes train with, and its official image (axolotl's own CI tags a
 # release `<version>-py<python>-cu<cuda>-<torch>`); the node's start adds Ray where the image lacks it.

@@ -1,8 +1,8 @@
-"""What a rented node runs when it starts: its failsafe, the node's software set up (providers.nodesetup:
-what the image lacks of the fleet's pins, installed), then a Ray head with token auth and its Jobs API on
-port 8265 (or, for a cluster's node k > 0, a Ray node that joins the head). Runs keep their files under
-FLEET_NODE_ROOT. Built from argv lists and quoted with shlex; nothing of the job's is in it, and the token
-is read from the environment, never inlined.
+"""What a rented node runs when it starts: its failsafe, the node's software set up
+(providers.onnode.nodesetup: what the image lacks of the fleet's pins, installed), then a Ray head with token
+auth and its Jobs API on port 8265 (or, for a cluster's node k > 0, a Ray node that joins the head). Runs keep
+their files under FLEET_NODE_ROOT. Built from argv lists and quoted with shlex; nothing of the job's is in it,
+and the token is read from the environment, never inlined.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import Any
 import trainer
 from core import envnames
 from jobs.sections import ProviderName
-from providers import failsafe, nodesetup, tlsfront
 from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV, NodeSoftware
+from providers.onnode import failsafe, nodesetup, tlsfront
 from trainer.progress import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
-INNER_JOBS_PORT = 8266  # behind a TLS front (providers.tlsfront) the dashboard listens here, on loopback only
+INNER_JOBS_PORT = 8266  # behind the node's TLS front (onnode.tlsfront) the dashboard listens on loopback only
 TLS_CERT_ENV, TLS_KEY_ENV = tlsfront.CERT_ENV, tlsfront.KEY_ENV  # the node's certificate and key (PEM)
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token arrives in this environment variable
-SETUP_ENV = "FLEET_NODE_SETUP"  # providers.nodesetup, packed
+SETUP_ENV = "FLEET_NODE_SETUP"  # providers.onnode.nodesetup, packed
 # A pod started from a RunPod template runs the template's start command, which runs our start script from
 # this variable (`sh -c "$FLEET_BOOTSTRAP"`): see the README's "What runs on the node".
 BOOTSTRAP_ENV = "FLEET_BOOTSTRAP"
@@ -150,7 +150,7 @@ class _Unannotated(ast.NodeTransformer):
 
 
 def packed_failsafe() -> str:
-    """providers.failsafe, packed: it travels in the start script itself, so it is kept to a few KB."""
+    """providers.onnode.failsafe, packed: it travels in the start script itself, so it is kept to a few KB."""
     return packed(failsafe)
 
 
@@ -203,7 +203,7 @@ def axolotl_pins(version: str) -> tuple[str, ...]:
 
 def node_setup_env(software: NodeSoftware | None = None, tls: bool = False) -> dict[str, str]:
     """What a rented node's start script needs in its environment to set the node's software up
-    (providers.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in
+    (providers.onnode.nodesetup: the program, the pins, the fleet's Python version) and to let its owner in
     (`access_lines`; `tls`: JupyterLab behind the node's TLS front). An axolotl node keeps its image's
     Python (axolotl's images are built for theirs)."""
     env = {ACCESS_ENV: "\n".join(access_lines(tls)), SETUP_ENV: packed(nodesetup)}
@@ -254,8 +254,8 @@ def start_script(
 ) -> str:
     """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
     whose start goes wrong later goes too), token auth on, the node's software set up and its root chosen
-    (providers.nodesetup, carried by FLEET_NODE_SETUP: what the image lacks is installed, Ray starts from
-    that venv, and runs keep their files under FLEET_NODE_ROOT, on the volume when the provider set one),
+    (providers.onnode.nodesetup, carried by FLEET_NODE_SETUP: what the image lacks is installed, Ray starts
+    from that venv, and runs keep their files under FLEET_NODE_ROOT, on the volume when the provider set one),
     SSH and JupyterLab when asked for (`access_lines`, carried by FLEET_NODE_ACCESS), then Ray in the
     foreground: the head, or for a `worker` node a `ray start --address` that joins the head at
     $FLEET_RAY_HEAD_ADDRESS, tried again every few seconds while the head is not up yet (or restarts).
@@ -264,7 +264,7 @@ def start_script(
     can reach, instead of the one it would guess. The job's `entry` is not here: it runs as prepare's
     first Ray job (workers.entry), checked and logged. With `tls` (a node reached by its public address)
     the head's Jobs API, and JupyterLab on a node that runs it, are published only through the node's TLS
-    front (providers.tlsfront), whose certificate and key the script then takes out of the environment,
+    front (providers.onnode.tlsfront), whose certificate and key the script then takes out of the environment,
     before anything else starts."""
     lines = ["set -eu"]
     if vendor is not None:

@@ -1,7 +1,7 @@
 """Talking to a node's Ray head through the Ray Jobs API (token in headers, never logged).
 
-Every call names the fleet in its User-Agent, which the node's failsafe (providers.failsafe) counts as the
-fleet's heartbeat: a node that hears none for `node_heartbeat_timeout_s` gives itself back.
+Every call names the fleet in its User-Agent, which the node's failsafe (providers.onnode.failsafe) counts as
+the fleet's heartbeat: a node that hears none for `node_heartbeat_timeout_s` gives itself back.
 
 Every call goes through `channel`: the one place that decides how the fleet may reach a node. The token
 lets its holder run code on a node that holds the job's credentials, so it never crosses a network in
@@ -33,8 +33,8 @@ from requests.adapters import HTTPAdapter
 
 from core.errors import NodeError, Unreachable
 from core.settings import API_CONNECT_TIMEOUT_S, NODE_API_TIMEOUT_S, UPLOAD_TIMEOUT_S, Settings
-from providers import failsafe
 from providers.base import NodeEndpoint, Unanswered
+from providers.onnode import failsafe
 from providers.reach import unanswered
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"

@@ -6,7 +6,7 @@ time and in request headers, never anywhere else. The nodes of one cluster share
 A node that runs JupyterLab (`jupyter: true`) has a token of its own for it, made the same way and kept
 beside the Ray token (`<name>.jupyter`): shown only to whoever holds the fleet's seal key (`fleet jupyter`).
 
-A node reached by its public address (vast.ai) serves its Jobs API over TLS (providers.tlsfront) with a
+A node reached by its public address (vast.ai) serves its Jobs API over TLS (providers.onnode.tlsfront) with a
 certificate made here for it alone (`<name>.crt`, `<name>.key`): its key travels in the node's environment at
 create time, over the vendor's HTTPS API, like the Ray token (the host machine's owner can read both, as they
 can read everything on their machine anyway), and the fleet trusts that one certificate and no other.

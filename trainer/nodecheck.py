@@ -30,7 +30,7 @@ from typing import Any, TypedDict
 from trainer.progress import NODE_ROOT_ENV, Kind, emit
 
 CPU_STANDIN_ENV = "FLEET_CPU_STANDIN"  # set only by the test fakes' nodes: "1" means no GPUs, on purpose
-SETUP_FILE = "node-setup.json"  # what the node's start script installed (providers.nodesetup)
+SETUP_FILE = "node-setup.json"  # what the node's start script installed (providers.onnode.nodesetup)
 IMPORTED = ("torch", "ray", "transformers", "peft")  # imported for real: these must load, not just exist
 FOUND = ("tokenizers", "safetensors", "huggingface_hub", "httpx", "pydantic", "yaml", "wandb", "datasets")
 DISTRIBUTIONS = {"yaml": "PyYAML", "huggingface_hub": "huggingface_hub"}

@@ -140,7 +140,7 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot
     """The run's node is lost: end what is left of it and start the run again on a new node (the next
     attempt's), after a back-off; training resumes from its newest checkpoint. A lost node is not the
     run's fault, so it does not use up train_restarts, but only `max_preemptions` are replaced. `at_boot`:
-    it stopped before it came up (counted in the run's `boot_losses`: workers.provision)."""
+    it stopped before it came up (counted in the run's `boot_losses`: workers.stages.provision)."""
     if run.state.is_terminal():
         return
     if run.stopping is not None:  # stopped for money (workers.budget): never started again

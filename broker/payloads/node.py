@@ -28,7 +28,7 @@ class NodeCheck(BaseModel):
 
 
 class NodeSetup(NodeRecord):
-    """What the node's start script installed because its image lacked it (providers.nodesetup)."""
+    """What the node's start script installed because its image lacked it (providers.onnode.nodesetup)."""
 
     type = EventType.NODE_SETUP
     seconds: float = 0.0

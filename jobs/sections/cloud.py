@@ -1,6 +1,6 @@
 """The ``cloud:`` section of a job file: what the job needs, not where. The run lands on the cheapest offer
 that fits on any cloud it allows (RunPod, vast.ai), and moves on to the next one when a create finds no
-capacity or the node does not come up in time (workers.provision, providers.anycloud).
+capacity or the node does not come up in time (workers.stages.provision, providers.anycloud).
 
 Its keys are the rented clouds' shared keys (`RemoteSection`: pod_type, cloud_type, max_bid_per_gpu,
 gpu_count, the minimums, stop_after, image, entry, ...), with the same meanings, plus `gpu` in the fleet's

@@ -5,8 +5,8 @@ port, which the fleet reaches through RunPod's HTTPS proxy only (`runpod_proxy_u
 public IP: the token and the job's data cross the internet encrypted, to a name RunPod's certificate vouches
 for. RunPod's own `terminateAfter` is set at create,
 so a pod dies at the section's `terminate_after` even if the fleet does not; and the pod's failsafe
-(providers.failsafe) terminates it with the pod's own key once the fleet's heartbeat has stopped for the
-fleet's `node_heartbeat_timeout_s`.
+(providers.onnode.failsafe) terminates it with the pod's own key once the fleet's heartbeat has stopped for
+the fleet's `node_heartbeat_timeout_s`.
 
 A run on several pods (`num_nodes`) asks for RunPod's global networking on each: node 0 runs the head,
 and every other pod's start script joins it at `<head pod id>.runpod.internal:6379` with the head's token.
@@ -53,8 +53,8 @@ from providers.bootstrap import (
     failsafe_env,
     node_setup_env,
 )
-from providers.failsafe import RUNPOD_URL_ENV
 from providers.offers import Candidate, Choice, Priced, choose
+from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import PodSpec, RunPodPod

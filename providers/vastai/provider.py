@@ -10,9 +10,9 @@ Money: the fleet's bids are per GPU (`max_bid_per_gpu`), vast.ai's are per machi
 `min_bid / num_gpus`, and a rental bids `price = bid_per_gpu * num_gpus`.
 vast.ai has no server-side deadline like RunPod's `terminateAfter`, but it gives every instance its own id
 and an API key that may manage it (CONTAINER_ID, CONTAINER_API_KEY in the container). So the node's failsafe
-(providers.failsafe) destroys the instance `terminate_after` seconds after it booted, or once the fleet's
-heartbeat has stopped for the fleet's `node_heartbeat_timeout_s`, should the fleet be gone; the fleet's own
-terminate and the reaper come first.
+(providers.onnode.failsafe) destroys the instance `terminate_after` seconds after it booted, or once the
+fleet's heartbeat has stopped for the fleet's `node_heartbeat_timeout_s`, should the fleet be gone; the
+fleet's own terminate and the reaper come first.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from core.errors import (
 )
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
-from providers import tlsfront
 from providers.base import (
     JUPYTER_PORT,
     JUPYTER_TOKEN_ENV,
@@ -54,8 +53,9 @@ from providers.bootstrap import (
     node_setup_env,
     start_script,
 )
-from providers.failsafe import VAST_URL_ENV
 from providers.offers import Candidate, Choice, Priced, Rule, choose
+from providers.onnode import tlsfront
+from providers.onnode.failsafe import VAST_URL_ENV
 from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastInstance, VastOffer, first_number

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from core.node_settings import DEFAULT_AXOLOTL_IMAGE
 from jobs.sections.base import DEFAULT_IMAGE
-from providers import nodesetup
 from providers.bootstrap import SETUP_ENV, SETUP_LOADER
 from providers.local.client import FLEET_ONLY_ENV, axolotl_python, node_python
+from providers.onnode import nodesetup
 from trainer.nodecheck import CPU_STANDIN_ENV
 
 NO_PEFT_IMAGE = "trainfleet-test/no-peft:latest"
@@ -123,7 +123,7 @@ class NodeImage:
         return {CPU_STANDIN_ENV: "1"} if self.cpu_standin else {}
 
     def set_up(self, env: Mapping[str, str], root: Path) -> None:
-        """Run the node's software setup as its start script would (providers.nodesetup, from the
+        """Run the node's software setup as its start script would (providers.onnode.nodesetup, from the
         instance's environment, with this image's Python), before its Ray starts: it writes what it did to
         the node's root, which the readiness check reports (`node.setup`). A fake node reaches no package
         index, so what its image lacks stays missing (and the readiness check says so)."""

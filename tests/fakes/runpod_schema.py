@@ -13,8 +13,8 @@ test, or made a pod and then failed; now either fails as it would at RunPod, and
 
 The output types are the fields the fake resolves, which cover every selection of runpod-python 1.11
 (`runpod/api/queries`, `runpod/api/mutations/pods.py`), of the fleet (providers.runpod.client,
-providers.failsafe) and of the tests. RunPod's types have more fields than these: a query asking for one
-of those is refused here, which a test would show at once, where a lenient fake would hide a misspelling.
+providers.onnode.failsafe) and of the tests. RunPod's types have more fields than these: a query asking for
+one of those is refused here, which a test would show at once, where a lenient fake would hide a misspelling.
 The type names are RunPod's where a client shows them (`Pod`, `PodRuntime`, `GpuType`); the nested
 types' names only appear in error messages and `__typename`.
 

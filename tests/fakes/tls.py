@@ -1,7 +1,7 @@
 """TLS for the fakes: the node's own TLS front in front of a fake node, and a certificate for a fake's HTTPS.
 
 A node created with FLEET_NODE_TLS_CERT / FLEET_NODE_TLS_KEY in its environment (a vast.ai instance) gets
-what its start script gives a real one: its Jobs API only behind providers.tlsfront (the same code, run
+what its start script gives a real one: its Jobs API only behind providers.onnode.tlsfront (the same code, run
 here in a thread), with the certificate the fleet made for it; the key is not passed on into the node's
 own environment, as the script unsets it. Its published port then speaks TLS and nothing else. With a
 JupyterLab token too, the port its vendor publishes JupyterLab's at gets a front of its own, as on a real
@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV
-from providers.tlsfront import CERT_ENV, KEY_ENV, Front, from_env, server_context
+from providers.onnode.tlsfront import CERT_ENV, KEY_ENV, Front, from_env, server_context
 
 if TYPE_CHECKING:
     from tests.fakes.nodes import Boot, NodeBackend

@@ -1,5 +1,5 @@
 """The fleet's own code called in this process, for cases that need no training: provider and stage calls
-against a real Redis and in-process fake clouds, and `workers.reap.reap_once`, as test_reap.py does.
+against a real Redis and in-process fake clouds, and `workers.stages.reap.reap_once`, as test_reap.py does.
 
 `DirectFleet.drive` plays the Celery worker for one run: it calls the real stage task body
 (`workers.runner.run_stage`, so claiming, cancelling, teardown and Retry-After are the fleet's own) with
@@ -33,10 +33,11 @@ from tests.fakes import FakeCloud, FakeRunPod
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case
 from tests.integration.fleetproc import NOWHERE
-from workers import context, finalize, prepare, provision, train
-from workers.reap import reap_once
+from workers import context
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next
+from workers.stages import finalize, prepare, provision, train
+from workers.stages.reap import reap_once
 
 STEPS: dict[Stage, Callable[[context.Context, Run], Next]] = {
     Stage.PROVISION: provision.step,

@@ -25,7 +25,7 @@ from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, FakeVastAI
 from tests.faults.case import Case
 from tests.faults.direct import DirectFleet, up
-from workers.reap import reap_once
+from workers.stages.reap import reap_once
 
 pytestmark = pytest.mark.faults
 

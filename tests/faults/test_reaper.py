@@ -41,7 +41,7 @@ from tests.faults.case import Case
 from tests.faults.direct import DirectFleet
 from tests.faults.live import LiveFleet
 from tests.integration.fleetproc import wait_until
-from workers.reap import Report, reap_once
+from workers.stages.reap import Report, reap_once
 
 pytestmark = pytest.mark.faults
 

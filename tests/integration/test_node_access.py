@@ -36,8 +36,9 @@ from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
-from workers import context, provision
+from workers import context
 from workers.runner import run_stage
+from workers.stages import provision
 
 pytestmark = pytest.mark.integration
 RP_KEY, VAST_KEY = "rp-key", "vast-key"

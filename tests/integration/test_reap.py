@@ -16,12 +16,12 @@ from broker.models import Instance, InstanceState, Run, RunState
 from core.settings import Settings
 from jobs.sections.local import LocalSection
 from jobs.sections.runpod import RunPodSection
-from providers import failsafe
 from providers.base import LaunchRequest, NodeState
+from providers.onnode import failsafe
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
-from workers.reap import kick_record, reap_once
+from workers.stages.reap import kick_record, reap_once
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod
 from workers import context
-from workers.reap import Report, reap_once
+from workers.stages.reap import Report, reap_once
 
 pytestmark = pytest.mark.integration
 GPU = "NVIDIA RTX A5000"

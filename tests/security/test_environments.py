@@ -29,11 +29,12 @@ from jobs.sections import ProviderName
 from jobs.sections.local import LocalSection
 from jobs.sections.vastai import VastAISection
 from jobs.spec import parse_job
-from providers import bootstrap, failsafe, nodesetup
+from providers import bootstrap
 from providers.base import LaunchRequest, ProviderContext
 from providers.local.client import HeadMeta
 from providers.local.environment import SYSTEM_PATH
 from providers.local.provider import LocalProvider
+from providers.onnode import failsafe, nodesetup
 from providers.vastai.provider import VastAIProvider
 from tests.fakes import FakeVastAI
 

@@ -38,9 +38,9 @@ from tests.faults.direct import DirectFleet, StageTask, _Request, up
 from tests.integration.clouds import API_KEY, serving
 from tests.integration.fleetproc import cleanup, events_of, fleet, fleet_env, secret_hits
 from workers import context
-from workers.reap import reap_once
 from workers.runner import run_stage
 from workers.stage import Next
+from workers.stages.reap import reap_once
 
 pytestmark = pytest.mark.timeout(240)
 

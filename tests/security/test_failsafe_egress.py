@@ -28,10 +28,10 @@ from pydantic import SecretStr
 from core import envnames
 from jobs.sections import ProviderName
 from jobs.sections.vastai import VastAISection
-from providers import failsafe
 from providers.base import LaunchRequest, ProviderContext
 from providers.bootstrap import failsafe_argv
-from providers.tlsfront import Front
+from providers.onnode import failsafe
+from providers.onnode.tlsfront import Front
 from providers.vastai.provider import VastAIProvider
 from tests.fakes.tls import localhost_cert
 from tests.fakes.vastai import FakeVastAI
@@ -75,8 +75,8 @@ class Swallower:
 
 
 class HttpsVendor:
-    """The fake vendor over HTTPS at 127.0.0.1, with a certificate of the test's own (providers.tlsfront in
-    front of the fake's plain HTTP, in a thread)."""
+    """The fake vendor over HTTPS at 127.0.0.1, with a certificate of the test's own
+    (providers.onnode.tlsfront in front of the fake's plain HTTP, in a thread)."""
 
     def __init__(self, fake: FakeVastAI, folder: Path) -> None:
         self.cert, key = localhost_cert(folder)

@@ -3,9 +3,9 @@ that node.
 
 `fleet jupyter RUN` gives an https URL for a vast.ai run, and the port it names speaks TLS, with the pinned
 certificate, and nothing else (the fake's node publishes it as its start script does: through the node's
-TLS front); the fingerprint it prints is that certificate's. The node's own TLS front (providers.tlsfront,
-run as the start script runs it) passes both its ports through: the Jobs API's and JupyterLab's.
-"""
+TLS front); the fingerprint it prints is that certificate's. The node's own TLS front
+(providers.onnode.tlsfront, run as the start script runs it) passes both its ports through: the Jobs API's and
+JupyterLab's."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from broker.models import Instance, InstanceState
 from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.vastai import VastAISection
-from providers import tlsfront
 from providers.base import JUPYTER_PORT, LaunchRequest
 from providers.bootstrap import ACCESS_ENV, INNER_JUPYTER_PORT, tlsfront_argv
 from providers.node import fingerprint
+from providers.onnode import tlsfront
 from providers.tokens import self_signed
 from tests.factories import ledger_run
 from tests.fakes.nodes import unused_port
@@ -161,8 +161,8 @@ def named_server(name: str) -> http.server.ThreadingHTTPServer:
 
 
 def test_the_nodes_tls_front_passes_the_jobs_api_and_jupyterlab_through(tmp_path: Path) -> None:
-    """providers.tlsfront as the start script runs it (`python3 -c`, the shipped source), with a pair of
-    ports per service; stand-ins for the dashboard and JupyterLab listen on loopback behind it."""
+    """providers.onnode.tlsfront as the start script runs it (`python3 -c`, the shipped source), with a pair
+    of ports per service; stand-ins for the dashboard and JupyterLab listen on loopback behind it."""
     cert, key = self_signed("tf-front-1")
     pin = tmp_path / "node.crt"
     pin.write_text(cert)

@@ -24,9 +24,9 @@ from broker.models import Instance, InstanceState, Run, RunState
 from core.errors import FailureReason, LeaseLost, ProviderUnavailable, StageFailed
 from core.settings import Settings
 from workers import context
-from workers.reap import Report, reap_once
 from workers.runner import run_stage
 from workers.stage import Next
+from workers.stages.reap import Report, reap_once
 
 pytestmark = pytest.mark.integration
 

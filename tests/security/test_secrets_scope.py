@@ -25,8 +25,9 @@ from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod
 from trainer import progress
 from trainer.config import ENV_PREFIX
-from workers import context, provision
+from workers import context
 from workers.node_job import node_env
+from workers.stages import provision
 
 pytestmark = pytest.mark.integration
 HF = "hf_scopecanary" + "Q7w8E9r0" * 3

@@ -42,7 +42,7 @@ from tests.faults.direct import DirectFleet
 from tests.integration.fleetproc import NOWHERE
 from tests.integration.test_git_trigger import Repo
 from workers import context
-from workers.reap import reap_once
+from workers.stages.reap import reap_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
 from core.settings import Settings
-from providers import nodesetup
 from providers.base import NodeSoftware, ProviderContext
 from providers.bootstrap import axolotl_pins, node_pins, node_setup_env
 from providers.local.client import AXOLOTL_VENV, axolotl_python, node_python
+from providers.onnode import nodesetup
 from providers.world import World
 from tests.factories import REPO_ROOT
 from tests.fakes import node_images

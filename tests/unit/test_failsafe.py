@@ -19,7 +19,6 @@ import pytest
 from core.errors import ConfigError
 from core.settings import load_settings
 from jobs.sections import ProviderName
-from providers import failsafe
 from providers.bootstrap import (
     JOIN_RETRY_S,
     container_command,
@@ -27,7 +26,8 @@ from providers.bootstrap import (
     node_setup_env,
     start_script,
 )
-from providers.failsafe import LogTail, is_heartbeat
+from providers.onnode import failsafe
+from providers.onnode.failsafe import LogTail, is_heartbeat
 
 PREFIX = "2026-11-29 23:11:40,497\tINFO web_log.py:229 -- 127.0.0.1 [29/Nov/2026:23:11:40 +0000] "
 FLEET = "'trainfleet/0.1.0 heartbeat'"
@@ -123,7 +123,8 @@ def test_the_start_script_starts_the_failsafe_first_and_inlines_no_value() -> No
     assert lines[-1] == (
         "exec ray start --head --block --dashboard-host=0.0.0.0 --dashboard-port=8265 --disable-usage-stats"
     )
-    # Every value comes from the environment, by name; the node's setup program too (providers.nodesetup).
+    # Every value comes from the environment, by name; the node's setup program too
+    # (providers.onnode.nodesetup).
     assert re.findall(r"\$\{?(\w+)", script) == [
         "FLEET_RAY_TOKEN", "FLEET_NODE_ROOT", "FLEET_NODE_ACCESS", "FLEET_NODE_ACCESS",
     ]  # fmt: skip

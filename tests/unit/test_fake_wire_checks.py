@@ -17,7 +17,7 @@ from runpod.api.queries import user as user_queries
 from vastai.api.instances import build_create_instance_payload
 from vastai.data.instance import InstanceConfig
 
-from providers.failsafe import RUNPOD_TERMINATE
+from providers.onnode.failsafe import RUNPOD_TERMINATE
 from providers.runpod import client as fleet_runpod
 from tests.fakes.graphql_lite import named_type, parse
 from tests.fakes.node_images import DEFAULT_IMAGE, KNOWN_IMAGES, NO_PEFT_IMAGE, ImageRegistry

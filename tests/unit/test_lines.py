@@ -14,7 +14,7 @@ from broker.models import RunProgress
 from broker.payloads import PAYLOADS, HubPush, Payload
 from trainer import lines, progress
 from workers.node_job import node_record
-from workers.train import RELAYED
+from workers.stages.train import RELAYED
 
 SAMPLES: list[lines.Line] = [
     lines.Fetched(

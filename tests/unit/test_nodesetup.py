@@ -1,5 +1,6 @@
-"""The node's software setup (providers.nodesetup), shipped and run as a node's start script runs it: with an
-image's python3, installing only what that python lacks of the pins, from a local wheel (no index here)."""
+"""The node's software setup (providers.onnode.nodesetup), shipped and run as a node's start script runs it:
+with an image's python3, installing only what that python lacks of the pins, from a local wheel (no index
+here)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from providers import nodesetup
 from providers.bootstrap import SETUP_ENV, SETUP_LOADER, packed
+from providers.onnode import nodesetup
 
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -97,7 +98,7 @@ def test_a_failed_install_is_recorded_and_ray_still_starts_from_the_images_pytho
     }
     assert nodesetup.node_root(env) == str(tmp_path / "root")
     bin_dir = str(BASE_PYTHON.parent)  # not this venv: it must not be installed into
-    program = "import os; from providers import nodesetup; nodesetup.main(dict(os.environ))"
+    program = "import os; from providers.onnode import nodesetup; nodesetup.main(dict(os.environ))"
     done = subprocess.run(
         [str(BASE_PYTHON), "-c", program], env=env, capture_output=True, text=True, timeout=300,
         cwd=Path(__file__).parents[2],

@@ -1,5 +1,5 @@
 """train.pending on the fleet: the trainer's PENDING lines as events, their one-line and Discord renderings,
-and the failure a given-up wait becomes (workers.train)."""
+and the failure a given-up wait becomes (workers.stages.train)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from broker.payloads import Event, EventType, TrainPending
 from service.describe import describe
 from trainer import lines, progress
 from trainer.placement import Demand, NodeRoom, pending_line, place
-from workers.train import _EVENT_OF, gave_up, unplaced
+from workers.stages.train import _EVENT_OF, gave_up, unplaced
 
 
 def line(report: int, waited: float, gave: bool) -> dict[str, Any]:
