@@ -17,6 +17,7 @@ WORKDIR /app
 COPY pyproject.toml README.md requirements-*.txt ./
 COPY core ./core
 COPY jobs ./jobs
+COPY state ./state
 COPY broker ./broker
 COPY providers ./providers
 COPY workers ./workers

@@ -65,9 +65,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.notify_figures import SideFigures, figures, side_figures  # noqa: E402
-from broker.constants import EVENTS_STREAM  # noqa: E402
-from broker.constants import NOTIFIER_GROUP as GROUP  # noqa: E402
 from service.embedded import ensure_redis, stop_redis  # noqa: E402
+from state.keys import EVENTS_STREAM  # noqa: E402
+from state.keys import NOTIFIER_GROUP as GROUP  # noqa: E402
 from tests.factories import Script  # noqa: E402
 from tests.fakes import FakeDiscord  # noqa: E402
 from tests.integration.fleetproc import fleet_env  # noqa: E402

@@ -16,8 +16,8 @@ import redis
 from bot.board import TITLE as BOARD_TITLE
 from bot.notifier import PICTURED
 from bot.render import SEPARATE, separate_message
-from broker.constants import EVENTS_STREAM
-from broker.payloads import Event
+from state.keys import EVENTS_STREAM
+from state.payloads import Event
 from tests.fakes import FakeDiscord
 
 

@@ -49,13 +49,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from broker.constants import REAP_QUEUE  # noqa: E402
-from broker.ledger import Ledger  # noqa: E402
-from broker.models import Instance, InstanceState, RunState  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from jobs.sections.runpod import RunPodSection  # noqa: E402
 from providers.base import LaunchRequest, ProviderContext  # noqa: E402
 from providers.runpod.provider import RunPodProvider  # noqa: E402
 from service.embedded import ensure_redis, stop_redis  # noqa: E402
+from state.ledger import Ledger  # noqa: E402
+from state.models import Instance, InstanceState  # noqa: E402
+from state.stages import RunState  # noqa: E402
 from tests.factories import ledger_run  # noqa: E402
 from tests.fakes.runpod import FakeRunPod  # noqa: E402
 from workers.process import served_queues  # noqa: E402

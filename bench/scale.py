@@ -58,8 +58,8 @@ from bench import scale_figures as figures  # noqa: E402
 from bench import scale_procs as procs  # noqa: E402
 from bench.scale_sample import Sampler  # noqa: E402
 from bench.scale_sample import fake_state as figures_state  # noqa: E402
-from broker.constants import EVENTS_STREAM, NOTIFIER_GROUP, run_events_key, run_key  # noqa: E402
 from service.embedded import stop_redis  # noqa: E402
+from state.keys import EVENTS_STREAM, NOTIFIER_GROUP, run_events_key, run_key  # noqa: E402
 from tests.factories import EXAMPLE_YAML, copy_example_data  # noqa: E402
 from tests.fakes import FakeDiscord  # noqa: E402
 from tests.fakes.replay import JOURNAL  # noqa: E402

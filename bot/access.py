@@ -20,13 +20,13 @@ from typing import Any
 import discord
 import redis
 
-from broker.constants import bot_run_owner_key, bot_user_runs_key
-from broker.cost import DAY_S, HOUR_S, run_cost
-from broker.events import new_event
-from broker.ledger import Ledger
-from broker.payloads import PAYLOADS, DiscordOrigin, EventType
 from core.errors import NotFound
 from core.settings import Settings
+from state.cost import DAY_S, HOUR_S, run_cost
+from state.events import new_event
+from state.keys import bot_run_owner_key, bot_user_runs_key
+from state.ledger import Ledger
+from state.payloads import PAYLOADS, DiscordOrigin, EventType
 
 # Atomically: forget entries older than a day, refuse when the last hour already holds `cap` entries,
 # else add the new one. Two /train at once from one user cannot both slip under the cap.

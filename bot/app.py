@@ -26,10 +26,10 @@ import yarl
 from bot.commands import FleetTree
 from bot.notifier import Notifier, secret_values
 from bot.sinks import BotSink
-from broker.constants import alive_key
 from core.errors import ConfigError, Problem
 from core.secrets import Secrets
 from service.runs import Fleet
+from state.keys import alive_key
 
 log = logging.getLogger(__name__)
 

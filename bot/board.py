@@ -32,7 +32,7 @@ from discord.types.embed import Embed as EmbedData
 from discord.types.embed import EmbedField
 
 from bot.render import FIELDS_MAX, fit_embed
-from broker.models import Run
+from state.models import Run
 
 log = logging.getLogger(__name__)
 

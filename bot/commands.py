@@ -26,9 +26,9 @@ from bot.commands_runs import register_runs
 from bot.commands_submit import register_submit
 from bot.render import Scrubber, fit_embed
 from bot.replies import ERROR_COLOUR, plain_embed
-from broker.payloads import EventType
 from core.errors import FleetError
 from service.runs import Fleet
+from state.payloads import EventType
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from discord import app_commands
 from bot.access import Caller
 from bot.render import COLOURS
 from bot.replies import CHOICES_MAX, plain_embed
-from broker.models import RunState
-from broker.payloads import EventType
+from state.payloads import EventType
+from state.stages import RunState
 
 if TYPE_CHECKING:
     from bot.commands import FleetTree

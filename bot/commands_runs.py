@@ -16,12 +16,12 @@ from discord import app_commands
 from bot.access import Caller
 from bot.render import DESCRIPTION_MAX, status_embed
 from bot.replies import CHOICES_MAX, plain_embed
-from broker import events, nodelogs
-from broker.cost import run_cost
-from broker.models import Run
-from broker.payloads import EventType
 from service import runs as svc
 from service.describe import describe
+from state import events, nodelogs
+from state.cost import run_cost
+from state.models import Run
+from state.payloads import EventType
 
 if TYPE_CHECKING:
     from bot.commands import FleetTree

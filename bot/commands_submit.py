@@ -14,7 +14,6 @@ from discord import app_commands
 from bot.access import Caller
 from bot.render import sweep_embed
 from bot.replies import CHOICES_MAX, plain_embed
-from broker.payloads import EventType
 from core.errors import ConfigError, Problem
 from core.settings import Settings
 from jobs.paths import Confinement
@@ -23,6 +22,7 @@ from jobs.yamlsafe import MAX_BYTES, read_job_file
 from service import runs as svc
 from service import sweep_spec, sweeps
 from service.sweep_load import parse_sweep
+from state.payloads import EventType
 
 if TYPE_CHECKING:
     from bot.commands import FleetTree

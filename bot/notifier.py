@@ -53,7 +53,15 @@ from bot.render import (
     truncate,
 )
 from bot.sinks import DiscordDown, Sink, WebhookSink
-from broker.constants import (
+from core.errors import ConfigError, NotFound, Problem
+from core.secrets import Secrets
+from core.settings import Settings
+from service import plot
+from service.describe import loss_curve
+from service.painter import Painter
+from state.cost import run_cost
+from state.events import EventConsumer
+from state.keys import (
     ALIVE_TTL_S,
     NOTIFIER_GROUP,
     alive_key,
@@ -61,17 +69,9 @@ from broker.constants import (
     notify_status_key,
     notify_thread_key,
 )
-from broker.cost import run_cost
-from broker.events import EventConsumer
-from broker.ledger import Ledger
-from broker.models import Run
-from broker.payloads import Event, EventType, WandbRun
-from core.errors import ConfigError, NotFound, Problem
-from core.secrets import Secrets
-from core.settings import Settings
-from service import plot
-from service.describe import loss_curve
-from service.painter import Painter
+from state.ledger import Ledger
+from state.models import Run
+from state.payloads import Event, EventType, WandbRun
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ from typing import Any
 from discord.types.embed import Embed as EmbedData
 from discord.types.embed import EmbedField
 
-from broker.models import Instance, Run, RunState
-from broker.payloads import Event, EventType, SweepFinished, SweepSummary
 from service.describe import format_value
 from service.sweeps import table_lines
+from state.models import Instance, Run
+from state.payloads import Event, EventType, SweepFinished, SweepSummary
+from state.stages import RunState
 
 # Discord's documented limits (https://discord.com/developers/docs/resources/message#embed-object-embed-limits).
 TITLE_MAX = 256

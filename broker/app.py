@@ -13,9 +13,9 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK, Stage
-from broker.models import STAGES
+from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK
 from core import redisurl
+from state.stages import STAGES, Stage
 
 if TYPE_CHECKING:
     from core.settings import Settings

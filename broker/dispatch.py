@@ -9,7 +9,7 @@ The claim is a lease: while a task holds its run (`hold`, around the whole task 
 every third of `stall_after_s` for as long as the key still holds its id, so a step longer than that (a
 large upload, an unpack) keeps the run. A task that dies stops renewing; its key expires `stall_after_s`
 later and the reaper then sends a fresh task for any run that is not finished and has no owner. The claim
-also fences the ledger (broker.ledger.fenced): a task whose claim was taken over (it stalled past the TTL)
+also fences the ledger (state.ledger.fenced): a task whose claim was taken over (it stalled past the TTL)
 has its writes to the run refused with LeaseLost.
 """
 
@@ -23,10 +23,11 @@ from contextlib import contextmanager
 import redis
 from celery import Celery
 
-from broker.constants import PARKED, Stage, tick_key
-from broker.ledger import fenced
 from broker.locks import Renewer
 from broker.parking import WATCHER, Parking, Watch
+from state.keys import PARKED, tick_key
+from state.ledger import fenced
+from state.stages import Stage
 
 # KEYS[1] tick key; ARGV[1] expected owner ("" = anyone), ARGV[2] new owner, ARGV[3] ttl ms
 _HANDOVER = """

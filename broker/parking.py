@@ -16,7 +16,8 @@ from __future__ import annotations
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
+from state.keys import PARKED, WATCHER_LEASE, tick_key
+from state.stages import Stage
 
 WATCHER = "watcher"  # a parked run's tick key holds this, not a task's id
 

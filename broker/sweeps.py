@@ -14,12 +14,13 @@ import logging
 import math
 import time
 
-from broker.constants import Stage, sweep_lock_key
 from broker.dispatch import Dispatcher
-from broker.ledger import Draft, Ledger
 from broker.locks import Lease
-from broker.models import Run, RunState, Sweep
-from broker.payloads import Event, RunReleased, SweepFinished, SweepRow
+from state.keys import sweep_lock_key
+from state.ledger import Draft, Ledger
+from state.models import Run, Sweep
+from state.payloads import Event, RunReleased, SweepFinished, SweepRow
+from state.stages import RunState, Stage
 
 log = logging.getLogger("trainfleet.sweeps")
 

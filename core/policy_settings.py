@@ -10,7 +10,7 @@ Discord user or a committer gets what the operator grants here and nothing more:
 - the money a run, a submitter and the whole fleet may spend: `max_dollars_per_run`, `bot_dollars_per_day`
   (each Discord user), `git_dollars_per_day` (each watched repository), `max_dollars_per_day` (the fleet).
   Each is checked against the worst case of what is asked, at submit and again at provision
-  (broker.budget), and against what was spent, by the stages and the reaper (workers.budget).
+  (state.budget), and against what was spent, by the stages and the reaper (workers.budget).
 core.settings.Settings derives from PolicySettings: one flat settings file and `FLEET_<NAME>` variables, as
 for every other knob.
 """

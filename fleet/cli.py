@@ -17,9 +17,6 @@ from typing import Annotated
 import redis
 import typer
 
-from broker import events, nodelogs
-from broker.models import Run
-from broker.payloads import TERMINAL_EVENTS
 from core import redisurl
 from core.errors import ConfigError, FleetError
 from fleet import cli_nodes, cli_offers, cli_ops, cli_procs, cli_status, cli_sweep, cli_watch, live
@@ -41,6 +38,9 @@ from service.describe import describe, run_view
 from service.gitwatch import DEFAULT_GLOB
 from service.plan import JobPlan, plan_job
 from service.sweeps import SWEEP_PREFIX
+from state import events, nodelogs
+from state.models import Run
+from state.payloads import TERMINAL_EVENTS
 
 cli = typer.Typer(help="trainfleet: submit an axolotl-style YAML and walk away.", no_args_is_help=True)
 
@@ -318,7 +318,7 @@ def logs(
 
 
 def node_logs(fleet: svc.Fleet, run_id: str, follow: bool, as_json: bool) -> None:
-    """Each of the run's Ray jobs' output as kept so far (broker.nodelogs), under a line naming the job (with
+    """Each of the run's Ray jobs' output as kept so far (state.nodelogs), under a line naming the job (with
     --json: one {"ray_job", "output"} object a line); with `follow`, what comes next, until the run ends."""
     shown: dict[str, int] = {}
     while True:

@@ -10,13 +10,13 @@ from typing import Annotated, TextIO
 import typer
 from rich.console import Console
 
-from broker.models import Run
 from core.errors import ConfigError, FleetError
 from core.secrets import Secrets
 from core.settings import Settings
 from jobs.spec import format_problems
 from providers.world import World
 from service import embedded, runs
+from state.models import Run
 
 PIPE_WIDTH = 400  # a table printed into a pipe or file: as wide as its cells, not cut at rich's 80 columns
 

@@ -16,8 +16,9 @@ from typing import Annotated
 
 import typer
 
-from broker.constants import QUEUES, REAP_SEEN, alive_key
+from broker.constants import QUEUES
 from fleet.cli_common import connect_or_exit, err, out, secrets_or_exit, settings_or_exit, world_or_exit
+from state.keys import REAP_SEEN, alive_key
 
 QueuesOpt = Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")]
 ALL_QUEUES = ",".join(QUEUES)

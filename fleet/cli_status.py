@@ -14,11 +14,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from broker.models import Run
 from fleet import cli_watch
 from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
 from service import runs as svc
 from service.describe import RUN_VIEWS, loss_curve, run_detail, run_view, trainer_of
+from state.models import Run
 
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48

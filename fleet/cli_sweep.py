@@ -11,7 +11,6 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from broker.models import Sweep
 from core.errors import ConfigError, FleetError
 from fleet import live
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
@@ -20,6 +19,7 @@ from service import sweep_load, sweep_spec, sweeps
 from service.describe import format_value
 from service.runs import Fleet
 from service.sweeps import SweepView
+from state.models import Sweep
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 

@@ -11,12 +11,12 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
-from broker.payloads import DiscordOrigin, GitOrigin
 from core.errors import GitError
 from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
 from service import gitwatch
 from service.gitrepo import GitRepo
 from service.gitwatch import DEFAULT_GLOB, ConfigResult, Look, Outcome, Start, Trigger
+from state.payloads import DiscordOrigin, GitOrigin
 
 REMOTE = "origin"
 GlobOpt = Annotated[

@@ -17,14 +17,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from broker import events
-from broker.constants import Stage
-from broker.models import Run, RunState
-from broker.payloads import TERMINAL_EVENTS, Event, EventType
 from core.settings import Settings
 from fleet.cli_common import err, out
 from service import runs as svc
 from service.describe import describe, format_value
+from state import events
+from state.models import Run
+from state.payloads import TERMINAL_EVENTS, Event, EventType
+from state.stages import RunState, Stage
 
 T = TypeVar("T")  # what a waiting command submitted: a run, a sweep
 R = TypeVar("R")  # what it waited for: the run's end, the sweep's view

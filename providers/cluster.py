@@ -54,7 +54,7 @@ class _NodesAnswer(BaseModel):
 
 
 class NodeSummary(TypedDict):
-    """One Ray node in a few fields (providers.cluster.node_summary); broker.payloads.NodeJoined's fields."""
+    """One Ray node in a few fields (providers.cluster.node_summary); state.payloads.NodeJoined's fields."""
 
     node_id: str | None
     node_ip: str | None

@@ -36,7 +36,7 @@ from typing import Generic, TypeVar
 import redis
 from pydantic import BaseModel, TypeAdapter
 
-from broker.constants import listing_key
+from state.keys import listing_key
 
 WAIT_POLL_S = 0.05
 STALE_S = 10.0  # an old list is still kept this long: served while the next is being asked (not waited on)
@@ -121,7 +121,7 @@ class SharedListing(Generic[R]):
     _asked_at: float = field(default=0.0, repr=False)  # when this process's last request to the vendor began
     _adapter: TypeAdapter[list[R]] = field(init=False, repr=False)
     key: str = field(init=False)
-    """Where the list is kept (broker.constants.listing_key), the account hashed into it."""
+    """Where the list is kept (state.keys.listing_key), the account hashed into it."""
 
     def __post_init__(self) -> None:
         self._adapter = TypeAdapter(list[self.model])  # type: ignore[name-defined]

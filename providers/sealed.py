@@ -20,8 +20,8 @@ from typing import Protocol
 import redis
 from cryptography.fernet import Fernet, InvalidToken
 
-from broker.constants import NODE_SECRETS
 from core.errors import ConfigError, Problem, SealMismatch
+from state.keys import NODE_SECRETS
 
 SEAL_KEY = "FLEET_SEAL_KEY"
 KEY_FILE = "seal.key"  # under <home>/secrets/, when FLEET_SEAL_KEY is not set

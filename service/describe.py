@@ -10,11 +10,13 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter
 
-from broker import events
-from broker.constants import Stage
-from broker.cost import run_cost
-from broker.models import Run, RunProgress, RunState
-from broker.payloads import (
+from core.errors import FailureReason
+from jobs.sections import ProviderName
+from service.runs import Fleet
+from state import events
+from state.cost import run_cost
+from state.models import Run, RunProgress
+from state.payloads import (
     Event,
     Metrics,
     Origin,
@@ -27,9 +29,7 @@ from broker.payloads import (
     TrainRollback,
     TrainStep,
 )
-from core.errors import FailureReason
-from jobs.sections import ProviderName
-from service.runs import Fleet
+from state.stages import RunState, Stage
 from trainer.config import AxolotlConfig
 
 

@@ -31,8 +31,6 @@ from typing import Any, cast
 
 import redis
 
-from broker.constants import GIT_INVALID, git_claim_key, git_lease_key, git_watermark_key, run_key
-from broker.payloads import GitOrigin
 from core.errors import ConfigError, FleetError, GitError, OverBudget, Problem
 from jobs.paths import Confinement
 from jobs.spec import LoadedJob, format_problems, parse_job
@@ -40,6 +38,8 @@ from jobs.yamlsafe import MAX_BYTES
 from service import runs
 from service.gitrepo import ZERO_SHA, GitRepo
 from service.gitsnapshot import Snapshot, TreeRefused
+from state.keys import GIT_INVALID, git_claim_key, git_lease_key, git_watermark_key, run_key
+from state.payloads import GitOrigin
 
 DEFAULT_GLOB = "tasks/**/*.yml"
 LEASE_S = 120  # how long a submit may take before another process may take the claimed run over

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.events import new_event
-from broker.models import InstanceState
-from broker.payloads import InstanceTerminated, InstanceTerminating
 from core.errors import FleetError, NotFound
 from providers.base import NodeInstance, Provider
 from service.runs import Fleet
+from state.events import new_event
+from state.models import InstanceState
+from state.payloads import InstanceTerminated, InstanceTerminating
 
 
 class InstanceBusy(FleetError):

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.models import Instance
 from core.errors import NodeError, NotFound
 from providers.base import INSTANCE_PREFIX, Provider, SshAccess
 from providers.node import fingerprint
 from service.runs import Fleet
+from state.models import Instance
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The plan names the trainer (and why it was chosen), the command the node runs, t
 or local interpreter, axolotl's release), the machines and GPUs, the training workers, the price per
 hour of the cheapest offer that fits now (asked of the provider; a provider that cannot be asked says why)
 and the run's worst case: the most it may cost, which the fleet's caps are checked against
-(broker.worstcase), and whether the per-run cap refuses it.
+(state.worstcase), and whether the per-run cap refuses it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Collection
 
 from pydantic import BaseModel, ConfigDict
 
-from broker.worstcase import WorstCase, worst_case
 from core.errors import FleetError
 from jobs.sections import CloudSection, LocalSection, ProviderName, RunPodSection
 from jobs.spec import LoadedJob
@@ -22,6 +21,7 @@ from providers.base import NodeSoftware
 from providers.local.client import axolotl_python, node_python
 from providers.offers import Choice
 from providers.world import World
+from state.worstcase import WorstCase, worst_case
 from trainer.config import AxolotlConfig, FleetKeys
 
 

@@ -13,13 +13,7 @@ import redis
 from pydantic import JsonValue, SecretStr
 
 from broker import app as broker_app
-from broker.budget import Ask, held, refusal
-from broker.constants import Stage
 from broker.dispatch import Dispatcher
-from broker.ledger import Draft, Ledger
-from broker.models import Run, RunState
-from broker.payloads import Origin, RunCancelled, RunCancelRequested, RunQueued, submitter_of
-from broker.worstcase import worst_case
 from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
 from core.policy_settings import ANY_NAMESPACE, Submitter
@@ -32,6 +26,12 @@ from providers.world import World
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
 from service.wandbkey import wandb_refusal
+from state.budget import Ask, held, refusal
+from state.ledger import Draft, Ledger
+from state.models import Run
+from state.payloads import Origin, RunCancelled, RunCancelRequested, RunQueued, submitter_of
+from state.stages import RunState, Stage
+from state.worstcase import worst_case
 from trainer.config import AxolotlConfig
 from workers.process import served_queues
 
@@ -225,7 +225,7 @@ def check_budget(fleet: Fleet, jobs: Sequence[LoadedJob] = (), origin: Origin | 
     """Refuse (OverBudget) new runs of `jobs` from whoever sent them (`origin`; None: the CLI) unless their
     worst cases fit under the caps all together: a sweep's children, a batch of files, a commit's configs
     are all queued or none. Each under the per-run cap; with what was spent in the last 24 h and what the
-    runs not ended may still cost, under the fleet's day cap and the sender's (broker.budget). With no
+    runs not ended may still cost, under the fleet's day cap and the sender's (state.budget). With no
     jobs: refused only once a cap is spent."""
     settings = fleet.settings
     who = submitter_of(origin)

@@ -13,13 +13,13 @@ import time
 from pydantic import Field
 
 from broker import sweeps as ledger_sweeps
-from broker.cost import run_cost
-from broker.models import Sweep
-from broker.payloads import Event, Origin, SweepRow, SweepStarted, SweepSummary
 from service import runs
 from service.describe import format_value
 from service.runs import Fleet
 from service.sweep_spec import SweepPlan
+from state.cost import run_cost
+from state.models import Sweep
+from state.payloads import Event, Origin, SweepRow, SweepStarted, SweepSummary
 
 SWEEP_PREFIX = "sw-"
 

@@ -15,10 +15,12 @@ import redis
 import yaml
 from celery import Celery
 
-from broker.constants import Stage
-from broker.ledger import Draft, Ledger
-from broker.models import Instance, Run, RunState
-from broker.payloads import (
+from core.errors import FailureReason
+from jobs.sections import SECTION_MODELS, LocalSection, SectionBase
+from jobs.spec import JobSpec
+from state.ledger import Draft, Ledger
+from state.models import Instance, Run
+from state.payloads import (
     InstanceRequested,
     RunFailed,
     RunQueued,
@@ -28,9 +30,7 @@ from broker.payloads import (
     TrainStep,
     WandbRun,
 )
-from core.errors import FailureReason
-from jobs.sections import SECTION_MODELS, LocalSection, SectionBase
-from jobs.spec import JobSpec
+from state.stages import RunState, Stage
 from trainer import faults, progress
 from trainer.config import AxolotlConfig, TrainConfig, TrainJob, WandbPlan
 

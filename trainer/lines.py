@@ -2,14 +2,14 @@
 
 The trainer builds these models and prints them (`emit`; trainer.progress carries them, one JSON object
 per line behind a marker). The fleet reads the same models back: its events for these lines
-(broker.payloads.node) are these classes with an event type added, the train stage's relay finds a line's
+(state.payloads.node) are these classes with an event type added, the train stage's relay finds a line's
 event through its `kind`, and the ledger's run progress takes its step fields from `StepFields`. A field
 is named here and nowhere else.
 
 Built strictly: a field these models do not declare is an error at the trainer's own line (mypy's pydantic
 plugin sees it first), while the fleet's events keep what a line brings beyond them. Not here: CHECKED
 (trainer.nodecheck imports only the standard library, so that a node lacking the trainer's libraries can
-still say which; the fleet's broker.payloads.node.NodeCheck reads it), CHUNK and PACKED (written and read
+still say which; the fleet's state.payloads.node.NodeCheck reads it), CHUNK and PACKED (written and read
 back by trainer.pack alone) and DONE (no fields).
 """
 

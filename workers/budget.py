@@ -18,14 +18,15 @@ import logging
 import time
 from collections.abc import Callable
 
-from broker.budget import Ask, Held, held, refusal, spent_text
-from broker.constants import BUDGET_LOCK, Stage
-from broker.ledger import Draft
 from broker.locks import Lease
-from broker.models import Run, RunState
-from broker.payloads import submitter_of
-from broker.worstcase import worst_case
 from core.errors import FailureReason, FleetError, StageFailed
+from state.budget import Ask, Held, held, refusal, spent_text
+from state.keys import BUDGET_LOCK
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import submitter_of
+from state.stages import RunState, Stage
+from state.worstcase import worst_case
 from workers import context
 from workers.ending import teardown
 from workers.node_job import node

@@ -9,11 +9,11 @@ import redis
 
 from broker.app import app
 from broker.dispatch import Dispatcher
-from broker.ledger import Ledger
 from core import redisurl
 from core.settings import Settings
 from providers.base import Provider, ProviderContext
 from providers.world import World
+from state.ledger import Ledger
 
 
 @dataclass

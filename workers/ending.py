@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import time
 
-from broker.constants import Stage
-from broker.cost import run_cost
-from broker.ledger import Draft
-from broker.models import InstanceState, Run, RunState
-from broker.payloads import (
+from core.errors import FailureReason, FleetError, clipped
+from providers.base import NodeState
+from state.cost import run_cost
+from state.ledger import Draft
+from state.models import InstanceState, Run
+from state.payloads import (
     InstanceKept,
     InstanceTerminated,
     InstanceTerminating,
@@ -18,9 +19,8 @@ from broker.payloads import (
     RunFailed,
     RunPreempted,
 )
-from broker.worstcase import KEEP_MAX_S  # the longest a failed run's node is kept for debugging
-from core.errors import FailureReason, FleetError, clipped
-from providers.base import NodeState
+from state.stages import RunState, Stage
+from state.worstcase import KEEP_MAX_S  # the longest a failed run's node is kept for debugging
 from workers import context
 from workers.node_job import node
 from workers.stage import enter

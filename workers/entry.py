@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import shlex
 
-from broker.ledger import Draft
-from broker.models import Run
-from broker.payloads import PrepareEntry, RaySubmitted
 from core.errors import FailureReason, StageFailed
 from jobs.redact import redact_values
 from jobs.sections.base import RemoteSection
 from providers.node import JobInfo, JobStatus, NodeClient
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import PrepareEntry, RaySubmitted
 from workers import context
 from workers.node_job import files_for_node, job_log, known_secrets, node_env, submit_once
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from broker.ledger import Draft
-from broker.models import InstanceState, Placement, Run
-from broker.payloads import OfferChosen, OfferLeft
 from core.errors import RETRYABLE, FailureReason, FleetError, StageFailed
 from jobs.sections import CloudSection
 from providers.anycloud import CloudChoice, providers_of, rank, summary
+from state.ledger import Draft
+from state.models import InstanceState, Placement, Run
+from state.payloads import OfferChosen, OfferLeft
 from workers import context
 from workers.ending import terminate_instance
 

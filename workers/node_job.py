@@ -12,10 +12,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from broker import nodelogs
-from broker.ledger import Draft
-from broker.models import Run
-from broker.payloads import PAYLOADS, EventType, Payload, RunRetrying
 from core import envnames
 from core.errors import ConfigError, Problem
 from jobs import shipping
@@ -23,6 +19,10 @@ from jobs.redact import redact_job, redact_values
 from jobs.secretscan import redacted
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobInfo, NodeClient, NodeTimeouts
+from state import nodelogs
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import PAYLOADS, EventType, Payload, RunRetrying
 from trainer import progress
 from trainer.config import AnyTrainConfig, TrainJob, as_jsonable
 from workers import context, wandb_plan

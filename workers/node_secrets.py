@@ -28,7 +28,7 @@ from typing import Any, Literal
 import requests
 from pydantic import SecretStr
 
-from broker.models import Run
+from state.models import Run
 from trainer.config import BUILTIN_MODELS, HUB_ID_PATTERN, AxolotlConfig, FleetKeys, WandbPlan
 from workers import context
 

@@ -19,9 +19,11 @@ import redis
 from celery import signals
 
 from broker.app import app, configure
-from broker.constants import QUEUES, WORKERS_PREFIX, Stage, worker_key
+from broker.constants import QUEUES
 from core import redisurl
 from core.settings import Settings
+from state.keys import WORKERS_PREFIX, worker_key
+from state.stages import Stage
 
 HEARTBEAT_S = 5
 HEARTBEAT_TTL_S = 20

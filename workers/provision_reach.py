@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 
-from broker.ledger import Draft
-from broker.models import Run, Unreached
-from broker.payloads import NodeUnreachable
 from core.errors import Unreachable
 from providers.base import NodeInstance, NodeState, Unanswered
+from state.ledger import Draft
+from state.models import Run, Unreached
+from state.payloads import NodeUnreachable
 from workers import context
 
 ADVICE = {

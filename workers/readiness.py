@@ -17,13 +17,14 @@ import importlib.metadata
 import shlex
 import sys
 
-from broker.constants import Stage, node_check_key
-from broker.ledger import Draft
-from broker.models import Run
-from broker.payloads import EventType, NodeCheck, NodeReady, NodeSetup
 from core.errors import FailureReason, StageFailed
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobStatus, NodeClient, NodeTimeouts
+from state.keys import node_check_key
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import EventType, NodeCheck, NodeReady, NodeSetup
+from state.stages import Stage
 from trainer import progress
 from workers import context
 from workers.node_job import job_log, node_record, node_software, submit_once

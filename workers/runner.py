@@ -11,11 +11,11 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from broker import sweeps
 from broker.app import time_limits
-from broker.constants import Stage
-from broker.cost import run_cost
-from broker.models import STAGES, Run, RunState
 from core.errors import FailureReason, FleetError, LeaseLost, NodeLost, StageFailed, StepTimedOut
 from jobs.redact import redact_values
+from state.cost import run_cost
+from state.models import Run
+from state.stages import STAGES, RunState, Stage
 from workers import budget, context
 from workers.ending import node_lost, replace_node, teardown
 from workers.node_job import known_secrets

@@ -3,7 +3,7 @@ policy every stage task shares.
 
 A step is a plain function `step(ctx, run) -> Next`. It never waits long: to wait, it returns
 `Next.poll()` and the same stage's task is sent again after a short countdown; when its stage is done it
-returns `Next.onward(stage)`, and the run goes to the stage after it (broker.constants.Stage.following).
+returns `Next.onward(stage)`, and the run goes to the stage after it (state.stages.Stage.following).
 
 A step that raises an error that may pass (`FleetError.retryable`) is tried again after a back-off
 (`plan_retry`): each failure is a `run.retrying` event saying why and when, and the streak is bounded by
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, TypedDict
 
 from celery.utils.time import get_exponential_backoff_interval
 
-from broker.constants import Stage
-from broker.ledger import Draft
-from broker.models import STAGES, Retrying, Run, RunState
 from broker.parking import Watch
-from broker.payloads import RunRetrying, StageFinished, StageStarted
 from core.errors import RETRYABLE, FleetError
+from state.ledger import Draft
+from state.models import Retrying, Run
+from state.payloads import RunRetrying, StageFinished, StageStarted
+from state.stages import STAGES, RunState, Stage
 
 if TYPE_CHECKING:
     from workers.context import Context

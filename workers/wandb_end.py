@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from broker.constants import Stage
-from broker.models import Run
 from core.errors import FailureReason
 from jobs.redact import redact_values
+from state.models import Run
+from state.stages import Stage
 from trainer.tracking import log_lifecycle, open_run
 from workers import context, wandb_plan
 from workers.node_job import known_secrets

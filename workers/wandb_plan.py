@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.events import read_run
-from broker.models import Run
-from broker.payloads import EventType, PrepareFetched
 from core.settings import Settings
 from jobs.spec import JobSpec
+from state.events import read_run
+from state.models import Run
+from state.payloads import EventType, PrepareFetched
 from trainer.config import WandbPlan
 from workers import context
 

@@ -27,13 +27,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from broker.constants import WATCHER_LEASE, Stage
-from broker.ledger import fenced
 from broker.locks import Lease
-from broker.models import STAGES, Run
 from broker.parking import WATCHER, Watch
 from core.errors import FleetError, LeaseLost, NotFound
 from providers.node import NodeClient
+from state.keys import WATCHER_LEASE
+from state.ledger import fenced
+from state.models import Run
+from state.stages import STAGES, Stage
 from workers import context, provision_reach
 from workers.node_job import node
 
@@ -187,7 +188,7 @@ def start_watcher(ctx: context.Context, holder: str) -> threading.Event:
 
 
 def relay_of(stage: Stage) -> Relay:
-    """The stage's relay of its node job's lines as events, as printed: its module's `relay` (broker.models
+    """The stage's relay of its node job's lines as events, as printed: its module's `relay` (state.models
     STAGES names the module; looked up when used, so no import order can find it half made)."""
     relay: Relay = importlib.import_module(STAGES[stage].module).relay
     return relay

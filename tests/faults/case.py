@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from broker.models import RunState
+from state.stages import RunState
 from tests.fakes import FakeCloud, FakeDiscord
 from tests.faults.canaries import CANARIES
 

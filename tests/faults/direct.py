@@ -22,13 +22,13 @@ import pytest
 from celery.utils.time import get_exponential_backoff_interval
 
 from broker.app import configure
-from broker.constants import Stage
-from broker.models import Run, RunState
 from core.errors import FleetError
 from core.settings import Settings
 from jobs.spec import load_job
 from providers.base import Provider
 from service import runs
+from state.models import Run
+from state.stages import RunState, Stage
 from tests.fakes import FakeCloud, FakeRunPod
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case

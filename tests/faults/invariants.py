@@ -26,11 +26,11 @@ from typing import Any
 import psutil
 import redis
 
-from broker.ledger import Ledger
-from broker.models import RunState
 from core.errors import FleetError, NotFound, clipped
 from providers.base import INSTANCE_PREFIX
 from providers.local.client import LocalHeads
+from state.ledger import Ledger
+from state.stages import RunState
 from tests.faults.case import Case, Findings
 
 CRASH_LINE = re.compile(rb"fleet: crash point (\w+): exiting")

@@ -22,9 +22,9 @@ from typing import Any
 import psutil
 import redis
 
-from broker.ledger import Ledger
-from broker.models import Run
 from service.embedded import _locked, ensure_redis, launch  # the embedded Redis's own start and lock
+from state.ledger import Ledger
+from state.models import Run
 from tests.fakes import FakeCloud, FakeDiscord, FakeHub
 from tests.faults.canaries import CANARIES
 from tests.faults.case import Case

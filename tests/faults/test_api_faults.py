@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-from broker.events import read_run
-from broker.models import InstanceState, RunState
+from state.events import read_run
+from state.models import InstanceState
+from state.stages import RunState
 from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, FakeVastAI
 from tests.faults.case import Case

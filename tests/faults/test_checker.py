@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from broker.app import app, configure
-from broker.models import RunState
 from core.settings import Settings
+from state.stages import RunState
 from tests.factories import Script
 from tests.fakes import FakeDiscord, FakeRunPod, Instance
 from tests.faults.canaries import CANARIES

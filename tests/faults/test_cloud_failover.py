@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis
 
-from broker.events import read_run
-from broker.models import RunState
 from service.sweep_load import load_sweep
 from service.sweeps import cancel_sweep, submit_sweep
+from state.events import read_run
+from state.stages import RunState
 from tests.factories import light_job_file
 from tests.fakes import FakeRunPod, FakeVastAI
 from tests.faults.case import Case

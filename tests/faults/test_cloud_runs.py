@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.models import RunState
 from core.crashpoints import CRASH_ENV, CrashPoint
+from state.stages import RunState
 from tests.factories import RUNPOD_SECTION, VASTAI_SECTION, light_job_file
 from tests.fakes import FakeRunPod, FakeVastAI
 from tests.faults.case import Case

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.models import RunState
 from core.crashpoints import CRASH_ENV, CrashPoint
+from state.stages import RunState
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
 from tests.faults.case import Case

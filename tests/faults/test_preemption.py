@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.models import RunState
+from state.stages import RunState
 from tests.factories import light_job_file
 from tests.fakes import FakeRunPod, FakeVastAI
 from tests.faults.canaries import CANARIES

@@ -24,16 +24,17 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from broker.constants import EVENTS_STREAM, Stage, tick_key
 from broker.dispatch import Dispatcher
-from broker.ledger import Draft, Ledger
-from broker.models import Run, RunState
-from broker.payloads import RunCancelRequested
 from core.settings import load_settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.provider import RunPodProvider
 from service import runs as svc
+from state.keys import EVENTS_STREAM, tick_key
+from state.ledger import Draft, Ledger
+from state.models import Run
+from state.payloads import RunCancelRequested
+from state.stages import RunState, Stage
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeCloud, FakeRunPod, Instance
 from tests.faults.canaries import CANARIES

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.constants import PARKED
-from broker.models import InstanceState, RunState
+from state.keys import PARKED
+from state.models import InstanceState
+from state.stages import RunState
 from tests.factories import light_job_file
 from tests.fakes import FakeDiscord
 from tests.faults.case import Case

@@ -17,10 +17,10 @@ from typing import Any
 import psutil
 import redis
 
-from broker.constants import run_key, tick_key
 from providers.base import ProviderContext
 from providers.local.provider import LocalProvider
 from service.embedded import stop_redis
+from state.keys import run_key, tick_key
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,16 +24,17 @@ import redis
 
 from bot.app import FleetBot
 from bot.render import separate_message
-from broker import nodelogs
 from broker import sweeps as sweep_slots
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import Event, EventType
 from core.errors import ConfigError
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
 from providers.base import LaunchRequest
 from service.runs import Fleet
+from state import nodelogs
+from state.models import Instance, InstanceState, Run
+from state.payloads import Event, EventType
+from state.stages import RunState
 from tests.fakes import FakeDiscord
 from tests.fakes.discord import DEFAULT_TOKEN
 from tests.integration.fleetproc import Worker, events_of, fleet_env, wait_for_end, wait_until

@@ -7,14 +7,15 @@ import threading
 import pytest
 import redis
 
-from broker import events
-from broker.constants import Stage, tick_key
 from broker.dispatch import Dispatcher
-from broker.ledger import Draft, Ledger
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import EventType, RunQueued, StageStarted, TrainStep
 from core.errors import AlreadyExists, NotFound
 from jobs.sections import ProviderName
+from state import events
+from state.keys import tick_key
+from state.ledger import Draft, Ledger
+from state.models import Instance, InstanceState, Run
+from state.payloads import EventType, RunQueued, StageStarted, TrainStep
+from state.stages import RunState, Stage
 from tests.factories import RecordingApp, job_spec
 
 

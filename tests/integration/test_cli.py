@@ -11,17 +11,18 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker import nodelogs
-from broker.constants import RUNS_INDEX, Stage
-from broker.events import read_run
-from broker.ledger import Ledger
-from broker.models import Instance, RunProgress, RunState
-from broker.payloads import TrainEval, TrainStep
 from core.errors import FailureReason
 from fleet.cli import cli
 from fleet.cli_status import spark
 from jobs.sections.local import LocalSection
 from service import embedded
+from state import nodelogs
+from state.events import read_run
+from state.keys import RUNS_INDEX
+from state.ledger import Ledger
+from state.models import Instance, RunProgress
+from state.payloads import TrainEval, TrainStep
+from state.stages import RunState, Stage
 from tests.factories import EXAMPLE_YAML, copy_example_data, ledger_run
 from tests.integration.fleetproc import fleet, fleet_env
 from trainer.config import WandbPlan
@@ -100,9 +101,9 @@ def test_no_run_is_queued_over_the_fleets_daily_cap(
     to its end, nothing before the window) at the cap: enqueue is refused with the figure, nothing queued."""
     import time
 
-    from broker.ledger import Ledger
-    from broker.models import Instance, InstanceState
     from core.errors import OverBudget
+    from state.ledger import Ledger
+    from state.models import Instance, InstanceState
 
     now, ledger = time.time(), Ledger(redis_client)
     ledger.put_instance(

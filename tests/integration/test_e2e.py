@@ -15,9 +15,9 @@ import psutil
 import pytest
 import redis
 
-from broker.constants import RUNS_INDEX, run_key
 from jobs.dataset_check import MAX_ROWS
 from providers.local.client import node_python
+from state.keys import RUNS_INDEX, run_key
 from tests.factories import EXAMPLE_YAML, copy_example_data
 from tests.integration.fleetproc import (
     REPO,

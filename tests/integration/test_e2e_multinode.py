@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from broker.constants import RUNS_INDEX, run_key
 from providers.local.client import node_python
+from state.keys import RUNS_INDEX, run_key
 from tests.fakes import FakeRunPod
 from tests.integration.clouds import API_KEY, MostLive, fake_state, job_for
 from tests.integration.fleetproc import REPO, events_of, fleet, fleet_env, ledger_of, wait_until

@@ -13,15 +13,15 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.constants import GIT_INVALID, RUNS_INDEX, git_claim_key, git_lease_key, git_watermark_key
-from broker.ledger import Ledger
-from broker.payloads import GitOrigin
 from core.policy_settings import Source
 from core.settings import Settings
 from fleet.cli import cli
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Start, Trigger, look
 from service.runs import Fleet
+from state.keys import GIT_INVALID, RUNS_INDEX, git_claim_key, git_lease_key, git_watermark_key
+from state.ledger import Ledger
+from state.payloads import GitOrigin
 from tests.factories import GitWorkTree, light_job_file
 from tests.integration.fleetproc import fleet, fleet_env, redis_of
 

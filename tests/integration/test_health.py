@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.constants import REAP_SEEN
+from state.keys import REAP_SEEN
 from tests.integration.fleetproc import Worker, fleet, fleet_env, redis_of, wait_until
 from tests.integration.flowerproc import flower
 

@@ -11,12 +11,13 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.ledger import Ledger
-from broker.models import Instance, InstanceState, Run, RunState
 from fleet.cli import cli
 from jobs.sections.local import LocalSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.local.provider import LocalProvider
+from state.ledger import Ledger
+from state.models import Instance, InstanceState, Run
+from state.stages import RunState
 from tests.factories import job_spec
 
 pytestmark = pytest.mark.integration

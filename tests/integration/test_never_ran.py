@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.events import read_run
-from broker.models import RunState
-from broker.payloads import EventType, RunRetrying
 from core.settings import Settings
 from jobs.sections.local import LocalSection
 from providers.base import NodeEndpoint
 from providers.local.client import HeadMeta
 from providers.node import JobInfo, JobStatus, NodeClient
+from state.events import read_run
+from state.payloads import EventType, RunRetrying
+from state.stages import RunState
 from tests.factories import ledger_run
 from tests.integration.fleetproc import REPO
 from workers import context

@@ -20,8 +20,6 @@ import redis
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from broker.constants import Stage
-from broker.models import Instance, InstanceState, RunState
 from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.runpod import RunPodSection
@@ -32,6 +30,8 @@ from providers.runpod.provider import RunPodProvider
 from providers.vastai.provider import VastAIProvider
 from service.nodeaccess import ssh_command
 from service.runs import Fleet
+from state.models import Instance, InstanceState
+from state.stages import RunState, Stage
 from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod

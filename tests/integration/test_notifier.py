@@ -21,11 +21,11 @@ import requests
 from PIL import Image
 
 from bot.notifier import Notifier, webhook_parts
-from broker.constants import alive_key
-from broker.constants import notify_sent_key as sent_key
-from broker.constants import notify_status_key as status_key
 from core.settings import Settings
 from providers.registry import load_fleet_secrets
+from state.keys import alive_key
+from state.keys import notify_sent_key as sent_key
+from state.keys import notify_status_key as status_key
 from tests.factories import Script
 from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import fleet_env

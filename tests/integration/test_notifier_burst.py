@@ -50,14 +50,14 @@ import redis
 from bot.notifier import Notifier
 from bot.render import SEPARATE, separate_message
 from bot.sinks import RestClient
-from broker.constants import EVENTS_STREAM
-from broker.constants import NOTIFIER_GROUP as GROUP
-from broker.constants import notify_sent_key as sent_key
-from broker.constants import notify_status_key as status_key
-from broker.constants import notify_thread_key as thread_key
-from broker.ledger import Ledger
-from broker.models import RunState
-from broker.payloads import Event
+from state.keys import EVENTS_STREAM
+from state.keys import NOTIFIER_GROUP as GROUP
+from state.keys import notify_sent_key as sent_key
+from state.keys import notify_status_key as status_key
+from state.keys import notify_thread_key as thread_key
+from state.ledger import Ledger
+from state.payloads import Event
+from state.stages import RunState
 from tests.factories import Script
 from tests.fakes import FakeDiscord
 from tests.integration.fleetproc import fleet_env

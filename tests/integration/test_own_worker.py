@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.constants import Stage
+from state.stages import Stage
 from tests.integration.fleetproc import wait_until
 from workers.process import SpawnedWorker
 

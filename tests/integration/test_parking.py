@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.constants import PARKED, WATCHER_LEASE, Stage, tick_key
 from broker.dispatch import Dispatcher
-from broker.models import RunState
 from broker.parking import WATCHER, Watch
 from core.settings import Settings
 from jobs.sections import LocalSection
+from state.keys import PARKED, WATCHER_LEASE, tick_key
+from state.stages import RunState, Stage
 from tests.factories import RecordingApp, ledger_run
 from tests.integration.fleetproc import wait_until
 from workers import context, watcher

@@ -10,13 +10,13 @@ import redis
 from PIL import Image
 from typer.testing import CliRunner
 
-from broker.ledger import Ledger
-from broker.models import RunState
-from broker.payloads import RunPreempted, TrainEval, TrainRollback, TrainStep
 from fleet.cli import cli
 from jobs.sections.local import LocalSection
 from service import plot
 from service.describe import loss_curve
+from state.ledger import Ledger
+from state.payloads import RunPreempted, TrainEval, TrainRollback, TrainStep
+from state.stages import RunState
 from tests.factories import ledger_run
 
 RUN = "261203-101010-plot01"

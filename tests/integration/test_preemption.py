@@ -13,14 +13,14 @@ import pytest
 import redis
 from celery.exceptions import Retry
 
-from broker.constants import Stage
-from broker.events import read_run
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import RunPreempted
 from core.errors import FailureReason, NodeError
 from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
+from state.events import read_run
+from state.models import Instance, InstanceState, Run
+from state.payloads import RunPreempted
+from state.stages import RunState, Stage
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context

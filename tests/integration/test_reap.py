@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.constants import Stage, tick_key
-from broker.events import read_run
-from broker.models import Instance, InstanceState, Run, RunState
 from core.settings import Settings
 from jobs.sections.local import LocalSection
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState
 from providers.onnode import failsafe
+from state.events import read_run
+from state.keys import tick_key
+from state.models import Instance, InstanceState, Run
+from state.stages import RunState, Stage
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
 from workers import context
@@ -196,7 +197,7 @@ def test_a_pass_keeps_its_lock_while_a_provider_call_hangs(
     """A provider's list call may hang until its timeout; the pass renews its lock meanwhile, so no other
     reaper starts a second pass beside it."""
     from broker.app import configure
-    from broker.constants import REAP_LOCK
+    from state.keys import REAP_LOCK
 
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none") as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")

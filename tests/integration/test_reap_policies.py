@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-from broker.events import read_run
-from broker.models import Instance, InstanceState, RunState
-from broker.payloads import InstanceIdle, InstanceReminder
 from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
+from state.events import read_run
+from state.models import Instance, InstanceState
+from state.payloads import InstanceIdle, InstanceReminder
+from state.stages import RunState
 from tests.factories import ledger_run
 from tests.fakes.base import Instance as FakeInstance
 from tests.fakes.runpod import FakeRunPod

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.constants import NODE_SECRETS, Stage
+from state.keys import NODE_SECRETS
+from state.stages import Stage
 from tests.fakes import FakeRunPod
 from tests.fakes.nodes import Boot
 from tests.fakes.replay import EMITTED, JOURNAL, OUTPUT_FILES, Recording

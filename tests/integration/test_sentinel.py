@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.constants import run_key
 from core import redisurl
 from service.embedded import _binary
+from state.keys import run_key
 from tests.fakes import FakeRunPod
 from tests.integration.clouds import API_KEY, fake_state, job_for
 from tests.integration.fleetproc import fleet, fleet_env, wait_until

@@ -11,10 +11,10 @@ import pytest
 import redis
 from celery.exceptions import Retry
 
-from broker.constants import Stage
-from broker.models import Run, RunState
 from core.errors import FailureReason, NodeError, ProviderUnavailable, StageFailed
 from core.settings import Settings
+from state.models import Run
+from state.stages import RunState, Stage
 from workers import context
 from workers.runner import run_stage
 from workers.stage import Next
@@ -140,7 +140,7 @@ def test_a_run_whose_nodes_cost_its_cap_is_stopped(
     import time
 
     from broker.app import configure
-    from broker.models import Instance, InstanceState
+    from state.models import Instance, InstanceState
 
     settings = Settings(home=fleet_home, max_dollars_per_run=5.0)
     configure(settings, redis_url)

@@ -13,17 +13,19 @@ from typing import Any
 import pytest
 import redis
 
-from broker import events
 from broker import sweeps as slots
-from broker.constants import EVENTS_STREAM, REAP_TASK, Stage, sweep_lock_key, tick_key, worker_key
-from broker.models import Run, RunState
-from broker.payloads import Event, EventType, SweepFinished
+from broker.constants import REAP_TASK
 from core.errors import FailureReason, NotFound
 from core.settings import Settings
 from service import sweeps
 from service.runs import Fleet
 from service.sweep_load import load_sweep
 from service.sweep_spec import SweepPlan
+from state import events
+from state.keys import EVENTS_STREAM, sweep_lock_key, tick_key, worker_key
+from state.models import Run
+from state.payloads import Event, EventType, SweepFinished
+from state.stages import RunState, Stage
 from tests.factories import light_job_file
 from tests.integration.fleetproc import (
     events_of,

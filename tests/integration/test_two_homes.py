@@ -16,10 +16,11 @@ import pytest
 import redis
 from cryptography.fernet import Fernet
 
-from broker.constants import NODE_SECRETS, Stage
 from core.errors import FailureReason
 from providers.sealed import KEY_FILE
 from service.embedded import ensure_redis
+from state.keys import NODE_SECRETS
+from state.stages import Stage
 from tests.fakes import FakeRunPod
 from tests.integration.clouds import API_KEY, fake_state, job_for
 from tests.integration.fleetproc import (

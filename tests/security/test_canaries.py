@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.constants import run_key
-from broker.models import RunState
+from state.keys import run_key
+from state.stages import RunState
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
 from tests.faults.canaries import CANARIES

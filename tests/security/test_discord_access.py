@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import redis
 
-from broker.models import Instance, InstanceState
-from broker.payloads import EventType
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import parse_job
 from service.runs import Fleet, submit
+from state.models import Instance, InstanceState
+from state.payloads import EventType
 from tests.fakes import FakeDiscord
 from tests.integration.test_bot import (
     ALLOWED_ROLE,

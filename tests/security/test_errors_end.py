@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 import redis
 
-from broker.constants import Stage, tick_key
-from broker.events import read_run
-from broker.ledger import fenced
-from broker.models import InstanceState, Run, RunState
-from broker.payloads import RunKicked
 from core.errors import FailureReason, LeaseLost
+from state.events import read_run
+from state.keys import tick_key
+from state.ledger import fenced
+from state.models import InstanceState, Run
+from state.payloads import RunKicked
+from state.stages import RunState, Stage
 from tests.factories import RUNPOD_SECTION, light_job_file
 from tests.fakes import FakeRunPod
 from tests.faults.case import Case

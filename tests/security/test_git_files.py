@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.ledger import Ledger
-from broker.models import Run
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.shipping import ship_dir
@@ -27,6 +25,8 @@ from service import gitsnapshot
 from service.gitrepo import GitRepo
 from service.gitwatch import ConfigResult, Outcome, Start, Trigger, look
 from service.runs import Fleet
+from state.ledger import Ledger
+from state.models import Run
 from tests.factories import TINY_DATA, GitWorkTree
 from trainer import axolotl_run
 from trainer.config import TrainConfig

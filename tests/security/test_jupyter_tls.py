@@ -27,7 +27,6 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.models import Instance, InstanceState
 from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.vastai import VastAISection
@@ -36,6 +35,7 @@ from providers.bootstrap import ACCESS_ENV, INNER_JUPYTER_PORT, tlsfront_argv
 from providers.node import fingerprint
 from providers.onnode import tlsfront
 from providers.tokens import self_signed
+from state.models import Instance, InstanceState
 from tests.factories import ledger_run
 from tests.fakes.nodes import unused_port
 from tests.fakes.vastai import FakeVastAI

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import redis
 
-from broker.constants import Stage, tick_key
-from broker.models import Instance, InstanceState, Run, RunState
 from core.errors import FailureReason, LeaseLost, ProviderUnavailable, StageFailed
 from core.settings import Settings
+from state.keys import tick_key
+from state.models import Instance, InstanceState, Run
+from state.stages import RunState, Stage
 from workers import context
 from workers.runner import run_stage
 from workers.stage import Next

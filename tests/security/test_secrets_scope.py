@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import redis
 
-from broker.models import Run, RunState
 from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from jobs.spec import JobSpec
+from state.models import Run
+from state.stages import RunState
 from tests.factories import TINY_DATA, train_config
 from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod

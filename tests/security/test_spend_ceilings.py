@@ -1,6 +1,6 @@
 """Issue 39, item 3: the spending caps hold while runs run, not only at submit.
 
-A run's worst case (its nodes' GPUs x max_bid_per_gpu x terminate_after: broker.worstcase) is checked at
+A run's worst case (its nodes' GPUs x max_bid_per_gpu x terminate_after: state.worstcase) is checked at
 submit against the per-run cap, the fleet's day cap and the submitter's, with what was spent in the last
 24 h and what the runs not ended may still cost; a sweep's children, `fleet enqueue`'s files and a commit's
 configs all together. It is checked again as a run leaves the queue, and the reaper stops a run that still
@@ -23,9 +23,6 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.constants import RUNS_INDEX, SWEEPS_INDEX, Stage
-from broker.models import Instance, InstanceState, RunState
-from broker.payloads import GitOrigin
 from core.errors import FailureReason, OverBudget
 from core.settings import Settings
 from fleet.cli import cli
@@ -34,6 +31,10 @@ from jobs.spec import load_job
 from service import runs
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Trigger, look
+from state.keys import RUNS_INDEX, SWEEPS_INDEX
+from state.models import Instance, InstanceState
+from state.payloads import GitOrigin
+from state.stages import RunState, Stage
 from tests.factories import LOCAL_SECTION, RUNPOD_SECTION, ledger_run, light_job_file
 from tests.fakes import FakeRunPod
 from tests.fakes.replay import OUTPUT_FILES

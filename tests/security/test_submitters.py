@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 import redis
 
-from broker.constants import RUNS_INDEX
-from broker.payloads import DiscordOrigin, GitOrigin
 from core.errors import ConfigError
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
+from providers.world import World
 from service import gitwatch
 from service.gitrepo import GitRepo
 from service.runs import Fleet, check_submittable, submit
+from state.keys import RUNS_INDEX
+from state.payloads import DiscordOrigin, GitOrigin
 from tests.fakes import FakeDiscord
 from tests.integration.test_bot import ALLOWED_ROLE, ALLOWED_USER, CHANNEL, CONFIGS, TINY, Harness, run_bot
 from tests.integration.test_git_trigger import Repo
@@ -107,9 +108,9 @@ def test_a_job_with_no_provider_section_from_discord_is_refused_too(settings: Se
     bare = TINY.replace(b"local:\n  one_shot: true\n", b"")
     job = parse_job(bare, source="bare.yml", base_dir=CONFIGS)
     with pytest.raises(ConfigError) as refused:
-        check_submittable(settings, job, DiscordOrigin(user_id="1"))
+        check_submittable(World.of(settings), job, DiscordOrigin(user_id="1"))
     assert "a job with no provider section (FLEET_DEFAULT_PROVIDER: local)" in format_problems(refused.value)
-    check_submittable(settings, job)  # the CLI's
+    check_submittable(World.of(settings), job)  # the CLI's
 
 
 def test_git_jobs_do_not_run_on_the_fleet_machine_unless_granted(
@@ -143,7 +144,7 @@ def _push_refusal(settings: Settings, origin: DiscordOrigin | GitOrigin | None, 
     allowed = settings.model_copy(update={"local_jobs_from": tuple(Source)})
     job = parse_job(text, source="push.yml", base_dir=CONFIGS)
     with pytest.raises(ConfigError) as refused:
-        check_submittable(allowed, job, origin)
+        check_submittable(World.of(allowed), job, origin)
     return format_problems(refused.value)
 
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from broker.models import Placement, Run
 from core.errors import ConfigError, CredentialsMissing, ProviderUnavailable
 from jobs.gpus import GPU_TYPES, resolve
 from jobs.sections import CloudSection, ProviderName, RunPodSection, VastAISection
 from jobs.spec import parse_job
 from providers.anycloud import rank, summary
 from providers.offers import Candidate, Choice, choose
+from state.models import Placement, Run
 from tests.factories import EXAMPLE_YAML
 
 HEAD = EXAMPLE_YAML.read_text().split("local:")[0].replace("ray_num_workers: 2\n", "")

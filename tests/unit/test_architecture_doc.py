@@ -8,7 +8,7 @@ import importlib
 import re
 from pathlib import Path
 
-from broker.payloads import EventType
+from state.payloads import EventType
 from tests.unit.test_layers import OURS, ROOT
 
 DOC = ROOT / "docs" / "ARCHITECTURE.md"

@@ -12,8 +12,9 @@ import discord
 import pytest
 
 from bot.board import TITLE, Board
-from broker.models import Run, RunState
 from jobs.sections.local import LocalSection
+from state.models import Run
+from state.stages import RunState
 from tests.factories import ledger_run
 
 TICK_S = 0.05  # the least gap between the board's edits, here

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from bot.render import separate_message, status_embed
-from broker.cost import instance_cost
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import Event, EventType
 from jobs.sections import RunPodSection
+from state.cost import instance_cost
+from state.models import Instance, InstanceState, Run
+from state.payloads import Event, EventType
+from state.stages import RunState
 from tests.factories import job_spec
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. A package may import those before it, never those after.
-LAYERS = ("core", "jobs", "broker", "providers", "workers", "service", "bot", "fleet")
+LAYERS = ("core", "jobs", "state", "broker", "providers", "workers", "service", "bot", "fleet")
 NODE = "trainer"  # beside the layers: imports none of ours, importable from jobs/ up
 OURS = (*LAYERS, NODE)
 
@@ -113,12 +113,12 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     for package in OURS:
         (tmp_path / package).mkdir()
     (tmp_path / "core" / "bad.py").write_text("def f():\n    from fleet.cli import main\n")
-    (tmp_path / "trainer" / "bad.py").write_text("import broker.models\n")
+    (tmp_path / "trainer" / "bad.py").write_text("import state.models\n")
     (tmp_path / "jobs" / "fine.py").write_text("from core.errors import FleetError\nimport trainer.config\n")
     found = violations(cross_imports(tmp_path))
     assert [str(v) for v in found] == [
         "core/bad.py:2: core -> fleet.cli",
-        "trainer/bad.py:1: trainer -> broker.models",
+        "trainer/bad.py:1: trainer -> state.models",
     ]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}}) is None

@@ -10,8 +10,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from broker.models import RunProgress
-from broker.payloads import PAYLOADS, HubPush, Payload
+from state.models import RunProgress
+from state.payloads import PAYLOADS, HubPush, Payload
 from trainer import lines, progress
 from workers.node_job import node_record
 from workers.stages.train import RELAYED

@@ -7,12 +7,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from broker.constants import Stage
-from broker.models import InstanceState, Run, RunState
-from broker.payloads import Event, EventType
 from fleet.live import LiveView
 from jobs.sections import ProviderName, RunPodSection
 from service.describe import describe
+from state.models import InstanceState, Run
+from state.payloads import Event, EventType
+from state.stages import RunState, Stage
 from tests.factories import job_spec
 
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from bot.render import SEPARATE, separate_message
-from broker.payloads import PAYLOADS, Event, EventType, InstanceLost
+from state.payloads import PAYLOADS, Event, EventType, InstanceLost
 
 NODE_EVENTS = (
     EventType.RUN_PREEMPTED,

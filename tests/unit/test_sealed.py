@@ -10,12 +10,12 @@ import redis
 from cryptography.fernet import Fernet
 from pydantic import SecretStr
 
-from broker.constants import NODE_SECRETS
 from core.errors import ConfigError, SealMismatch
 from core.settings import Settings
 from providers.sealed import KEY_FILE, SEAL_KEY, FileStore, SealedStore, seal_key
 from providers.tokens import NodeTokens
 from providers.world import World
+from state.keys import NODE_SECRETS
 
 
 def tokens_of(client: redis.Redis[str], home: Path, key: bytes) -> NodeTokens:

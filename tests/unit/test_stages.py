@@ -1,4 +1,4 @@
-"""broker.models.STAGES, the one stage table: every stage has its facts there, each fact is something the
+"""state.stages.STAGES, the one stage table: every stage has its facts there, each fact is something the
 fleet has (a run state, a failure reason, a settings field, a module with the stage's task), and the
 per-stage tables elsewhere are what it says."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 
 from broker.app import TASK_MODULES, app, time_limits
-from broker.constants import QUEUES, Stage
-from broker.models import STAGES, RunState
+from broker.constants import QUEUES
 from core.settings import Settings
+from state.stages import STAGES, RunState, Stage
 from workers import watcher
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.payloads import SweepRow
 from core.errors import ConfigError
 from service.sweep_load import load_sweep
 from service.sweep_spec import MAX_RUNS
 from service.sweeps import table_lines
+from state.payloads import SweepRow
 from tests.factories import light_job_file
 
 

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from bot.render import separate_message
-from broker.payloads import Event, EventType, TrainPending
 from service.describe import describe
+from state.payloads import Event, EventType, TrainPending
 from trainer import lines, progress
 from trainer.placement import Demand, NodeRoom, pending_line, place
 from workers.stages.train import _EVENT_OF, gave_up, unplaced

@@ -1,13 +1,13 @@
-"""A run's worst case (broker.worstcase): its nodes' GPUs x max_bid_per_gpu x terminate_after, and what
+"""A run's worst case (state.worstcase): its nodes' GPUs x max_bid_per_gpu x terminate_after, and what
 bounds a run with no deadline."""
 
 from __future__ import annotations
 
 import math
 
-from broker.worstcase import worst_case
 from jobs.sections import LocalSection, RunPodSection, VastAISection
 from jobs.sections.head import HeadShape
+from state.worstcase import worst_case
 from tests.factories import job_spec
 
 

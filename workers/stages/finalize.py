@@ -14,13 +14,13 @@ from pathlib import Path
 from celery import Task
 
 from broker.app import app
-from broker.constants import Stage
-from broker.cost import run_cost
-from broker.ledger import Draft
-from broker.models import Run, RunState
-from broker.payloads import FinalizePulled, HubPush, RunSucceeded, StageFinished
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus
+from state.cost import run_cost
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import FinalizePulled, HubPush, RunSucceeded, StageFinished
+from state.stages import RunState, Stage
 from trainer import pack, progress
 from trainer.errors import PackError
 from workers import context

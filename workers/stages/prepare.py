@@ -6,12 +6,12 @@ from __future__ import annotations
 from celery import Task
 
 from broker.app import app
-from broker.constants import Stage
-from broker.ledger import Draft
-from broker.models import Run
-from broker.payloads import PrepareFetched, RaySubmitted
 from core.errors import FailureReason, StageFailed
 from providers.node import JobStatus, NodeClient
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import PrepareFetched, RaySubmitted
+from state.stages import Stage
 from trainer import progress
 from workers import context, entry
 from workers.node_job import files_for_node, job_log, node, node_env, node_record, submit_once

@@ -11,10 +11,6 @@ from typing import NoReturn
 from celery import Task
 
 from broker.app import app
-from broker.constants import Stage
-from broker.ledger import Draft
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
 from jobs.paths import node_paths
@@ -22,6 +18,10 @@ from jobs.sections.base import RemoteSection
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.cluster import cluster_nodes, node_summary
+from state.ledger import Draft
+from state.models import Instance, InstanceState, Run
+from state.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
+from state.stages import RunState, Stage
 from workers import budget, context, failover, provision_reach, readiness, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software

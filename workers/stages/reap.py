@@ -47,12 +47,17 @@ from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_AT_TASK, REAP_LOCK, REAP_SEEN, REAP_TASK, Stage
-from broker.events import new_event
-from broker.ledger import Draft
+from broker.constants import REAP_AT_TASK, REAP_TASK
 from broker.locks import Lease
-from broker.models import Instance, InstanceState, Run, RunState
-from broker.payloads import (
+from core.errors import FailureReason, FleetError, NotFound
+from jobs.spec import JobSpec
+from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
+from providers.node import ping
+from state.events import new_event
+from state.keys import REAP_LOCK, REAP_SEEN
+from state.ledger import Draft
+from state.models import Instance, InstanceState, Run
+from state.payloads import (
     InstanceIdle,
     InstanceLost,
     InstanceReminder,
@@ -62,10 +67,7 @@ from broker.payloads import (
     ReapTerminated,
     RunKicked,
 )
-from core.errors import FailureReason, FleetError, NotFound
-from jobs.spec import JobSpec
-from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
-from providers.node import ping
+from state.stages import RunState, Stage
 from workers import budget, context
 from workers.ending import teardown
 

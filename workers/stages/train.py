@@ -9,10 +9,11 @@ from __future__ import annotations
 from celery import Task
 
 from broker.app import app
-from broker.constants import Stage
-from broker.ledger import Draft
-from broker.models import Run
-from broker.payloads import (
+from core.errors import FailureReason, NodeLost, StageFailed
+from providers.node import JobStatus, NodeClient
+from state.ledger import Draft
+from state.models import Run
+from state.payloads import (
     EventType,
     TrainBatchSize,
     TrainCheckpoint,
@@ -27,8 +28,7 @@ from broker.payloads import (
     TrainSubmitted,
     WandbUnavailable,
 )
-from core.errors import FailureReason, NodeLost, StageFailed
-from providers.node import JobStatus, NodeClient
+from state.stages import Stage
 from trainer import lines, progress
 from workers import context
 from workers.ending import node_lost

@@ -14,14 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from broker.payloads.base import (
-    TERMINAL_EVENTS,
-    EventType,
-    Metrics,
-    NodeRecord,
-    Payload,
-)
-from broker.payloads.node import (
+from state.payloads.base import TERMINAL_EVENTS, EventType, Metrics, NodeRecord, Payload
+from state.payloads.node import (
     FinalizePulled,
     NodeCheck,
     NodeReady,
@@ -42,7 +36,7 @@ from broker.payloads.node import (
     TrainSubmitted,
     WandbUnavailable,
 )
-from broker.payloads.runs import (
+from state.payloads.runs import (
     DiscordOrigin,
     GitOrigin,
     HubPush,
@@ -76,7 +70,7 @@ from broker.payloads.runs import (
     WandbRun,
     submitter_of,
 )
-from broker.payloads.sweeps import (
+from state.payloads.sweeps import (
     BotAudit,
     BotCommand,
     BotRefused,

@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
-from broker.constants import Stage
-from broker.payloads.base import EventType, Metrics, Payload
 from core.errors import FailureReason, Unreachable
 from core.policy_settings import Submitter
 from jobs.sections import ProviderName
+from state.payloads.base import EventType, Metrics, Payload
+from state.stages import Stage
 from trainer import lines
 
 

@@ -5,7 +5,7 @@ A day cap holds when everything that may still be spent under it, at worst, is w
 
     spent in the last 24 h + what each run not ended may still cost + the new runs' worst cases  <=  cap
 
-What a run may still cost is its worst case (broker.worstcase) less what its nodes cost so far, so its
+What a run may still cost is its worst case (state.worstcase) less what its nodes cost so far, so its
 money counts once: first as a promise, then as spent. The fleet's cap (`max_dollars_per_day`) counts every
 run; a submitter's (a Discord user's, a watched repository's: PolicySettings.dollars_per_day_of) counts
 theirs; and each new run's worst case must be within the per-run cap (`max_dollars_per_run`). A cap already
@@ -25,12 +25,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.cost import DAY_S, instance_cost
-from broker.ledger import Ledger
-from broker.models import InstanceState, Run, RunState
-from broker.payloads import submitter_of
-from broker.worstcase import WorstCase, worst_case
 from core.policy_settings import PolicySettings, Submitter
+from state.cost import DAY_S, instance_cost
+from state.ledger import Ledger
+from state.models import InstanceState, Run
+from state.payloads import submitter_of
+from state.stages import RunState
+from state.worstcase import WorstCase, worst_case
 
 _LIVE = (InstanceState.REQUESTED, InstanceState.STARTING, InstanceState.RUNNING)
 

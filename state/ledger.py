@@ -23,8 +23,9 @@ from typing import Any, TypeVar, cast
 import redis
 from pydantic import BaseModel
 
-from broker import events
-from broker.constants import (
+from core.errors import AlreadyExists, LeaseLost, NotFound
+from state import events
+from state.keys import (
     INSTANCES_INDEX,
     RUNS_INDEX,
     RUNS_OPEN,
@@ -36,9 +37,8 @@ from broker.constants import (
     sweep_key,
     tick_key,
 )
-from broker.models import Instance, Run, Sweep
-from broker.payloads import Event, Payload
-from core.errors import AlreadyExists, LeaseLost, NotFound
+from state.models import Instance, Run, Sweep
+from state.payloads import Event, Payload
 
 Draft = Payload
 """An event a change writes, before the ledger numbers it in the run's sequence."""

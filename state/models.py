@@ -3,91 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
-from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from broker.constants import Stage
-from broker.payloads import HubPush, Metrics, NodeCheck, Origin
 from core.errors import FailureReason, Unreachable
 from jobs.sections import CloudSection, ProviderName, SectionBase
 from jobs.spec import JobSpec
+from state.payloads import HubPush, Metrics, NodeCheck, Origin
+from state.stages import RunState, Stage
 from trainer.config import WandbPlan
 from trainer.lines import StepFields
-
-
-class RunState(StrEnum):
-    """A run's life: QUEUED -> PROVISIONING -> PREPARING -> TRAINING -> FINALIZING -> an end."""
-
-    QUEUED = "QUEUED"
-    PROVISIONING = "PROVISIONING"
-    PREPARING = "PREPARING"
-    TRAINING = "TRAINING"
-    FINALIZING = "FINALIZING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    def is_terminal(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
-
-    @property
-    def stage(self) -> Stage | None:
-        """The stage whose task acts on a run in this state (QUEUED is provision's to pick up)."""
-        return _STAGE_OF.get(self)
-
-
-@dataclass(frozen=True)
-class StageFacts:
-    """What the fleet knows of one stage: every per-stage table is read from STAGES (the stages' order,
-    the way a run goes, is Stage's)."""
-
-    state: RunState  # a run's state while the stage acts on it
-    failure: FailureReason  # why the run failed when the stage fails it (and the error names no reason)
-    time_limit: str  # the core.settings.Settings field with its task's soft time limit, in seconds
-    on_node: (
-        bool  # it works on the run's node: a retryable error there is first asked whether the node is lost
-    )
-    module: str  # the workers module with its task, and `relay` if its node job's lines are events as printed
-
-
-STAGES: Mapping[Stage, StageFacts] = MappingProxyType(
-    {
-        Stage.PROVISION: StageFacts(
-            state=RunState.PROVISIONING,
-            failure=FailureReason.PROVISIONING_FAILED,
-            time_limit="provision_time_limit_s",
-            on_node=False,
-            module="workers.stages.provision",
-        ),
-        Stage.PREPARE: StageFacts(
-            state=RunState.PREPARING,
-            failure=FailureReason.PREPARE_FAILED,
-            time_limit="prepare_time_limit_s",
-            on_node=True,
-            module="workers.stages.prepare",
-        ),
-        Stage.TRAIN: StageFacts(
-            state=RunState.TRAINING,
-            failure=FailureReason.TRAINING_FAILED,
-            time_limit="train_time_limit_s",
-            on_node=True,
-            module="workers.stages.train",
-        ),
-        Stage.FINALIZE: StageFacts(
-            state=RunState.FINALIZING,
-            failure=FailureReason.FINALIZE_FAILED,
-            time_limit="finalize_time_limit_s",
-            on_node=True,
-            module="workers.stages.finalize",
-        ),
-    }
-)
-_STAGE_OF = {RunState.QUEUED: Stage.PROVISION, **{facts.state: stage for stage, facts in STAGES.items()}}
 
 
 class InstanceState(StrEnum):

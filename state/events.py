@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from broker.constants import EVENTS_STREAM, run_events_key
-from broker.payloads import Event, EventType, Payload
+from state.keys import EVENTS_STREAM, run_events_key
+from state.payloads import Event, EventType, Payload
 
 RUN_STREAM_MAXLEN = 20_000
 

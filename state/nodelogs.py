@@ -9,7 +9,7 @@ import time
 
 import redis
 
-from broker.constants import node_log_key, node_logs_key
+from state.keys import node_log_key, node_logs_key
 
 KEEP_CHARS = 256 * 1024
 KEEP_S = 14 * 24 * 3600

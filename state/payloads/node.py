@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.payloads.base import EventType, NodeRecord, Payload
+from state.payloads.base import EventType, NodeRecord, Payload
 from trainer import lines
 
 

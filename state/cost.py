@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from broker.ledger import Ledger
-from broker.models import Instance, Run
+from state.ledger import Ledger
+from state.models import Instance, Run
 
 HOUR_S, DAY_S = 3600.0, 86400.0
 

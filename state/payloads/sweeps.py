@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from broker.payloads.base import EventType, Payload
+from state.payloads.base import EventType, Payload
 
 
 class SweepRow(BaseModel):
