@@ -293,10 +293,10 @@ class FakeHub(Served, HubRoutes):
         with self.lock:
             self.downloads = [*self.downloads[-(_DOWNLOAD_LOG - 1) :], entry]
 
-        def on_sent(sent: int) -> None:
+        def on_sent(piece: int) -> None:
             with self.lock:
-                entry.bytes = sent
-                self.bytes_served += sent
+                entry.bytes += piece
+                self.bytes_served += piece
 
         reply.on_sent = on_sent
         reply.rate_bps = self.throttle_bps

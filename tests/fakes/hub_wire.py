@@ -126,7 +126,9 @@ class Reply:
     rate_bps: float | None = None  # pace `file` to this many bytes per second (this connection)
     link: Link | None = None  # and within this budget, shared with every other response on the link
     disconnect_after: int | None = None  # send this many body bytes, then drop the connection
-    on_sent: Callable[[int], None] | None = None  # told how many body bytes went out
+    # told of each piece of the body before it is handed to the socket (a negative count takes back a piece
+    # whose write failed), so a client that holds the bytes never sees a smaller count in the fake's state
+    on_sent: Callable[[int], None] | None = None
 
     @classmethod
     def hang_up(cls) -> Reply:
@@ -256,31 +258,38 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         rates = [r for r in (reply.rate_bps, reply.link.rate_bps if reply.link else None) if r]
         piece = piece_size(min(rates, default=None))
+        with body.path.open("rb") as f:
+            f.seek(body.start)
+            left = body.end - body.start
+            while left > 0:
+                data = f.read(min(piece, left))
+                if not data:
+                    break
+                if reply.link is not None and (wait := reply.link.reserve(len(data))) > 0:
+                    time.sleep(wait)
+                if reply.disconnect_after is not None and sent + len(data) >= reply.disconnect_after:
+                    self._send(reply, data[: max(0, reply.disconnect_after - sent)])
+                    self._hang_up()
+                    return
+                self._send(reply, data)
+                sent += len(data)
+                left -= len(data)
+                if reply.rate_bps:
+                    delay = started + sent / reply.rate_bps - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+
+    def _send(self, reply: Reply, data: bytes) -> None:
+        """Count `data` as sent, then write it: counted first, a client that already holds the bytes can
+        never read a smaller count from the fake's state; a failed write takes its count back."""
+        if reply.on_sent is not None:
+            reply.on_sent(len(data))
         try:
-            with body.path.open("rb") as f:
-                f.seek(body.start)
-                left = body.end - body.start
-                while left > 0:
-                    data = f.read(min(piece, left))
-                    if not data:
-                        break
-                    if reply.link is not None and (wait := reply.link.reserve(len(data))) > 0:
-                        time.sleep(wait)
-                    if reply.disconnect_after is not None and sent + len(data) >= reply.disconnect_after:
-                        self.wfile.write(data[: max(0, reply.disconnect_after - sent)])
-                        sent = max(sent, reply.disconnect_after)
-                        self._hang_up()
-                        return
-                    self.wfile.write(data)
-                    sent += len(data)
-                    left -= len(data)
-                    if reply.rate_bps:
-                        delay = started + sent / reply.rate_bps - time.monotonic()
-                        if delay > 0:
-                            time.sleep(delay)
-        finally:
+            self.wfile.write(data)
+        except BaseException:
             if reply.on_sent is not None:
-                reply.on_sent(sent)
+                reply.on_sent(-len(data))
+            raise
 
     def _hang_up(self) -> None:
         self.close_connection = True
