@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 from core.errors import Problem
 from jobs.problems import line_of
-from jobs.sections import LocalSection, ProviderName, ProviderSection, RunPodSection
+from jobs.sections import LocalSection, ProviderName, ProviderSection
+from jobs.sections.base import RemoteSection
 from trainer.config import AnyTrainConfig, AxolotlConfig
 
 if TYPE_CHECKING:
@@ -130,11 +131,8 @@ def _rented(
     head: bool = False,
     beside_head: bool = False,
 ) -> NodeShape:
-    assert not isinstance(section, LocalSection)
-    accelerator = None
-    if isinstance(section, RunPodSection) and section.gpu_count > 0:
-        accelerator = section.accelerator_type(section.gpu)
-    gpu = section.gpu if accelerator is not None and isinstance(section, RunPodSection) else None
+    assert isinstance(section, RemoteSection)
+    gpu, accelerator = section.ray_gpu() or (None, None)
     cpus = section.min_vcpu_count
     return NodeShape(provider, section.gpu_count, cpus, nodes, True, gpu, accelerator, head, beside_head)
 

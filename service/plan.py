@@ -14,7 +14,8 @@ from collections.abc import Collection
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import FleetError
-from jobs.sections import CloudSection, LocalSection, ProviderName, RunPodSection
+from jobs.sections import CloudSection, LocalSection, ProviderName
+from jobs.sections.base import RemoteSection
 from jobs.spec import LoadedJob
 from providers.anycloud import providers_of, rank, summary
 from providers.base import NodeSoftware
@@ -108,17 +109,15 @@ def _worst_note(worst: WorstCase, cap: float | None) -> str:
 
 
 def _gpu(section: object) -> str | None:
-    if isinstance(section, CloudSection):
-        return " or ".join(section.gpu)
-    return str(getattr(section, "gpu", "")) or None
+    return section.gpu_named() if isinstance(section, RemoteSection) else None
 
 
 def _head(section: object) -> str | None:
     """The head's own shape, when the section gives it one."""
-    if not isinstance(section, RunPodSection) or not section.has_own_head:
+    if not isinstance(section, RemoteSection) or not section.has_own_head:
         return None
     head = section.node_section(0)
-    return f"{head.gpu_count} GPU ({head.gpu})" if head.gpu_count else "no GPU"
+    return f"{head.gpu_count} GPU ({head.gpu_named()})" if head.gpu_count else "no GPU"
 
 
 def _command(train: FleetKeys) -> str:

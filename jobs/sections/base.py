@@ -252,6 +252,11 @@ class SectionBase(BaseModel):
         provider gives the head its own shape (jobs.sections.head)."""
         return self
 
+    def start_advice(self) -> str | None:
+        """What the user should check when the machine never came up, beyond what the fleet saw (a
+        provider whose own start command stands in for the fleet's); None when there is nothing more."""
+        return None
+
     one_shot: bool = Field(
         True, description="Terminate the machine when the run ends, whether it succeeded or failed."
     )
@@ -307,3 +312,13 @@ class RemoteSection(SectionBase):
     deepspeed: bool = Field(
         False, description="Train with DeepSpeed (a ds_config.json next to the job file)."
     )
+
+    def gpu_named(self) -> str:
+        """The GPU the section asks for, as its `gpu` key says it ("A100-80GB or H100" for a choice)."""
+        raise NotImplementedError(f"{type(self).__name__} must say its GPU")
+
+    def ray_gpu(self) -> tuple[str, str] | None:
+        """The machine's GPU by the cloud's name and by Ray's (`accelerator_type:<Ray's>`) when both are
+        known before renting, so a worker's pin is checked at submit; None when only the node can tell
+        (the cloud's GPU names are not the driver's) or the machine has no GPU."""
+        return None

@@ -90,6 +90,9 @@ class CloudSection(RemoteSection):
         "not ready in time, moves the run on to the next cheapest (another GPU type, host or cloud).",
     )
 
+    def gpu_named(self) -> str:
+        return " or ".join(self.gpu)
+
     @property
     def types(self) -> list[GpuType]:
         return [GPU_TYPES[name] for name in self.gpu]

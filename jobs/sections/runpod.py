@@ -81,6 +81,20 @@ class RunPodSection(RemoteSection):
             return model
         return re.sub(r"^NVIDIA\s+", "", gpu).strip().replace(" ", "-")
 
+    def gpu_named(self) -> str:
+        return self.gpu
+
+    def ray_gpu(self) -> tuple[str, str] | None:
+        return (self.gpu, self.accelerator_type(self.gpu)) if self.gpu_count > 0 else None
+
+    def start_advice(self) -> str | None:
+        if not self.starts_from_template:
+            return None
+        return (
+            f"it runs template {self.template_id}'s image and start command, which must run the fleet's "
+            'start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
+        )
+
     @property
     def starts_from_template(self) -> bool:
         """Whether the pod runs its template's image and start command (a template, and no `image`): that

@@ -20,6 +20,9 @@ class VastAISection(RemoteSection):
         "its own mapped ports), so its machines cannot form one Ray cluster",
     )
 
+    def gpu_named(self) -> str:
+        return self.gpu
+
     gpu: Text = Field(
         "RTX_A5000", description="vast.ai's GPU name, e.g. 'RTX_A6000' ('RTX A6000' means the same)."
     )

@@ -574,3 +574,14 @@ def test_arbitrary_values_for_known_keys_raise_only_config_errors(
         provider.value: {**section, "env": dict(env)},
     }
     only_config_errors(yaml.safe_dump(doc).encode())
+
+
+def test_a_template_pod_that_never_starts_is_told_about_the_start_script_and_others_are_not() -> None:
+    """The provision stage adds a section's `start_advice` to NODE_TIMEOUT's reason: a RunPod pod started
+    from its template runs the template's command, which must run the fleet's start script."""
+    template = parse(HEAD + "runpod:\n  template_id: tpl123\n").spec.section
+    advice = template.start_advice()
+    assert advice is not None and "template tpl123" in advice and "$FLEET_BOOTSTRAP" in advice
+    own_image = parse(HEAD + "runpod:\n  template_id: tpl123\n  image: python:3.11\n").spec.section
+    assert own_image.start_advice() is None
+    assert parse(HEAD + "vastai:\n  gpu: RTX_A6000\n").spec.section.start_advice() is None

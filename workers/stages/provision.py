@@ -15,7 +15,6 @@ from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
 from jobs.paths import node_paths
 from jobs.sections.base import RemoteSection
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.cluster import cluster_nodes, node_summary
 from state.ledger import Draft
@@ -124,12 +123,8 @@ def _give_up(
         return Next.poll(Stage.PROVISION, 0)
     if unreachable is not None:
         raise StageFailed(FailureReason.NODE_UNREACHABLE, why)
-    section = run.spec.section
-    if isinstance(section, RunPodSection) and section.starts_from_template:
-        why += (
-            f"; it runs template {section.template_id}'s image and start command, which must "
-            'run the fleet\'s start script (sh -c "$FLEET_BOOTSTRAP"), or set `image`'
-        )
+    if advice := run.spec.section.start_advice():
+        why += f"; {advice}"
     raise StageFailed(FailureReason.NODE_TIMEOUT, why)
 
 
