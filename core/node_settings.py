@@ -1,6 +1,7 @@
-"""The fleet's settings about the nodes it starts: their images and Pythons, how the fleet reaches a RunPod
-pod, the SSH key they get, and the fault injection of drills. core.settings.Settings holds these too (it
-derives from NodeSettings): one flat settings file and `FLEET_<NAME>` variables, as for every other knob.
+"""The fleet's settings about the nodes it starts: their images and Pythons, the SSH key they get, and the
+fault injection of drills (how a cloud's nodes are reached is that cloud's: providers/<cloud>/settings.py).
+core.settings.Settings holds these too (it derives from NodeSettings): one flat settings file and
+`FLEET_<NAME>` variables, as for every other knob.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ DEFAULT_NODE_IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 # release `<version>-py<python>-cu<cuda>-<torch>`); the node's start adds Ray where the image lacks it.
 DEFAULT_AXOLOTL_VERSION = "0.19.0"
 DEFAULT_AXOLOTL_IMAGE = "axolotlai/axolotl:0.19.0-py3.12-cu130-2.12.0"
-DEFAULT_RUNPOD_PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy of a pod's port
 
 
 class NodeSettings(BaseModel):
@@ -50,17 +50,6 @@ class NodeSettings(BaseModel):
         None,
         description="The Python of the local nodes' own environment (the node's software only, `make "
         "node-env`); unset: .venv-node beside the fleet's venv if there is one, else the fleet's own Python.",
-    )
-    runpod_proxy_url: str = Field(
-        DEFAULT_RUNPOD_PROXY_URL,
-        pattern=r"^https://",
-        description="Where RunPod's HTTPS proxy publishes a pod's port ({pod_id}, {port}): the only way the "
-        "fleet reaches a pod's Jobs API (a fake's in tests).",
-    )
-    runpod_proxy_ca_file: Path | None = Field(
-        None,
-        description="The certificate authorities trusted for RunPod's proxy; unset: the system's (a fake's "
-        "own in tests).",
     )
     ssh_public_key: SshPublicKey | None = Field(
         None,

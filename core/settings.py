@@ -8,12 +8,13 @@ that exists. The environment wins over the file. Nothing reads the environment a
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import platformdirs
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from core import redisurl
 from core.errors import ConfigError, Problem
@@ -50,17 +51,11 @@ class Settings(PolicySettings):
         "on several machines share one (NFS, a volume), mounted at the same path on each.",
     )
     default_provider: str = Field("local", description="Provider of a job without a provider section.")
-    providers: tuple[Literal["local", "runpod", "vastai"], ...] = Field(
-        ("local", "runpod", "vastai"),
+    providers: tuple[str, ...] | None = Field(
+        None,
         description="The providers this fleet runs jobs on (comma-separated); a job for another is refused "
-        "at submit. docker-compose sets runpod,vastai: a local Ray head in a worker's container is out of "
-        "the other stages' reach.",
-    )
-    runpod_api_base_url: str = Field(
-        "https://api.runpod.io", description="RunPod's API (RUNPOD_API_BASE_URL; a fake's URL in tests)."
-    )
-    vast_url: str = Field(
-        "https://console.vast.ai", description="vast.ai's API (VAST_URL; a fake's in tests)."
+        "at submit; unset: every provider the fleet has. docker-compose names the clouds: a local Ray head "
+        "in a worker's container is out of the other stages' reach.",
     )
     hf_endpoint: str = Field(
         "https://huggingface.co", description="The Hugging Face Hub (HF_ENDPOINT; a fake's URL in tests)."
@@ -302,11 +297,30 @@ class Settings(PolicySettings):
         return data
 
 
+S = TypeVar("S", bound=Settings)
+
+
+class CloudSettings(BaseModel):
+    """A cloud's own settings (its API's URL, how its nodes are reached), declared in its package
+    (providers/<cloud>/settings.py). The fleet's settings class derives from Settings and every registered
+    cloud's (providers.registry.FleetSettings), so they are read as every other knob: `FLEET_<NAME>`, the
+    settings file, and the vendor's own variable for the fields in `AS_IS`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    AS_IS: ClassVar[Mapping[str, str]] = {}
+    """Fields also read from the environment under the vendor's own name (its API's URL variable)."""
+    API_URL: ClassVar[str | None] = None
+    """The field that holds the cloud's API base URL (None: it has none)."""
+
+    def api_url(self) -> str | None:
+        """The cloud's API base URL as set (else its default), or None."""
+        return None if self.API_URL is None else str(getattr(self, self.API_URL))
+
+
 # Settings also read from the environment under the name their own tools use.
 AS_IS = {
     "redis_url": "REDIS_URL",
-    "runpod_api_base_url": "RUNPOD_API_BASE_URL",
-    "vast_url": "VAST_URL",
     "hf_endpoint": "HF_ENDPOINT",
     "hf_hub_disable_xet": "HF_HUB_DISABLE_XET",
     "wandb_mode": "WANDB_MODE",
@@ -336,20 +350,29 @@ def settings_file(env: dict[str, str] | None = None) -> Path:
     return Path(explicit) if explicit else config_dir() / "settings.yml"
 
 
-def load_settings(env: dict[str, str] | None = None) -> Settings:
-    """Build the settings from a file (if any) and the environment; raise ConfigError when invalid."""
+def vendor_names(model: type[Settings]) -> dict[str, str]:
+    """The settings of `model` read under their own tool's variable (REDIS_URL, RUNPOD_API_BASE_URL): the
+    fleet's and each cloud's it derives from."""
+    clouds = [base.AS_IS for base in model.__mro__ if issubclass(base, CloudSettings)]
+    return {k: v for names in (AS_IS, *clouds) for k, v in names.items()}
+
+
+def load_settings(env: dict[str, str] | None = None, model: type[S] = Settings) -> S:  # type: ignore[assignment]
+    """Build the settings from a file (if any) and the environment; raise ConfigError when invalid.
+    `model`: the fleet's settings class with its clouds' (providers.registry.FleetSettings)."""
     environ = dict(os.environ if env is None else env)
     explicit = environ.get("FLEET_SETTINGS_FILE")
     path = settings_file(environ)
     values: dict[str, Any] = {}
     if explicit or path.exists():
         values = _file_values(path)
-    for name in Settings.model_fields:
-        for key in (f"FLEET_{name.upper()}", AS_IS.get(name)):
+    as_is = vendor_names(model)
+    for name in model.model_fields:
+        for key in (f"FLEET_{name.upper()}", as_is.get(name)):
             if key and key in environ:
                 values[name] = environ[key]  # the vendor's own name (AS_IS) wins over FLEET_*
     try:
-        return Settings.model_validate(values)
+        return model.model_validate(values)
     except ValidationError as exc:
         problems = [Problem(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
         raise ConfigError("settings", problems) from None

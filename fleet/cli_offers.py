@@ -43,7 +43,7 @@ def offers(
         job = load_job(file, default_provider=settings.default_provider, data_roots=settings.data_roots)
         section = job.spec.section.node_section(0) if head else job.spec.section
         if isinstance(section, CloudSection):
-            ranked = rank(section, providers_of(world.provider), settings.providers)
+            ranked = rank(section, providers_of(world.provider), world.runs)
             fits, rejected, unasked = _cloud_rows(ranked)
         else:
             provider = world.provider(job.spec.provider.value)

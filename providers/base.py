@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
 from core import envnames
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed, Unreachable
-from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE, DEFAULT_RUNPOD_PROXY_URL
-from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
+from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
+from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S, CloudSettings
 from jobs.sections import ProviderName, SectionBase
 from providers.listing import ListingCache
 from providers.sealed import SecretStore
@@ -181,6 +181,9 @@ class LaunchRequest:
         return {**job, **{k: v.get_secret_value() for k, v in self.secrets.items()}, **(own or {})}
 
 
+C = TypeVar("C", bound=CloudSettings)
+
+
 @dataclass(frozen=True)
 class ProviderContext:
     """What a provider may use: the fleet's home, its credentials (by name, masked) and API base URLs."""
@@ -194,8 +197,7 @@ class ProviderContext:
     axolotl_python: Path | None = None  # the local nodes' Python for axolotl jobs; None: .venv-axolotl
     axolotl_image: str = DEFAULT_AXOLOTL_IMAGE  # ... and a rented node's image for them
     api_timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S)  # connect, read (s)
-    runpod_proxy_url: str = DEFAULT_RUNPOD_PROXY_URL  # RunPod's HTTPS proxy: {pod_id}, {port}
-    runpod_proxy_ca_file: Path | None = None  # the authorities trusted for that proxy (None: the system's)
+    clouds: Mapping[str, CloudSettings] = field(default_factory=dict)  # each cloud's own settings, by name
     listings: ListingCache | None = None  # instance lists shared by the fleet's processes (None: not shared)
     node_secrets: SecretStore | None = None  # the nodes' tokens, sealed in Redis (None: the home's files)
     local_sandbox: str = "auto"  # how a local node is kept from the fleet (providers.local.sandbox)
@@ -208,6 +210,11 @@ class ProviderContext:
         if section_image:
             return section_image
         return self.axolotl_image if software.trainer == "axolotl" else self.default_image
+
+    def cloud(self, name: str, model: type[C]) -> C:
+        """The cloud `name`'s own settings as the world gave them, else `model`'s defaults."""
+        found = self.clouds.get(name)
+        return found if isinstance(found, model) else model()
 
     def credential(self, name: str) -> SecretStr:
         """The named credential; CredentialsMissing (naming it, never showing it) when absent."""
@@ -239,12 +246,10 @@ class Provider(ABC):
     credential_names: ClassVar[tuple[str, ...]] = ()
     """The credentials it needs (environment variable / secrets-file names), e.g. ("RUNPOD_API_KEY",).
     The fleet's secrets are read under these names, plus the fleet's own (core.secrets.FLEET_CREDENTIALS)."""
-    default_api_url: ClassVar[str | None] = None
-    """A cloud's API base URL (None: it has no API, like `local`)."""
-    api_url_env: ClassVar[str | None] = None
-    """The environment variable that overrides `default_api_url` (RUNPOD_API_BASE_URL, VAST_URL): the name
-    of a core.settings.Settings field's vendor variable (`AS_IS`), so FLEET_<FIELD> and the settings file
-    set it too. The registry passes the setting's value in `ProviderContext.urls[name]`."""
+    settings_model: ClassVar[type[CloudSettings] | None] = None
+    """The cloud's own settings (providers/<cloud>/settings.py): its API's URL (`CloudSettings.API_URL`),
+    how its nodes are reached. The fleet's settings class derives from each (providers.registry), the world
+    hands each provider its own in `ProviderContext.clouds[name]` and its API's URL in `urls[name]`."""
     shares_files: bool = False
     """Whether the node sees this machine's files (an unsandboxed local head does; a rented node, or a
     sandboxed local one, gets the job's files through the Ray job's runtime_env, and its results come back
@@ -258,6 +263,11 @@ class Provider(ABC):
 
     def unavailable(self) -> str | None:
         """Why this provider cannot run jobs on this machine now (said at submit), or None."""
+        return None
+
+    def reach_advice(self, cause: Unreachable) -> str | None:
+        """What of this cloud's settings decides whether its node's TLS check passes, for a run that gives
+        up on a node for `cause` (a proxy's authorities or address), or None."""
         return None
 
     @abstractmethod

@@ -4,9 +4,12 @@ providers from its world (providers.world), which builds them through this regis
 
 from __future__ import annotations
 
+import types
+from typing import cast
+
 from core.errors import ConfigError, CredentialsMissing, Problem, ProviderError
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
-from core.settings import AS_IS, Settings
+from core.settings import CloudSettings, Settings
 from jobs.sections import RENTED_CLOUDS, ProviderName
 from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
@@ -30,27 +33,43 @@ def load_fleet_secrets(env: dict[str, str] | None = None) -> Secrets:
     return load_secrets(env, known=CREDENTIAL_NAMES)
 
 
+def _fleet_settings() -> type[Settings]:
+    """The fleet's settings class: Settings and every registered cloud's own (CloudSettings), so one file
+    and one environment set them all, and a key no one declares is an error."""
+    clouds = [cls.settings_model for cls in PROVIDERS.values() if cls.settings_model is not None]
+    bases = (Settings, *clouds)
+    named = types.new_class("FleetSettings", bases, {}, lambda ns: ns.update(__module__=__name__))
+    return cast(type[Settings], named)
+
+
+FleetSettings = _fleet_settings()
+"""Settings with every cloud's; providers.world.load_fleet_settings reads them."""
+
+
+def fleet_runs(settings: Settings) -> tuple[str, ...]:
+    """The providers this fleet runs jobs on: FLEET_PROVIDERS, else every registered one."""
+    return settings.providers if settings.providers is not None else tuple(PROVIDERS)
+
+
+def cloud_settings(settings: Settings) -> dict[str, CloudSettings]:
+    """Each cloud's own settings as `settings` give them (a plain Settings: the cloud's defaults)."""
+    found: dict[str, CloudSettings] = {}
+    for name, cls in PROVIDERS.items():
+        if cls.settings_model is not None:
+            model = cls.settings_model
+            given = {k: getattr(settings, k) for k in model.model_fields if hasattr(settings, k)}
+            found[name.value] = model.model_validate(given)
+    return found
+
+
 def api_url_setting(cls: type[Provider]) -> str | None:
-    """The Settings field that holds the provider's API base URL: the one read from its `api_url_env`
-    (None: the provider has no API URL)."""
-    if cls.api_url_env is None:
-        return None
-    fields = [field for field, env in AS_IS.items() if env == cls.api_url_env]
-    if not fields:
-        raise LookupError(
-            f"{cls.__name__}.api_url_env {cls.api_url_env} is no setting's (core.settings.AS_IS)"
-        )
-    return fields[0]
+    """The settings field that holds the provider's API base URL (None: it has no API)."""
+    return cls.settings_model.API_URL if cls.settings_model is not None else None
 
 
 def api_urls(settings: Settings) -> dict[str, str]:
     """Each cloud's API base URL as the settings give it, by provider name (ProviderContext.urls)."""
-    urls = {}
-    for name, cls in PROVIDERS.items():
-        field = api_url_setting(cls)
-        if field is not None:
-            urls[name.value] = str(getattr(settings, field))
-    return urls
+    return {name: url for name, own in cloud_settings(settings).items() if (url := own.api_url()) is not None}
 
 
 def provider_name(name: str) -> ProviderName:

@@ -24,6 +24,7 @@ from core.errors import (
     ProvisioningFailed,
     Unreachable,
 )
+from core.settings import CloudSettings
 from providers.base import (
     INSTANCE_PREFIX,
     JUPYTER_PORT,
@@ -94,12 +95,11 @@ def refused(error: ProviderError) -> bool:
 class RemoteProvider(Provider, Generic[S, R]):
     """A cloud reached through its API (RunPod, vast.ai), whose section model is `S` and whose instance
     records are `R`s. Subclasses declare
-    `vendor`, `default_api_url` and `api_url_env` (besides `Provider`'s) and implement the hooks below."""
+    `vendor` and `settings_model` (besides `Provider`'s) and implement the hooks below."""
 
     vendor: ClassVar[str]
     """The cloud's name in messages ("RunPod", "vast.ai")."""
-    default_api_url: ClassVar[str]
-    api_url_env: ClassVar[str]
+    settings_model: ClassVar[type[CloudSettings] | None]
 
     record_model: ClassVar[type[BaseModel]]
     """The model of `R`, to keep the list in the shared cache (providers.listing) and read it back."""
@@ -107,7 +107,10 @@ class RemoteProvider(Provider, Generic[S, R]):
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.tokens = NodeTokens(context.home, context.node_secrets)
-        self.api_url = context.urls.get(self.name, self.default_api_url)
+        assert self.settings_model is not None, f"{type(self).__name__} declares no settings_model"
+        default = context.cloud(self.name, self.settings_model).api_url()
+        assert default is not None, f"{self.settings_model.__name__} declares no API_URL"
+        self.api_url = context.urls.get(self.name, default)
         creds = sorted(context.credentials.items())
         keys = [value.get_secret_value() for key, value in creds if key in self.credential_names]
         self.listing: SharedListing[BaseModel] = SharedListing(
@@ -265,7 +268,12 @@ class RemoteProvider(Provider, Generic[S, R]):
     def _reach(self, name: str, url: str, headers: dict[str, str]) -> NodeEndpoint:
         """The endpoint at `url`, with what authenticates the node's end: its pinned certificate, when the
         fleet made one for it (a node reached by its address), else the authorities trusted for a proxy."""
-        return NodeEndpoint(url, url, headers, self.tokens.tls_pin(name), self.context.runpod_proxy_ca_file)
+        return NodeEndpoint(url, url, headers, self.tokens.tls_pin(name), self._proxy_authorities())
+
+    def _proxy_authorities(self) -> Path | None:
+        """The certificate authorities trusted for the cloud's HTTPS proxy in front of its nodes (None: the
+        system's, or the cloud has no proxy)."""
+        return None
 
     def _unanswered(self, record: R) -> Unanswered | None:
         """Why the instance's Ray head does not answer its Jobs API with the node's token (providers.reach

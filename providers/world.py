@@ -16,11 +16,21 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
+from core.errors import ConfigError, Problem
 from core.secrets import Secrets
 from core.settings import Settings, config_dir, load_settings, settings_file
 from providers.base import Provider, ProviderContext
 from providers.listing import ListingCache, RedisListings
-from providers.registry import api_urls, configured_providers, get_provider, load_fleet_secrets
+from providers.registry import (
+    PROVIDERS,
+    FleetSettings,
+    api_urls,
+    cloud_settings,
+    configured_providers,
+    fleet_runs,
+    get_provider,
+    load_fleet_secrets,
+)
 from providers.sealed import SEAL_KEY, FileStore, SealedStore, seal_key
 
 
@@ -41,7 +51,7 @@ class World:
     def load(cls, env: dict[str, str] | None = None) -> World:
         """The world of this environment (os.environ unless `env`): its settings, read now (ConfigError: they
         are not valid), and its secrets, read on first use."""
-        return cls(load_settings(env), env=env)
+        return cls(load_fleet_settings(env), env=env)
 
     @classmethod
     def of(cls, settings: Settings, secrets: Secrets | None = None) -> World:
@@ -73,9 +83,26 @@ class World:
             self._providers[name] = get_provider(name, self.context)
         return self._providers[name]
 
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The providers this fleet runs jobs on (FLEET_PROVIDERS, else all it has)."""
+        return fleet_runs(self.settings)
+
     def configured(self) -> list[Provider]:
         """Every registered provider this fleet has credentials for."""
         return configured_providers(self.context)
+
+
+def load_fleet_settings(env: dict[str, str] | None = None) -> Settings:
+    """The fleet's settings (FleetSettings) from the settings file and the environment (ConfigError: not
+    valid, or FLEET_PROVIDERS names a provider the fleet does not have)."""
+    settings = load_settings(env, FleetSettings)
+    unknown = [name for name in settings.providers or () if name not in PROVIDERS]
+    if unknown:
+        valid = ", ".join(PROVIDERS)
+        message = f"unknown provider {unknown[0]!r}; valid: {valid}"
+        raise ConfigError("settings", [Problem("providers", message)])
+    return settings
 
 
 def _context(settings: Settings, secrets: Secrets, client: redis.Redis[str] | None) -> ProviderContext:
@@ -91,8 +118,7 @@ def _context(settings: Settings, secrets: Secrets, client: redis.Redis[str] | No
         default_image=settings.node_image,
         axolotl_image=settings.axolotl_image,
         api_timeouts=settings.provider_api_timeouts,
-        runpod_proxy_url=settings.runpod_proxy_url,
-        runpod_proxy_ca_file=settings.runpod_proxy_ca_file,
+        clouds=cloud_settings(settings),
         ssh_public_key=settings.ssh_public_key.line if settings.ssh_public_key is not None else None,
         local_sandbox=settings.local_sandbox,
         local_node_uid=settings.local_node_uid,

@@ -72,7 +72,7 @@ def plan_job(world: World, job: LoadedJob) -> JobPlan:
         where = str(axolotl_python(settings.axolotl_python) if axolotl else node_python(settings.node_python))
     else:
         where = world.context.image(getattr(section, "image", None), software)
-    price, note = _price(world, job, settings.providers)
+    price, note = _price(world, job, world.runs)
     worst = worst_case(spec, settings.max_dollars_per_run)
     return JobPlan(
         source=job.source,

@@ -19,7 +19,7 @@ from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureR
 from core.policy_settings import ANY_NAMESPACE, Submitter
 from core.secrets import Secrets
 from core.settings import Settings
-from jobs.sections import CloudSection, ProviderName
+from jobs.sections import RENTED_CLOUDS, CloudSection, ProviderName
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from providers.world import World
@@ -93,7 +93,7 @@ def _run_dir(runs_dir: Path, run_id: str | None) -> tuple[str, Path, bool]:
 
 LOCAL_ELSEWHERE = (
     "; a local job trains on the machine of a fleet that runs its workers there (`fleet run`, `fleet up`), "
-    "or give the job a runpod: or vastai: section"
+    f"or give the job a {' or '.join(f'{c}:' for c in RENTED_CLOUDS)} section"
 )
 
 
@@ -115,14 +115,13 @@ def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None
             what = "a job with no provider section (FLEET_DEFAULT_PROVIDER: local)"
         message = (
             f"cannot submit: {what} runs its code on the fleet's own machine, which jobs from "
-            f"{submitter.source} may not (FLEET_LOCAL_JOBS_FROM); give the job a runpod:, vastai: or cloud: "
-            "section"
+            f"{submitter.source} may not (FLEET_LOCAL_JOBS_FROM); give the job a "
+            f"{', '.join(f'{c}:' for c in RENTED_CLOUDS)} or {ProviderName.CLOUD}: section"
         )
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
-    elif provider not in settings.providers:
-        message = (
-            f"cannot submit: this fleet runs {', '.join(settings.providers)} jobs only (FLEET_PROVIDERS)"
-            + (LOCAL_ELSEWHERE if provider == "local" else "")
+    elif provider not in world.runs:
+        message = f"cannot submit: this fleet runs {', '.join(world.runs)} jobs only (FLEET_PROVIDERS)" + (
+            LOCAL_ELSEWHERE if provider == "local" else ""
         )
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     else:
@@ -196,12 +195,11 @@ def _check_clouds(world: World, job: LoadedJob, section: CloudSection) -> None:
     """A `cloud:` job needs one cloud it allows that this fleet runs and has the credential of."""
     where = "cloud.clouds" if "cloud.clouds" in job.lines else "cloud"
     line = job.lines.get(where)
-    settings = world.settings
-    runs = [c for c in section.clouds if c.value in settings.providers]
+    runs = [c for c in section.clouds if c.value in world.runs]
     if not runs:
         message = (
             f"cannot submit: none of the clouds the job allows ({', '.join(section.clouds)}) is one this "
-            f"fleet runs ({', '.join(settings.providers)}; FLEET_PROVIDERS)"
+            f"fleet runs ({', '.join(world.runs)}; FLEET_PROVIDERS)"
         )
         raise ConfigError(job.source, [Problem(where, message, line)])
     missing = []

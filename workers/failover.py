@@ -34,7 +34,7 @@ def tried(run: Run) -> dict[str, str]:
 
 def offers(ctx: context.Context, section: CloudSection) -> CloudChoice:
     """The section's offers on every cloud it allows, through this worker's providers."""
-    return rank(section, providers_of(ctx.provider), ctx.settings.providers)
+    return rank(section, providers_of(ctx.provider), ctx.world.runs)
 
 
 def place(ctx: context.Context, run: Run) -> Run:

@@ -22,10 +22,8 @@ from state.payloads import NodeUnreachable
 from workers import context
 
 ADVICE = {
-    Unreachable.CERTIFICATE: "no authority the fleet trusts for it signed the certificate it presents "
-    "(runpod_proxy_ca_file names those trusted for RunPod's proxy; unset: the system's)",
-    Unreachable.HOSTNAME: "the certificate it presents is for another name than the one the fleet called "
-    "(runpod_proxy_url says where RunPod's proxy is)",
+    Unreachable.CERTIFICATE: "no authority the fleet trusts for it signed the certificate it presents",
+    Unreachable.HOSTNAME: "the certificate it presents is for another name than the one the fleet called",
     Unreachable.PIN: "it presents another certificate than the one the fleet made for the node and pinned: "
     "something else answers at that address",
 }
@@ -97,9 +95,16 @@ def given_up(ctx: context.Context, run: Run, nodes: Mapping[str, NodeInstance]) 
         later = f" (its probe meets {latest.cause.value} now)" if latest is not None and changed else ""
         return (
             f"instance {seen.instance}: the fleet cannot reach its Ray head at {seen.endpoint}: "
-            f"{seen.cause.value}: {seen.detail}, since {now - seen.since:.0f} s{later}; {ADVICE[seen.cause]}"
+            f"{seen.cause.value}: {seen.detail}, since {now - seen.since:.0f} s{later}; "
+            + _advice(ctx, run, seen)
         )
     return None
+
+
+def _advice(ctx: context.Context, run: Run, seen: Unreached) -> str:
+    """What the cause means, and what of the cloud's settings decides it (its proxy's authorities...)."""
+    said = ctx.provider(run.provider).reach_advice(seen.cause)
+    return f"{ADVICE[seen.cause]} ({said})" if said else ADVICE[seen.cause]
 
 
 def last_words(run: Run, nodes: Mapping[str, NodeInstance], late: Iterable[str]) -> str:

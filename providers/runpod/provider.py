@@ -19,6 +19,7 @@ import posixpath
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel
@@ -29,7 +30,9 @@ from core.errors import (
     ProviderError,
     ProviderUnavailable,
     ProvisioningFailed,
+    Unreachable,
 )
+from core.settings import CloudSettings
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.runpod import RunPodSection
 from providers.base import (
@@ -58,9 +61,9 @@ from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.models import PodSpec, RunPodPod
+from providers.runpod.settings import RunPodSettings
 from trainer.progress import NODE_ROOT_ENV
 
-DEFAULT_API = "https://api.runpod.io"
 CREDENTIAL = "RUNPOD_API_KEY"
 NO_CAPACITY_MARK = "no longer any instances available"
 PRIVATE_DOMAIN = ".runpod.internal"  # global networking: every pod is <pod id>.runpod.internal
@@ -97,13 +100,23 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     section_model: ClassVar[type[SectionBase]] = RunPodSection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "RunPod"
-    default_api_url: ClassVar[str] = DEFAULT_API
-    api_url_env: ClassVar[str] = "RUNPOD_API_BASE_URL"
+    settings_model: ClassVar[type[CloudSettings] | None] = RunPodSettings
     record_model: ClassVar[type[BaseModel]] = RunPodPod
 
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
+        self.own = context.cloud(self.name, RunPodSettings)
         self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
+
+    def reach_advice(self, cause: Unreachable) -> str | None:
+        return {
+            Unreachable.CERTIFICATE: "runpod_proxy_ca_file names the authorities trusted for RunPod's proxy; "
+            "unset: the system's",
+            Unreachable.HOSTNAME: "runpod_proxy_url says where RunPod's proxy is",
+        }.get(cause)
+
+    def _proxy_authorities(self) -> Path | None:
+        return self.own.runpod_proxy_ca_file
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
@@ -275,7 +288,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         public IP, which is plain HTTP across the internet (the Jobs API's carries the node's token)."""
         for mapped in (pod.runtime.ports if pod.runtime else None) or []:
             if mapped.private_port == port:
-                return self.context.runpod_proxy_url.format(pod_id=pod.id, port=port).rstrip("/")
+                return self.own.runpod_proxy_url.format(pod_id=pod.id, port=port).rstrip("/")
         return None
 
     def _ssh(self, pod: RunPodPod) -> SshAccess | None:

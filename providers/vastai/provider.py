@@ -31,6 +31,7 @@ from core.errors import (
     ProviderError,
     ProviderUnavailable,
 )
+from core.settings import CloudSettings
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
 from providers.base import (
@@ -59,10 +60,10 @@ from providers.onnode.failsafe import VAST_URL_ENV
 from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.models import VastInstance, VastOffer, first_number
+from providers.vastai.settings import VastAISettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API = "https://console.vast.ai"
 CREDENTIAL = "VAST_API_KEY"
 NO_CAPACITY_ERRORS = ("no_such_ask",)
 QUOTA_ERROR = "search_quota_exceeded"
@@ -166,8 +167,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     section_model: ClassVar[type[SectionBase]] = VastAISection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "vast.ai"
-    default_api_url: ClassVar[str] = DEFAULT_API
-    api_url_env: ClassVar[str] = "VAST_URL"
+    settings_model: ClassVar[type[CloudSettings] | None] = VastAISettings
     record_model: ClassVar[type[BaseModel]] = VastInstance
 
     def __init__(self, context: ProviderContext) -> None:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from jobs.sections.base import ProviderName
-from providers.registry import PROVIDERS
+from providers.registry import PROVIDERS, api_url_setting
 from tests.fakes import FAKES, FakeCloud, FakeDiscord, FakeHub, FakeRunPod
 from tests.fakes.discord import DEFAULT_TOKEN as DISCORD_TOKEN
 from tests.fakes.hub import DEFAULT_TOKEN
@@ -82,7 +82,8 @@ def make_fake(args: argparse.Namespace) -> Fake:
 
 def settings_for(fake: Fake, args: argparse.Namespace) -> dict[str, str]:
     """The environment that points the fleet (or the vendor's own client) at the started `fake`: the names
-    the fleet reads (core.settings: AS_IS, FLEET_*; core.secrets), with this fake's values."""
+    the fleet reads (core.settings: AS_IS, a cloud's CloudSettings, FLEET_*; core.secrets), with this
+    fake's values."""
     if isinstance(fake, FakeWandb):
         return {"WANDB_BASE_URL": fake.url, "WANDB_API_KEY": args.api_key or WANDB_KEY}
     if isinstance(fake, FakeDiscord):
@@ -92,9 +93,11 @@ def settings_for(fake: Fake, args: argparse.Namespace) -> dict[str, str]:
     if isinstance(fake, FakeHub):
         return {"HF_ENDPOINT": fake.url, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": fake.token}
     provider = PROVIDERS[ProviderName(args.vendor)]  # the names the fleet reads for this cloud
-    if provider.api_url_env is None:
-        raise RuntimeError(f"{provider.__name__} has no api_url_env: the fleet cannot be pointed at a fake")
-    found = {provider.api_url_env: fake.url} | dict.fromkeys(provider.credential_names, fake.api_key)
+    model, field = provider.settings_model, api_url_setting(provider)
+    if model is None or field is None:
+        raise RuntimeError(f"{provider.__name__} has no API URL setting: the fleet cannot be pointed at it")
+    url_env = model.AS_IS.get(field, f"FLEET_{field.upper()}")
+    found = {url_env: fake.url} | dict.fromkeys(provider.credential_names, fake.api_key)
     if isinstance(fake, FakeRunPod):  # its pods' ports only through its HTTPS proxy, as RunPod's
         found |= fake.proxy.settings()
     return found

@@ -23,9 +23,9 @@ from celery.utils.time import get_exponential_backoff_interval
 
 from broker.app import configure
 from core.errors import FleetError
-from core.settings import Settings
 from jobs.spec import load_job
 from providers.base import Provider
+from providers.registry import FleetSettings
 from service import runs
 from state.models import Run
 from state.stages import RunState, Stage
@@ -109,7 +109,7 @@ class DirectFleet:
             "create_settle_s": 5,
             "reap_interval_s": 1,  # the pace at which the cases call the reaper (its back-offs scale)
         }
-        self.settings = Settings(home=home, **{**defaults, **urls, **settings})
+        self.settings = FleetSettings(home=home, **{**defaults, **urls, **settings})
         configure(self.settings, redis_url)
         self.ctx = context.init(self.settings, redis_url)
         self.fleet = runs.Fleet(

@@ -25,10 +25,11 @@ import redis
 from pydantic import SecretStr
 
 from broker.dispatch import Dispatcher
-from core.settings import load_settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.settings import RunPodSettings
+from providers.world import load_fleet_settings
 from service import runs as svc
 from state.keys import EVENTS_STREAM, tick_key
 from state.ledger import Draft, Ledger
@@ -59,7 +60,7 @@ def make_orphans(fake: FakeCloud, home: Path, count: int, prefix: str = "orphan"
         home=home,
         credentials={"RUNPOD_API_KEY": SecretStr(CANARIES["RUNPOD_API_KEY"])},
         urls={"runpod": fake.url},
-        **fake.proxy.values(),
+        clouds={"runpod": RunPodSettings(**fake.proxy.values())},
     )
     provider = RunPodProvider(context)
     names = [f"tf-{prefix}{i}-1" for i in range(count)]
@@ -163,7 +164,7 @@ def stuck_runs(case: Case, fleet: LiveFleet, job: Path, count: int) -> list[str]
     """Runs whose chain of tasks died: queued while no worker ran, then their messages and owners lost.
     Each is asked to cancel, so the task a reaper kicks ends it at once (no node needed)."""
     runs = [fleet.enqueue(job) for _ in range(count)]
-    here = svc.Fleet.connect(load_settings(fleet.env))
+    here = svc.Fleet.connect(load_fleet_settings(fleet.env))
 
     def ask_cancel(r: Run) -> list[Draft]:
         # As `fleet cancel` records it while a worker serves; with none up it would end a queued run at once

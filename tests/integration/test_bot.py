@@ -30,6 +30,7 @@ from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import format_problems, parse_job
 from providers.base import LaunchRequest
+from providers.registry import FleetSettings
 from service.runs import Fleet
 from state import nodelogs
 from state.models import Instance, InstanceState, Run
@@ -72,7 +73,7 @@ def settings(
     monkeypatch.setenv("FLEET_SECRETS_FILE", str(tmp_path / "missing.yml"))
     home = tmp_path / "home"
     home.mkdir()
-    return Settings(
+    return FleetSettings(
         redis_url=redis_url,
         home=home,
         discord_api_base=f"{fake_discord.url}/api/v10",

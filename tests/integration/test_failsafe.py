@@ -26,6 +26,7 @@ from providers.bootstrap import failsafe_argv
 from providers.local.client import HeadMeta
 from providers.node import NodeClient, jobs_api_answers, ping, user_agent
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.settings import RunPodSettings
 from providers.vastai.provider import VastAIProvider
 from tests.fakes import FakeRunPod, FakeVastAI
 
@@ -215,7 +216,7 @@ def test_a_pod_terminates_itself_with_its_own_key(tmp_path: Path, start_failsafe
             home=tmp_path,
             credentials={"RUNPOD_API_KEY": SecretStr(KEY)},
             urls={"runpod": fake.url},
-            **fake.proxy.values(),
+            clouds={"runpod": RunPodSettings(**fake.proxy.values())},
         )
         provider = RunPodProvider(context)
         section = RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5)

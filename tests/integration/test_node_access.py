@@ -20,13 +20,14 @@ import redis
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.runpod import RunPodSection
 from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, Provider, ProviderContext, SshAccess
+from providers.registry import FleetSettings
 from providers.runpod.client import RunPodAPIError
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.settings import RunPodSettings
 from providers.vastai.provider import VastAIProvider
 from service.nodeaccess import ssh_command
 from service.runs import Fleet
@@ -68,7 +69,7 @@ def pub(tmp_path: Path) -> Path:
 def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, fake: FakeRunPod, pub: Path) -> Any:
     from broker.app import configure
 
-    settings = Settings.model_validate(
+    settings = FleetSettings.model_validate(
         {
             "home": fleet_home,
             "runpod_api_base_url": fake.url,
@@ -190,7 +191,7 @@ def test_no_node_yet_and_a_node_without_ssh_say_what_to_do(
         home=ctx.settings.home,
         credentials={"RUNPOD_API_KEY": SecretStr(RP_KEY)},
         urls={"runpod": fake.url},
-        **fake.proxy.values(),
+        clouds={"runpod": RunPodSettings(**fake.proxy.values())},
     )
     run = ledger_run("r3", RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5))
     run.instance = run.instance_name

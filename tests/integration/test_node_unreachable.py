@@ -95,6 +95,9 @@ def test_a_proxy_certificate_the_fleet_refuses_fails_the_run_soon_naming_it(
         first = check_named_at_once(fake.proxy.hellos, evs, cause, permanent=True)
         assert fake.state()["instances"] == []  # given back
     check_failed_soon(view, evs, first, cause, words)
+    # ... and says which of RunPod's settings decides that check (the cloud's advice, from its package)
+    setting = {"certificate": "(runpod_proxy_ca_file names", "hostname": "(runpod_proxy_url says"}[cause]
+    assert setting in view["failure_message"], view["failure_message"]
 
 
 def test_a_vast_node_presenting_another_certificate_than_the_pinned_one_fails_soon(

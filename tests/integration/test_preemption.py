@@ -14,9 +14,9 @@ import redis
 from celery.exceptions import Retry
 
 from core.errors import FailureReason, NodeError
-from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
+from providers.registry import FleetSettings
 from state.events import read_run
 from state.models import Instance, InstanceState, Run
 from state.payloads import RunPreempted
@@ -44,7 +44,7 @@ def ctx(
 ) -> context.Context:
     from broker.app import configure
 
-    settings = Settings(
+    settings = FleetSettings(
         home=fleet_home,
         **fake.proxy.values(),
         runpod_api_base_url=fake.url,

@@ -19,6 +19,7 @@ from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeEndpoint, NodeState, Provider, ProviderContext
 from providers.node import channel
 from providers.registry import PROVIDERS
+from providers.runpod.settings import RunPodSettings
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
 
@@ -47,7 +48,7 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
                 home=tmp_path,
                 credentials={"RUNPOD_API_KEY": SecretStr("contract-key")},
                 urls={"runpod": fake.url},
-                **fake.proxy.values(),
+                clouds={"runpod": RunPodSettings(**fake.proxy.values())},
             )
         if name == ProviderName.VASTAI:
             vast = stack.enter_context(

@@ -15,6 +15,7 @@ from jobs.sections.local import LocalSection
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState
 from providers.onnode import failsafe
+from providers.registry import FleetSettings
 from state.events import read_run
 from state.keys import tick_key
 from state.models import Instance, InstanceState, Run
@@ -168,7 +169,7 @@ def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(
 
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none", ready_delay_s=3600) as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
-        settings = Settings(
+        settings = FleetSettings(
             home=fleet_home, orphan_grace_s=60, runpod_api_base_url=fake.url, **fake.proxy.values()
         )
         configure(settings, redis_url)
@@ -201,7 +202,7 @@ def test_a_pass_keeps_its_lock_while_a_provider_call_hangs(
 
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none") as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
-        settings = Settings(
+        settings = FleetSettings(
             home=fleet_home, reap_interval_s=2, runpod_api_base_url=fake.url, **fake.proxy.values()
         )
         configure(settings, redis_url)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
+from providers.registry import FleetSettings
 from state.events import read_run
 from state.models import Instance, InstanceState
 from state.payloads import InstanceIdle, InstanceReminder
@@ -43,7 +43,7 @@ def make_ctx(redis_url: str, fleet_home: Path, fake: FakeRunPod, **settings: Any
 
     values: dict[str, Any] = {"orphan_grace_s": 0, "stall_after_s": 30, "reap_interval_s": 30}
     values.update(settings)
-    config = Settings(home=fleet_home, runpod_api_base_url=fake.url, **fake.proxy.values(), **values)
+    config = FleetSettings(home=fleet_home, runpod_api_base_url=fake.url, **fake.proxy.values(), **values)
     configure(config, redis_url)
     return context.init(config, redis_url)
 

@@ -18,6 +18,7 @@ from core.errors import AuthFailed, NoCapacity, ProviderUnavailable, Provisionin
 from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.settings import RunPodSettings
 from tests.fakes.runpod import FakeRunPod
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def provider_for(fake: FakeRunPod, tmp_path: Path, key: str = KEY) -> RunPodProv
         home=tmp_path,
         credentials={"RUNPOD_API_KEY": SecretStr(key)},
         urls={"runpod": fake.url},
-        **fake.proxy.values(),
+        clouds={"runpod": RunPodSettings(**fake.proxy.values())},
     )
     return RunPodProvider(context)
 

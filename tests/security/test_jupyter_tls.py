@@ -27,13 +27,13 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.vastai import VastAISection
 from providers.base import JUPYTER_PORT, LaunchRequest
 from providers.bootstrap import ACCESS_ENV, INNER_JUPYTER_PORT, tlsfront_argv
 from providers.node import fingerprint
 from providers.onnode import tlsfront
+from providers.registry import FleetSettings
 from providers.tokens import self_signed
 from state.models import Instance, InstanceState
 from tests.factories import ledger_run
@@ -57,7 +57,9 @@ def fake(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast
 def ctx(redis_client: redis.Redis[str], redis_url: str, fleet_home: Path, fake: FakeVastAI) -> Any:
     from broker.app import configure
 
-    settings = Settings.model_validate({"home": fleet_home, "vast_url": fake.url, "redis_url": redis_url})
+    settings = FleetSettings.model_validate(
+        {"home": fleet_home, "vast_url": fake.url, "redis_url": redis_url}
+    )
     configure(settings, redis_url)
     return context.init(settings, redis_url)
 

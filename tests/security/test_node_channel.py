@@ -24,6 +24,7 @@ from providers.bootstrap import start_script
 from providers.node import NodeClient, ping
 from providers.remote import RemoteProvider
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.settings import RunPodSettings
 from providers.tokens import NodeTokens
 from providers.vastai.provider import VastAIProvider
 from tests.fakes.runpod import FakeRunPod
@@ -104,7 +105,7 @@ def test_runpod_is_reached_through_its_https_proxy_never_its_public_ip(tmp_path:
             home=tmp_path / "fleet",
             credentials={"RUNPOD_API_KEY": SecretStr(KEY)},
             urls={"runpod": fake.url},
-            **fake.proxy.values(),
+            clouds={"runpod": RunPodSettings(**fake.proxy.values())},
         )
         provider = RunPodProvider(context)
         provider.launch(LaunchRequest("tf-rp-1", "rp", RunPodSection(gpu="NVIDIA RTX A5000")))

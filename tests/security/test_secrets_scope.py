@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import Settings
 from jobs.sections.runpod import RunPodSection
 from jobs.spec import JobSpec
+from providers.registry import FleetSettings
 from state.models import Run
 from state.stages import RunState
 from tests.factories import TINY_DATA, train_config
@@ -59,7 +59,7 @@ def fake(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunP
 def make_ctx(redis_url: str, fleet_home: Path, fake: FakeRunPod, hf_endpoint: str) -> context.Context:
     from broker.app import configure
 
-    settings = Settings(
+    settings = FleetSettings(
         home=fleet_home, runpod_api_base_url=fake.url, hf_endpoint=hf_endpoint, wandb_mode="online"
     )
     configure(settings, redis_url)

@@ -24,10 +24,10 @@ import redis
 from typer.testing import CliRunner
 
 from core.errors import FailureReason, OverBudget
-from core.settings import Settings
 from fleet.cli import cli
 from jobs.sections.runpod import RunPodSection
 from jobs.spec import load_job
+from providers.registry import FleetSettings
 from service import runs
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Trigger, look
@@ -121,7 +121,9 @@ def test_a_commits_configs_are_refused_whole_by_the_repositorys_cap(
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     home = tmp_path / "home"
     home.mkdir()
-    settings = Settings(redis_url=redis_url, home=home, runpod_api_base_url=NOWHERE, git_dollars_per_day=35)
+    settings = FleetSettings(
+        redis_url=redis_url, home=home, runpod_api_base_url=NOWHERE, git_dollars_per_day=35
+    )
     repo = Repo(tmp_path / "repo")
     fleet = runs.Fleet.connect(settings)
     trigger = Trigger(fleet, GitRepo.open(repo.root), "acme/configs", ["tasks/*.yml"])

@@ -24,6 +24,7 @@ from core.secrets import Secrets
 from core.settings import Settings
 from providers.base import NodeEndpoint
 from providers.node import NodeClient, NodeTimeouts
+from providers.registry import FleetSettings
 from providers.world import World
 
 pytestmark = pytest.mark.timeout(20)  # without timeouts these calls never return: fail, not hang
@@ -97,7 +98,7 @@ def stuck_upload_head() -> Iterator[str]:
 
 
 def settings(home: Path, **kw: object) -> Settings:
-    return Settings.model_validate(
+    return FleetSettings.model_validate(
         {
             "home": home,
             "api_connect_timeout_s": TIMEOUT_S,

@@ -10,18 +10,23 @@ from pydantic import SecretStr
 
 from core.errors import ConfigError, ProviderError
 from core.secrets import FLEET_CREDENTIALS
-from core.settings import Settings, load_settings
+from core.settings import Settings
 from jobs.sections import SECTION_MODELS, ProviderName
 from providers.base import ProviderContext
 from providers.registry import (
     CREDENTIAL_NAMES,
     PROVIDERS,
+    FleetSettings,
     api_url_setting,
     api_urls,
+    cloud_settings,
+    fleet_runs,
     get_provider,
     provider_name,
 )
 from providers.remote import RemoteProvider
+from providers.runpod.settings import RunPodSettings
+from providers.world import load_fleet_settings
 
 NAMES = sorted(name for name in ProviderName if not name.is_choice)
 
@@ -57,30 +62,47 @@ def test_the_known_credentials_are_every_provider_s_and_the_fleet_s() -> None:
 def test_a_cloud_declares_its_api_url_and_the_setting_that_overrides_it(name: ProviderName) -> None:
     cls = PROVIDERS[name]
     if not issubclass(cls, RemoteProvider):
-        assert cls.default_api_url is None and cls.api_url_env is None
-        assert api_url_setting(cls) is None
+        assert cls.settings_model is None and api_url_setting(cls) is None
         return
+    assert cls.settings_model is not None
     field = api_url_setting(cls)
-    assert field is not None and field in Settings.model_fields
-    assert Settings.model_fields[field].default == cls.default_api_url
+    assert field is not None and field in cls.settings_model.model_fields
+    assert (
+        field in FleetSettings.model_fields and field not in Settings.model_fields
+    )  # the cloud's, not core's
+    assert field in cls.settings_model.AS_IS  # also read under the vendor's own variable
 
 
 def test_the_api_urls_come_from_the_settings_under_the_vendors_names(tmp_path: Path) -> None:
     none = {"FLEET_SETTINGS_FILE": str(tmp_path / "absent.yml")}
     (tmp_path / "absent.yml").write_text("")
-    defaults = {n.value: c.default_api_url for n, c in PROVIDERS.items() if c.default_api_url is not None}
-    assert (
-        api_urls(load_settings(none))
-        == defaults
-        == {
-            "runpod": "https://api.runpod.io",
-            "vastai": "https://console.vast.ai",
-        }
-    )
+    assert api_urls(load_fleet_settings(none)) == {
+        "runpod": "https://api.runpod.io",
+        "vastai": "https://console.vast.ai",
+    }
     env = {**none, "RUNPOD_API_BASE_URL": "http://rp.test", "FLEET_VAST_URL": "http://vast.test"}
-    assert api_urls(load_settings(env)) == {"runpod": "http://rp.test", "vastai": "http://vast.test"}
-    settings = Settings(runpod_api_base_url="http://a.test", vast_url="http://b.test")
+    assert api_urls(load_fleet_settings(env)) == {"runpod": "http://rp.test", "vastai": "http://vast.test"}
+    (tmp_path / "file.yml").write_text(
+        "vast_url: http://file.test\nrunpod_proxy_url: https://{pod_id}.p.test\n"
+    )
+    from_file = load_fleet_settings({"FLEET_SETTINGS_FILE": str(tmp_path / "file.yml")})
+    assert api_urls(from_file)["vastai"] == "http://file.test"
+    assert cloud_settings(from_file)["runpod"] == RunPodSettings(runpod_proxy_url="https://{pod_id}.p.test")
+    settings = FleetSettings(runpod_api_base_url="http://a.test", vast_url="http://b.test")
     assert api_urls(settings) == {"runpod": "http://a.test", "vastai": "http://b.test"}
+    assert api_urls(Settings()) == {"runpod": "https://api.runpod.io", "vastai": "https://console.vast.ai"}
+
+
+def test_a_settings_key_no_cloud_declares_and_an_unknown_provider_are_errors(tmp_path: Path) -> None:
+    (tmp_path / "file.yml").write_text("runpod_proxy_ulr: https://{pod_id}.p.test\n")
+    with pytest.raises(ConfigError, match="runpod_proxy_ulr"):
+        load_fleet_settings({"FLEET_SETTINGS_FILE": str(tmp_path / "file.yml")})
+    none = {"FLEET_SETTINGS_FILE": str(tmp_path / "absent.yml")}
+    (tmp_path / "absent.yml").write_text("")
+    with pytest.raises(ConfigError, match="unknown provider 'runpd'; valid: local, runpod, vastai"):
+        load_fleet_settings({**none, "FLEET_PROVIDERS": "local,runpd"})
+    assert fleet_runs(load_fleet_settings(none)) == ("local", "runpod", "vastai")  # unset: all it has
+    assert fleet_runs(load_fleet_settings({**none, "FLEET_PROVIDERS": "runpod"})) == ("runpod",)
 
 
 def test_a_provider_reads_its_url_from_the_context_else_its_default(tmp_path: Path) -> None:
