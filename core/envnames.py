@@ -3,13 +3,18 @@
 A job's `env` (jobs.sections) goes into its node's environment. It must not change what code the node's
 processes load (loader and interpreter variables), nor any name that the fleet, Ray, the vendor or what
 the fleet starts on a node reads: the node's failsafe (providers.onnode.failsafe), its start script
-(providers.bootstrap) and its setup (providers.onnode.nodesetup). A job that set FLEET_RAY_HEAD_ADDRESS,
-RUNPOD_POD_ID or CONTAINER_ID could switch the failsafe off, and one that set LD_PRELOAD or PYTHONPATH ran
+(providers.bootstrap) and its setup (providers.onnode.nodesetup). A job that set FLEET_RAY_HEAD_ADDRESS, or
+the instance id a cloud sets, could switch the failsafe off, and one that set LD_PRELOAD or PYTHONPATH ran
 its own code in every Ray process. Validation refuses these names (`refusal`), and the providers drop them
 from a job's `env` whatever its origin (`job_may_set`), so a job in the ledger from before is held too.
 
+The names a cloud sets in its nodes' environment (its instance id and own key) are the cloud's, declared in
+its package (providers/<cloud>/facts.py: `set_by_the_cloud`) and handed here by the registry
+(`declare_clouds`); until it has, `refusal` raises rather than let such a name through.
+
 The failsafe runs on the node from the standard library alone and cannot import this module: the names it
-reads are repeated in NODE_READS, and a test holds the two in step (tests/security/test_environments.py).
+reads are repeated in NODE_READS and the clouds' groups, and a test holds them in step
+(tests/security/test_environments.py).
 """
 
 from __future__ import annotations
@@ -22,16 +27,13 @@ FAULT_INJECTION = "FLEET_INJECT"  # trainer.faults' variable: set by the fleet f
 SSH_PUBLIC_KEY = "PUBLIC_KEY"  # the fleet's SSH key in a node's environment (the start script reads it)
 JUPYTER_TOKEN = "JUPYTER_TOKEN"  # JupyterLab's token, which the start script sets from the fleet's
 NODE_READS = (
-    "CONTAINER_ID",  # vast.ai's: the instance the failsafe destroys
-    "CONTAINER_API_KEY",  # ... with the instance's own key
-    "RUNPOD_POD_ID",  # RunPod's: the pod the failsafe terminates (and its private host name)
-    "RUNPOD_API_KEY",  # ... with the pod's own key
     "RAY_TMPDIR",  # where the failsafe finds Ray's dashboard log (its heartbeats)
     "TMPDIR",  # ... when neither FLEET_RAY_TEMP_DIR nor RAY_TMPDIR is set
     SSH_PUBLIC_KEY,
     JUPYTER_TOKEN,
 )
-"""The names other than FLEET_* that what the fleet starts on a node reads from its environment."""
+"""The names other than FLEET_* and the clouds' that what the fleet starts on a node reads from its
+environment."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,9 @@ RAY = Reserved(
 )
 NODE = Reserved(
     frozenset(NODE_READS),
-    ("RUNPOD_", "VAST_", "CONTAINER_"),
-    "the provider and the fleet set this name (the instance's id and own key, which the node's failsafe "
-    "uses to give it back; the fleet's SSH key) and a job cannot set it",
+    (),
+    "the fleet sets this name on its nodes (the fleet's SSH key, JupyterLab's token, where Ray keeps its "
+    "logs) and a job cannot set it",
 )
 DRILL = Reserved(
     frozenset({FAULT_INJECTION}),
@@ -109,11 +111,38 @@ ENDPOINTS = Reserved(
     "wandb_base_url), passed to its nodes, and a job cannot set it",
 )
 RESERVED = (DRILL, LOADER, FLEET, RAY, NODE, ENDPOINTS)
+"""The fleet's own groups; the clouds' are declared (`declare_clouds`)."""
+
+
+def set_by_the_cloud(names: tuple[str, ...], prefixes: tuple[str, ...]) -> Reserved:
+    """A cloud's group: the names it sets in its nodes' environment, and its prefixes."""
+    return Reserved(
+        frozenset(names),
+        prefixes,
+        "the cloud sets this name on its nodes (the instance's id and own key, which the node's failsafe "
+        "uses to give it back) and a job cannot set it",
+    )
+
+
+_CLOUDS: tuple[Reserved, ...] | None = None
+
+
+def declare_clouds(groups: tuple[Reserved, ...]) -> None:
+    """The registered clouds' groups (providers.registry, once per process)."""
+    global _CLOUDS
+    _CLOUDS = groups
+
+
+def clouds() -> tuple[Reserved, ...]:
+    """The registered clouds' groups; RuntimeError before the registry declared them."""
+    if _CLOUDS is None:
+        raise RuntimeError("no cloud's reserved names are declared yet: import providers.registry first")
+    return _CLOUDS
 
 
 def refusal(name: str) -> str | None:
     """Why a job may not set the variable `name`; None when it may."""
-    return next((group.reason for group in RESERVED if group.covers(name)), None)
+    return next((group.reason for group in (*RESERVED, *clouds()) if group.covers(name)), None)
 
 
 def job_may_set(name: str) -> bool:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import FleetError
-from jobs.gpus import GPU_TYPES, GpuType
+from jobs import clouds
+from jobs.gpus import GpuType
 from jobs.sections import CloudSection, ProviderName
 from providers.base import Provider
 from providers.offers import Candidate, Priced, Rejected, same_gpu
@@ -70,17 +71,17 @@ def clouds_to_ask(
         why = None
         if fleet_runs is not None and cloud.value not in fleet_runs:
             why = "this fleet does not run it (FLEET_PROVIDERS)"
-        elif section.avoid and cloud is ProviderName.RUNPOD:
-            why = "RunPod does not say where an offer is, so `avoid` cannot hold there"
+        elif section.avoid and not (located := clouds.facts(cloud).location).supported:
+            why = located.reason
         out.append((cloud, why))
     return out
 
 
 def _in_size(t: GpuType, c: Candidate) -> str | None:
     """Why `c` is not `t` though the cloud calls both the same (vast.ai's A100 PCIE is 40 or 80 GB)."""
-    shared = [u for u in GPU_TYPES.values() if u is not t and set(u.vastai) & set(t.vastai)]
+    shared = t.sharing_names(c.provider)
     said = c.detail.get("gpu_memory_gb", "")
-    if c.provider is not ProviderName.VASTAI or not shared:
+    if not shared:
         return None
     low, high = t.memory_range
     try:

@@ -24,6 +24,7 @@ from core import envnames
 from core.errors import CredentialsMissing, NodeError, ProvisioningFailed, Unreachable
 from core.node_settings import DEFAULT_AXOLOTL_IMAGE, DEFAULT_NODE_IMAGE
 from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S, CloudSettings
+from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
 from providers.listing import ListingCache
 from providers.sealed import SecretStore
@@ -246,6 +247,10 @@ class Provider(ABC):
     credential_names: ClassVar[tuple[str, ...]] = ()
     """The credentials it needs (environment variable / secrets-file names), e.g. ("RUNPOD_API_KEY",).
     The fleet's secrets are read under these names, plus the fleet's own (core.secrets.FLEET_CREDENTIALS)."""
+    facts: ClassVar[CloudFacts | None] = None
+    """What the job's data and the fleet's checks know of the cloud (providers/<cloud>/facts.py): its GPU
+    names, whether its offers say where they are, the names it sets in its nodes' environment; the
+    registry declares them to jobs.clouds and core.envnames."""
     settings_model: ClassVar[type[CloudSettings] | None] = None
     """The cloud's own settings (providers/<cloud>/settings.py): its API's URL (`CloudSettings.API_URL`),
     how its nodes are reached. The fleet's settings class derives from each (providers.registry), the world

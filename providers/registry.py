@@ -7,9 +7,11 @@ from __future__ import annotations
 import types
 from typing import cast
 
+from core import envnames
 from core.errors import ConfigError, CredentialsMissing, Problem, ProviderError
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
 from core.settings import CloudSettings, Settings
+from jobs import clouds
 from jobs.sections import RENTED_CLOUDS, ProviderName
 from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
@@ -21,6 +23,10 @@ PROVIDERS: dict[ProviderName, type[Provider]] = {
     ProviderName.RUNPOD: RunPodProvider,
     ProviderName.VASTAI: VastAIProvider,
 }
+
+FACTS = tuple(cls.facts for cls in PROVIDERS.values() if cls.facts is not None)
+clouds.declare(FACTS)  # the job's data learns the clouds' GPU names and capabilities
+envnames.declare_clouds(tuple(f.node_env for f in FACTS if f.node_env is not None))  # ... and what they set
 
 CREDENTIAL_NAMES: tuple[str, ...] = tuple(
     dict.fromkeys([*(n for cls in PROVIDERS.values() for n in cls.credential_names), *FLEET_CREDENTIALS])

@@ -76,7 +76,7 @@ class Placement(BaseModel):
 
     attempt: int
     cloud: ProviderName
-    offer: str = Field(description="The cloud's offer id (RunPod: GPU type/cloud type; vast.ai: the ask).")
+    offer: str = Field(description="The cloud's offer id (a GPU type and cloud type, or the ask's id).")
     gpu: str = Field(description="The GPU type in the fleet's names (jobs.gpus).")
     vendor_gpu: str = Field(description="The cloud's own name for it, as its section is written.")
     secure: bool = Field(description="A datacenter host (the section's cloud_type for this offer).")

@@ -9,6 +9,7 @@ import pytest
 import redis
 from xdist.remote import Producer
 
+import providers.registry  # noqa: F401  (declares the clouds to jobs/ and core/, as every process's entry does)
 from service.embedded import ensure_redis, stop_redis
 from tests import scheduling
 

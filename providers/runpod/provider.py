@@ -33,6 +33,7 @@ from core.errors import (
     Unreachable,
 )
 from core.settings import CloudSettings
+from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.runpod import RunPodSection
 from providers.base import (
@@ -60,6 +61,7 @@ from providers.offers import Candidate, Choice, Priced, choose
 from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
+from providers.runpod.facts import RUNPOD
 from providers.runpod.models import PodSpec, RunPodPod
 from providers.runpod.settings import RunPodSettings
 from trainer.progress import NODE_ROOT_ENV
@@ -100,6 +102,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     section_model: ClassVar[type[SectionBase]] = RunPodSection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "RunPod"
+    facts: ClassVar[CloudFacts | None] = RUNPOD
     settings_model: ClassVar[type[CloudSettings] | None] = RunPodSettings
     record_model: ClassVar[type[BaseModel]] = RunPodPod
 

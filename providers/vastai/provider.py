@@ -32,6 +32,7 @@ from core.errors import (
     ProviderUnavailable,
 )
 from core.settings import CloudSettings
+from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
 from jobs.sections.vastai import VastAISection
 from providers.base import (
@@ -59,6 +60,7 @@ from providers.onnode import tlsfront
 from providers.onnode.failsafe import VAST_URL_ENV
 from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
+from providers.vastai.facts import VASTAI
 from providers.vastai.models import VastInstance, VastOffer, first_number
 from providers.vastai.settings import VastAISettings
 
@@ -167,6 +169,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     section_model: ClassVar[type[SectionBase]] = VastAISection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "vast.ai"
+    facts: ClassVar[CloudFacts | None] = VASTAI
     settings_model: ClassVar[type[CloudSettings] | None] = VastAISettings
     record_model: ClassVar[type[BaseModel]] = VastInstance
 

@@ -187,7 +187,8 @@ def test_every_name_the_node_side_reads_is_one_a_job_cannot_set() -> None:
     settable = sorted(name for name in read if envnames.job_may_set(name))
     assert settable == []
     failsafe_own = {n for n in env_reads(failsafe) if not n.startswith(envnames.FLEET_PREFIX)}
-    assert failsafe_own <= set(envnames.NODE_READS)
+    clouds_set = {name for group in envnames.clouds() for name in group.names}  # each cloud's facts.py
+    assert failsafe_own <= set(envnames.NODE_READS) | clouds_set
 
 
 # --- the fleet's values last, whatever the job's env holds -------------------------------------------------

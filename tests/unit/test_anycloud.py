@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError, CredentialsMissing, ProviderUnavailable
+from jobs import clouds as cloud_facts
 from jobs.gpus import GPU_TYPES, resolve
 from jobs.sections import CloudSection, ProviderName, RunPodSection, VastAISection
 from jobs.spec import parse_job
@@ -53,10 +54,19 @@ def test_an_unknown_gpu_names_the_nearest_and_every_known_one() -> None:
 def test_every_gpu_type_is_rented_somewhere_and_each_runpod_id_means_one_type() -> None:
     seen: dict[str, str] = {}
     for t in GPU_TYPES.values():
-        assert t.runpod or t.vastai, t.name
-        for said in t.runpod:
+        assert any(t.vendor_names(cloud) for cloud in cloud_facts.declared()), t.name
+        for said in t.vendor_names("runpod"):
             assert seen.setdefault(said, t.name) == t.name
             assert resolve(said) == (t.name,)
+    for cloud, facts in cloud_facts.declared().items():  # a cloud names only types the fleet knows
+        assert set(facts.gpu_names) <= set(GPU_TYPES), cloud
+
+
+def test_a_name_a_cloud_gives_two_types_stands_for_both_and_the_offer_s_memory_tells_them_apart() -> None:
+    a100 = GPU_TYPES["A100-80GB"]
+    assert resolve("A100 PCIE") == ("A100-80GB", "A100-40GB")  # vast.ai's name for either size
+    assert a100.sharing_names("vastai") == [GPU_TYPES["A100-40GB"]]
+    assert a100.sharing_names("runpod") == []  # RunPod's name says the size
 
 
 def test_a_cloud_section_in_a_job_file() -> None:

@@ -3,6 +3,8 @@ the declarations (credential names, API URLs) agree."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,31 @@ def test_an_unknown_provider_s_error_lists_the_valid_ones() -> None:
     assert "unknown provider 'runpd'" in message
     for name in ProviderName:
         assert name.value in message
+
+
+DECLARED = (
+    "from jobs import clouds; from core import envnames; "
+    "print(sorted(clouds.declared()), len(envnames.clouds()), envnames.refusal('RUNPOD_POD_ID') is not None)"
+)
+
+
+@pytest.mark.parametrize("module", ["fleet.cli", "workers.stages.provision", "bot.app", "service.runs"])
+def test_every_process_s_entry_declares_the_clouds_to_the_layers_below(module: str) -> None:
+    """The job's data and the env check learn the clouds from the registry: every process's entry imports
+    it, so a job read anywhere knows every cloud's GPU names and reserved env names."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}; {DECLARED}"], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["['runpod',", "'vastai']", "2", "True"], done.stdout
+
+
+def test_asking_before_the_registry_declared_the_clouds_is_a_loud_error() -> None:
+    """Never an empty answer that would let a cloud's reserved name or GPU through unchecked."""
+    code = (
+        "from jobs import clouds, gpus; from core import envnames\n"
+        "asks = clouds.declared, lambda: envnames.refusal('RUNPOD_POD_ID'), lambda: gpus.resolve('A100')\n"
+        "for ask in asks:\n"
+        "    try:\n        ask()\n    except RuntimeError as exc:\n        print(type(exc).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["NotDeclared", "RuntimeError", "NotDeclared"], done.stdout + done.stderr
