@@ -126,7 +126,7 @@ def submit_all(args: argparse.Namespace, files: dict[str, Path]) -> dict[str, An
     from service.runs import Fleet, new_run_id, submit
 
     settings = World.load().settings
-    fleet = Fleet.connect(settings)
+    fleet = Fleet.connect(World.of(settings))
     jobs = {p: load_job(f, default_provider=settings.default_provider) for p, f in files.items()}
     ids: list[str] = []
     providers: dict[str, str] = {}

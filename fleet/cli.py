@@ -26,7 +26,6 @@ from fleet.cli_common import (
     err,
     find_run_or_exit,
     out,
-    settings_or_exit,
     world_or_exit,
 )
 from jobs.spec import LoadedJob, format_problems, load_job
@@ -195,7 +194,7 @@ def enqueue(
         raise typer.Exit(2)
     world = world_or_exit()
     jobs = _load(files, world, use_ray)
-    fleet = connect_or_exit(world.settings)
+    fleet = connect_or_exit(world)
     svc.check_budget(fleet, jobs)  # before the first, all together: all the files are queued, or none
     runs = [_submit(fleet, job) for job in jobs]
     if as_json:
@@ -233,7 +232,7 @@ def run(
     world = world_or_exit()
     settings = world.settings
     (job,) = _load([file], world, use_ray)
-    fleet = connect_or_exit(settings)
+    fleet = connect_or_exit(world)
 
     def unfinished(run: Run) -> tuple[str, str] | None:
         state = fleet.ledger.get_run(run.run_id).state
@@ -279,7 +278,7 @@ def status(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """Show one run or sweep (its table of parameters against the metric), or list runs newest first."""
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     if run_id is not None and run_id.startswith(SWEEP_PREFIX):
         cli_sweep.status(fleet, run_id, as_json)
         return
@@ -300,7 +299,7 @@ def logs(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a run's events in order, or with --node what its Ray jobs printed on the node."""
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     run = find_run_or_exit(fleet, run_id)
     if node:
         node_logs(fleet, run.run_id, follow, as_json)
@@ -344,7 +343,7 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a run (its Ray job is stopped and its node terminated), or every run of a sweep."""
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(world_or_exit())
     if run_id.startswith(SWEEP_PREFIX):
         cli_sweep.cancel(fleet, run_id, as_json)
         return

@@ -59,14 +59,15 @@ def secrets_or_exit(world: World) -> Secrets:
         raise typer.Exit(2) from None
 
 
-def connect_or_exit(settings: Settings, reading: bool = False, secrets: Secrets | None = None) -> runs.Fleet:
-    """A connection to the fleet (starting the embedded Redis if needed), or exit saying why: 2 for a
-    REDIS_URL that is not valid, 1 for a Redis that cannot be reached or started. A command
-    only `reading` the fleet (status, logs, plot, ...) that had to start the embedded Redis stops it again
-    as it exits, unless someone else connected to it meanwhile: it leaves no server running."""
+def connect_or_exit(world: World, reading: bool = False) -> runs.Fleet:
+    """A connection to the fleet of `world` (starting the embedded Redis if needed), or exit saying why: 2
+    for a REDIS_URL that is not valid, 1 for a Redis that cannot be reached or started. A command only
+    `reading` the fleet (status, logs, plot, ...) that had to start the embedded Redis stops it again as it
+    exits, unless someone else connected to it meanwhile: it leaves no server running."""
+    settings = world.settings
     started = reading and settings.redis_url is None and not embedded.running(settings.home)
     try:
-        fleet = runs.Fleet.connect(settings, secrets)
+        fleet = runs.Fleet.connect(world)
     except FleetError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None

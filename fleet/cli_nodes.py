@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from core.errors import FleetError, NodeError, NotFound
-from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, world_or_exit
 from providers.base import INSTANCE_PREFIX, NodeEndpoint
 from providers.cluster import NodeSummary, cluster_nodes, cluster_status, node_summary
 from service.runs import Fleet
@@ -31,7 +31,7 @@ def instances(as_json: JsonOpt = False) -> None:
     """The fleet's live instances at every provider (state, age, $/h, run)."""
     from service.instances import live_instances
 
-    rows = live_instances(connect_or_exit(settings_or_exit(), reading=True))
+    rows = live_instances(connect_or_exit(world_or_exit(), reading=True))
     if as_json:
         out.print_json(json.dumps([r.view() for r in rows]))
         return
@@ -62,7 +62,7 @@ def terminate(
     """Terminate one of the fleet's instances now."""
     from service.instances import terminate as terminate_instance
 
-    fleet = connect_or_exit(settings_or_exit())
+    fleet = connect_or_exit(world_or_exit())
     try:
         row = terminate_instance(fleet, name, force=force)
     except FleetError as exc:
@@ -82,7 +82,7 @@ def node(
     and workers, with CPUs, GPUs, memory and what is in use; and what the head's readiness check found."""
     from service.instances import find_provider
 
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     try:
         name = _head_of(fleet, ident)
         endpoint = find_provider(fleet, name).endpoint(name)
@@ -134,7 +134,7 @@ def ssh(
     `-i` when the fleet's ssh_public_key is a .pub file whose private key sits beside it."""
     from service.nodeaccess import ssh_command
 
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     try:
         command = ssh_command(fleet, ident)
     except FleetError as exc:
@@ -155,7 +155,7 @@ def jupyter(ident: RunArg, as_json: JsonOpt = False) -> None:
     browser, goes to stderr (`--json`: `certificate`, `sha256`)."""
     from service.nodeaccess import jupyter_access
 
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     try:
         access = jupyter_access(fleet, ident)
     except FleetError as exc:

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from core.errors import ConfigError
-from fleet.cli_common import connect_or_exit, err, settings_or_exit, world_or_exit
+from fleet.cli_common import connect_or_exit, err, world_or_exit
 from service.flower_auth import FlowerAuth, flower_auth
 from service.flower_guard import FlowerServe, Guard, allowed_hosts
 
@@ -53,14 +53,15 @@ def flower(
     except ValueError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
-    settings = settings_or_exit()
+    world = world_or_exit()
+    settings = world.settings
     state_dir = settings.home / "flower"
     try:
         auth = flower_auth(state_dir, os.environ)
     except ConfigError as exc:
         err.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
-    fleet = connect_or_exit(settings)
+    fleet = connect_or_exit(world)
     from broker.app import configure
     from service.flower_guard import serve
 

@@ -43,8 +43,9 @@ def worker(
     """Run a Celery worker for the given stage queues (foreground)."""
     from workers.process import run_worker
 
-    settings = settings_or_exit()
-    fleet = connect_or_exit(settings)
+    world = world_or_exit()
+    settings = world.settings
+    fleet = connect_or_exit(world)
     chosen = [q.strip() for q in queues.split(",") if q.strip()]
     if unknown := [q for q in chosen if q not in QUEUES]:
         err.print(f"[red]unknown queue(s) {', '.join(unknown)}; valid: {', '.join(QUEUES)}[/red]")
@@ -56,16 +57,18 @@ def beat() -> None:
     """Run celery beat, which sends the reaper every FLEET_REAP_INTERVAL_S seconds (foreground)."""
     from workers.process import run_beat
 
-    settings = settings_or_exit()
-    run_beat(settings, connect_or_exit(settings).redis_url)
+    world = world_or_exit()
+    settings = world.settings
+    run_beat(settings, connect_or_exit(world).redis_url)
 
 
 def up() -> None:
     """A whole single-machine fleet in the foreground: one worker on every queue, plus beat."""
     from workers.process import run_worker
 
-    settings = settings_or_exit()
-    fleet = connect_or_exit(settings)
+    world = world_or_exit()
+    settings = world.settings
+    fleet = connect_or_exit(world)
     err.print(f"fleet home {settings.home}; Ctrl-C to stop", highlight=False)
     run_worker(settings, fleet.redis_url, list(QUEUES), settings.worker_concurrency, beat=True)
 
@@ -91,7 +94,7 @@ def notify() -> None:
             style="red",
         )
         raise typer.Exit(2)
-    fleet = connect_or_exit(settings, secrets=secrets)
+    fleet = connect_or_exit(world)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     with contextlib.ExitStack() as stack:
@@ -135,7 +138,7 @@ def bot() -> None:
     channel = settings.discord_channel_id
     where = f"posting the fleet's events to channel {channel}" if channel else "no notify channel set"
     err.print(f"bot: slash commands for the allowlisted; {where}; Ctrl-C to stop", highlight=False)
-    run_bot(connect_or_exit(settings, secrets=secrets))
+    run_bot(connect_or_exit(world))
 
 
 def down() -> None:
@@ -171,8 +174,9 @@ def health(
             err.print(f"flower does not answer on 127.0.0.1:{port}: {exc}", markup=False)
             raise typer.Exit(1) from None
         raise typer.Exit(0 if ok else 1)
-    settings = settings_or_exit()
-    fleet = connect_or_exit(settings)
+    world = world_or_exit()
+    settings = world.settings
+    fleet = connect_or_exit(world)
     if part in (Part.notifier, Part.bot):
         if not fleet.redis.exists(alive_key(part.value, socket.gethostname())):
             what = "marks itself alive" if part == Part.notifier else "has its gateway session up"

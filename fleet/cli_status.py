@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet import cli_watch
-from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, settings_or_exit
+from fleet.cli_common import JsonOpt, connect_or_exit, err, find_run_or_exit, out, world_or_exit
 from service import runs as svc
 from service.describe import RUN_VIEWS, loss_curve, run_detail, run_view, trainer_of
 from state.models import Run
@@ -127,7 +127,7 @@ def plot(
     preemptions marked) into a PNG; a running run's picture so far."""
     from service import plot as drawing
 
-    fleet = connect_or_exit(settings_or_exit(), reading=True)
+    fleet = connect_or_exit(world_or_exit(), reading=True)
     run = find_run_or_exit(fleet, run_id)
     curve = loss_curve(fleet.redis, run.run_id)
     if not drawing.has_points(curve):

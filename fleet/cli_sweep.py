@@ -13,7 +13,7 @@ from rich.table import Table
 
 from core.errors import ConfigError, FleetError
 from fleet import live
-from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, world_or_exit
 from jobs.spec import format_problems
 from service import sweep_load, sweep_spec, sweeps
 from service.describe import format_value
@@ -45,7 +45,8 @@ def sweep(
 
     Every child is validated before anything is queued. `fleet status SWEEP` shows the table of parameters
     against the final metric (the best run marked); `fleet cancel SWEEP` cancels every child."""
-    settings = settings_or_exit()
+    world = world_or_exit()
+    settings = world.settings
     try:
         plan = sweep_load.load_sweep(
             file,
@@ -59,7 +60,7 @@ def sweep(
         raise typer.Exit(1) from None
     for warning in plan.warnings:
         err.print(f"[yellow]warning[/yellow] {plan.source}: {warning}", highlight=False)
-    fleet = connect_or_exit(settings)
+    fleet = connect_or_exit(world)
     if not wait:
         _queued(fleet, _submit(fleet, plan), as_json)
         return

@@ -12,7 +12,7 @@ import redis
 import typer
 
 from core.errors import GitError
-from fleet.cli_common import JsonOpt, connect_or_exit, err, out, settings_or_exit
+from fleet.cli_common import JsonOpt, connect_or_exit, err, out, world_or_exit
 from service import gitwatch
 from service.gitrepo import GitRepo
 from service.gitwatch import DEFAULT_GLOB, ConfigResult, Look, Outcome, Start, Trigger
@@ -52,7 +52,7 @@ def watch(
     the branch's head, unless --since is given. A rewritten branch (force-push) is not replayed: the
     watcher warns and goes on from the new head. Ctrl-C or SIGTERM stops it after the current commit.
     """
-    settings = settings_or_exit()
+    world = world_or_exit()
     try:
         git = GitRepo.open(repo)
         if fetch:
@@ -60,7 +60,7 @@ def watch(
         gitwatch.branch_head(git, branch, REMOTE if fetch else None)
     except GitError as exc:
         _fail(exc)
-    trigger = Trigger(connect_or_exit(settings), git, git.repo_id(REMOTE), glob)
+    trigger = Trigger(connect_or_exit(world), git, git.repo_id(REMOTE), glob)
     stop = threading.Event()
     previous = _stop_on_signals(stop)
     try:
@@ -105,10 +105,10 @@ def enqueue_changed(repo: Path, ref: str, globs: list[str], use_ray: bool, as_js
     """`fleet enqueue --changed-since REF`: the configs changed in REF..HEAD, read as of HEAD, each once
     per (HEAD, path). Unlike plain `enqueue`, not all-or-nothing: an invalid config is reported (exit 1)
     and the valid ones are queued, as the watcher does."""
-    settings = settings_or_exit()
+    world = world_or_exit()
     try:
         git = GitRepo.open(repo)
-        trigger = Trigger(connect_or_exit(settings), git, git.repo_id(REMOTE), globs,
+        trigger = Trigger(connect_or_exit(world), git, git.repo_id(REMOTE), globs,
                           {"use_ray": True} if use_ray else None)  # fmt: skip
         result = gitwatch.enqueue_changed(trigger, ref)
     except GitError as exc:

@@ -40,10 +40,9 @@ class World:
     share the instance lists and the nodes' sealed tokens with every other process of the fleet."""
 
     settings: Settings
-    given_secrets: Secrets | None = None
+    known_secrets: Secrets | None = None  # the secrets given, or read on first use (None: not yet)
     client: redis.Redis[str] | None = None  # the fleet's Redis, when this process has it
     env: dict[str, str] | None = None  # where the secrets are read from (None: os.environ)
-    _secrets: Secrets | None = field(default=None, init=False, repr=False)
     _context: ProviderContext | None = field(default=None, init=False, repr=False)
     _providers: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
 
@@ -60,14 +59,14 @@ class World:
 
     def sharing(self, client: redis.Redis[str]) -> World:
         """This world with providers that share lists and the nodes' tokens through the fleet's Redis."""
-        return World(self.settings, self.given_secrets or self._secrets, client, self.env)
+        return World(self.settings, self.known_secrets, client, self.env)
 
     @property
     def secrets(self) -> Secrets:
         """The fleet's credentials (masked), read once (ConfigError: the secrets file is not valid)."""
-        if self._secrets is None:
-            self._secrets = self.given_secrets or load_fleet_secrets(self.env)
-        return self._secrets
+        if self.known_secrets is None:
+            self.known_secrets = load_fleet_secrets(self.env)
+        return self.known_secrets
 
     @property
     def context(self) -> ProviderContext:

@@ -17,7 +17,6 @@ from broker.dispatch import Dispatcher
 from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
 from core.policy_settings import ANY_NAMESPACE, Submitter
-from core.secrets import Secrets
 from core.settings import Settings
 from jobs.sections import RENTED_CLOUDS, CloudSection, ProviderName
 from jobs.shipping import ship_datasets, ship_dir
@@ -48,12 +47,15 @@ class Fleet:
     dispatcher: Dispatcher
 
     @classmethod
-    def connect(cls, settings: Settings, secrets: Secrets | None = None) -> Fleet:
+    def connect(cls, world: World) -> Fleet:
+        """The fleet of `world`: its Redis (the embedded one started if need be), with `world`'s settings,
+        secrets as read (never read again) and providers sharing through that Redis."""
+        settings = world.settings
         url = settings.redis_url or ensure_redis(settings.home)
         client = redisurl.connect(url, decode_responses=True)
         app = broker_app.configure(settings, url)
         return cls(
-            World.of(settings, secrets).sharing(client),
+            world.sharing(client),
             url,
             client,
             Ledger(client, settings.events_maxlen),

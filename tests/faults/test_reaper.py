@@ -29,7 +29,7 @@ from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.provider import RunPodProvider
 from providers.runpod.settings import RunPodSettings
-from providers.world import load_fleet_settings
+from providers.world import World, load_fleet_settings
 from service import runs as svc
 from state.keys import EVENTS_STREAM, tick_key
 from state.ledger import Draft, Ledger
@@ -164,7 +164,7 @@ def stuck_runs(case: Case, fleet: LiveFleet, job: Path, count: int) -> list[str]
     """Runs whose chain of tasks died: queued while no worker ran, then their messages and owners lost.
     Each is asked to cancel, so the task a reaper kicks ends it at once (no node needed)."""
     runs = [fleet.enqueue(job) for _ in range(count)]
-    here = svc.Fleet.connect(load_fleet_settings(fleet.env))
+    here = svc.Fleet.connect(World.of(load_fleet_settings(fleet.env)))
 
     def ask_cancel(r: Run) -> list[Draft]:
         # As `fleet cancel` records it while a worker serves; with none up it would end a queued run at once

@@ -31,6 +31,7 @@ from core.settings import Settings
 from jobs.spec import format_problems, parse_job
 from providers.base import LaunchRequest
 from providers.registry import FleetSettings
+from providers.world import World
 from service.runs import Fleet
 from state import nodelogs
 from state.models import Instance, InstanceState, Run
@@ -137,7 +138,7 @@ def run_bot(fleet: Fleet, fake_discord: FakeDiscord, scenario: Scenario) -> None
 
 @pytest.fixture
 def fleet(settings: Settings, redis_client: redis.Redis[str]) -> Iterator[Fleet]:
-    connected = Fleet.connect(settings)
+    connected = Fleet.connect(World.of(settings))
     yield connected
     connected.redis.close()
 
@@ -278,7 +279,7 @@ def test_train_attachment_validates_and_enqueues(
 
 def test_caps_per_user(fleet: Fleet, fake_discord: FakeDiscord, redis_client: redis.Redis[str]) -> None:
     capped = Fleet.connect(
-        fleet.settings.model_copy(update={"bot_runs_per_hour": 2, "bot_dollars_per_day": 3.0})
+        World.of(fleet.settings.model_copy(update={"bot_runs_per_hour": 2, "bot_dollars_per_day": 3.0}))
     )
     job = {"file": ("tiny-lora.yml", TINY)}
     other: dict[str, Any] = {"user": STRANGER, "roles": (ALLOWED_ROLE,)}
@@ -328,7 +329,9 @@ def test_jupyter_shows_the_url_to_the_runs_owner_alone_and_privately(
     with FakeRunPod(api_key="rp-key", home=home / "fake", nodes="none", ready_delay_s=0) as fake:
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
         lab = Fleet.connect(
-            fleet.settings.model_copy(update={"runpod_api_base_url": fake.url, **fake.proxy.values()})
+            World.of(
+                fleet.settings.model_copy(update={"runpod_api_base_url": fake.url, **fake.proxy.values()})
+            )
         )
         token: list[str] = []
 
@@ -419,7 +422,7 @@ def test_train_from_discord_end_to_end(
         data_roots=(CONFIGS / "data",),  # an attachment's local files must be under a data root
         local_jobs_from=(Source.CLI, Source.DISCORD),  # the tiny config trains on this machine
     )
-    fleet = Fleet.connect(settings)
+    fleet = Fleet.connect(World.of(settings))
     worker = Worker(env, home / "worker.log")
     found: dict[str, Any] = {}
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from core.policy_settings import Source
 from core.settings import Settings
 from fleet.cli import cli
+from providers.world import World
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Start, Trigger, look
 from service.runs import Fleet
@@ -104,7 +105,7 @@ def env(settings: Settings, redis_url: str, redis_client: redis.Redis[str]) -> d
 
 @pytest.fixture
 def connected(settings: Settings, redis_client: redis.Redis[str]) -> Iterator[Fleet]:
-    running = Fleet.connect(settings)
+    running = Fleet.connect(World.of(settings))
     yield running
     running.redis.close()
 
@@ -149,7 +150,7 @@ def test_racing_watchers_enqueue_each_config_once(
     barrier = threading.Barrier(4)
 
     def watcher() -> list[Outcome]:
-        fleet = Fleet.connect(settings)
+        fleet = Fleet.connect(World.of(settings))
         try:
             barrier.wait()
             trigger = Trigger(fleet, git, "race", ["tasks/*.yml"])
@@ -193,7 +194,7 @@ def test_refused_config_is_retried_at_the_next_look(
     settings: Settings, connected: Fleet, redis_client: redis.Redis[str], tmp_path: Path
 ) -> None:
     repo = Repo(tmp_path / "repo")
-    capped = Fleet.connect(settings.model_copy(update={"max_dollars_per_day": 0.0}))
+    capped = Fleet.connect(World.of(settings.model_copy(update={"max_dollars_per_day": 0.0})))
     trigger = Trigger(capped, GitRepo.open(repo.root), "budget", ["tasks/*.yml"])
     look(trigger, "main", repo.git("rev-parse", "HEAD"))
     repo.write("a.yml", 1)

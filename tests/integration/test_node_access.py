@@ -29,6 +29,7 @@ from providers.runpod.client import RunPodAPIError
 from providers.runpod.provider import RunPodProvider
 from providers.runpod.settings import RunPodSettings
 from providers.vastai.provider import VastAIProvider
+from providers.world import World
 from service.nodeaccess import ssh_command
 from service.runs import Fleet
 from state.models import Instance, InstanceState
@@ -145,7 +146,7 @@ def test_a_pod_gets_ssh_and_jupyter_and_fleet_ssh_prints_its_address(
 
     running(ctx.provider("runpod"), pod)
     ssh_port = pod.extra["public_ports"][22]
-    fleet = Fleet.connect(ctx.settings)
+    fleet = Fleet.connect(World.of(ctx.settings))
     command = ssh_command(fleet, "r1")
     assert command.access == SshAccess("127.0.0.1", ssh_port) and command.instance == "tf-r1-1"
 

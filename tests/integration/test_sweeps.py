@@ -17,6 +17,7 @@ from broker import sweeps as slots
 from broker.constants import REAP_TASK
 from core.errors import FailureReason, NotFound
 from core.settings import Settings
+from providers.world import World
 from service import sweeps
 from service.runs import Fleet
 from service.sweep_load import load_sweep
@@ -47,7 +48,7 @@ STAGE_TASKS = [stage.task_name for stage in Stage]
 def fleet(redis_client: redis.Redis[str], redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
     home = tmp_path / "home"
     home.mkdir()
-    connected = Fleet.connect(Settings(redis_url=redis_url, home=home))
+    connected = Fleet.connect(World.of(Settings(redis_url=redis_url, home=home)))
     yield connected
     connected.redis.close()
 

@@ -23,6 +23,7 @@ import redis
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.spec import parse_job
+from providers.world import World
 from service.runs import Fleet, submit
 from state.models import Instance, InstanceState
 from state.payloads import EventType
@@ -69,7 +70,7 @@ def fleet(
         bot_configs_dir=CONFIGS,
         local_jobs_from=(Source.CLI, Source.DISCORD),  # the configs it submits are local jobs
     )
-    connected = Fleet.connect(settings)
+    connected = Fleet.connect(World.of(settings))
     yield connected
     connected.redis.close()
 

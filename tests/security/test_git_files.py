@@ -21,6 +21,7 @@ import redis
 from core.policy_settings import Source
 from core.settings import Settings
 from jobs.shipping import ship_dir
+from providers.world import World
 from service import gitsnapshot
 from service.gitrepo import GitRepo
 from service.gitwatch import ConfigResult, Outcome, Start, Trigger, look
@@ -94,7 +95,7 @@ def settings(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture
 def fleet(settings: Settings, redis_client: redis.Redis[str]) -> Iterator[Fleet]:
-    running = Fleet.connect(settings)
+    running = Fleet.connect(World.of(settings))
     yield running
     running.redis.close()
 

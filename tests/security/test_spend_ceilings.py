@@ -28,6 +28,7 @@ from fleet.cli import cli
 from jobs.sections.runpod import RunPodSection
 from jobs.spec import load_job
 from providers.registry import FleetSettings
+from providers.world import World
 from service import runs
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Trigger, look
@@ -125,7 +126,7 @@ def test_a_commits_configs_are_refused_whole_by_the_repositorys_cap(
         redis_url=redis_url, home=home, runpod_api_base_url=NOWHERE, git_dollars_per_day=35
     )
     repo = Repo(tmp_path / "repo")
-    fleet = runs.Fleet.connect(settings)
+    fleet = runs.Fleet.connect(World.of(settings))
     trigger = Trigger(fleet, GitRepo.open(repo.root), "acme/configs", ["tasks/*.yml"])
     look(trigger, "main", repo.git("rev-parse", "HEAD"))  # the first look: from here on
     for seed, name in enumerate(("a.yml", "b.yml", "c.yml")):
@@ -138,7 +139,7 @@ def test_a_commits_configs_are_refused_whole_by_the_repositorys_cap(
     assert "these 3 runs may cost $36.00 together" in refused[0].message
     assert redis_client.zcard(RUNS_INDEX) == 0
 
-    raised_fleet = runs.Fleet.connect(settings.model_copy(update={"git_dollars_per_day": 36.0}))
+    raised_fleet = runs.Fleet.connect(World.of(settings.model_copy(update={"git_dollars_per_day": 36.0})))
     raised = Trigger(raised_fleet, trigger.repo, "acme/configs", ["tasks/*.yml"])
     enqueued = look(raised, "main", sha).results
     assert [(r.outcome, r.run_id) for r in enqueued] == [(Outcome.ENQUEUED, r.run_id) for r in refused]

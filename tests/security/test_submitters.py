@@ -58,7 +58,7 @@ def settings(
 
 
 def _fleet(settings: Settings, **update: Any) -> Fleet:
-    return Fleet.connect(settings.model_copy(update=update))
+    return Fleet.connect(World.of(settings.model_copy(update=update)))
 
 
 def _refusal(record: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from core.settings import Settings
 from providers.registry import PROVIDERS
 from providers.sealed import SealedStore
 from providers.world import World
+from service.runs import Fleet
 from tests.unit.test_layers import LAYERS, ROOT
 
 REGISTRY = "providers/registry.py"
@@ -113,6 +114,19 @@ def test_a_sharing_world_keeps_its_secrets_and_seals_the_nodes_tokens_in_redis(
     secrets_file(path, "RUNPOD_API_KEY: changed\n")
     assert shared.secrets is alone.secrets  # what the process started with, not read again
     assert isinstance(shared.context.node_secrets, SealedStore)
+
+
+def test_a_fleet_connected_from_a_world_is_that_world_not_another(tmp_path: Path, redis_url: str) -> None:
+    """`fleet submit` loads its world to validate the job, then connects: the connection keeps the secrets
+    and settings it checked the job against (read once), not a second world read again."""
+    path = secrets_file(tmp_path / "secrets.yml", "RUNPOD_API_KEY: mine\n")
+    env = {"FLEET_SECRETS_FILE": str(path), "FLEET_SETTINGS_FILE": os.devnull, "FLEET_HOME": str(tmp_path)}
+    world = World.load({**env, "REDIS_URL": redis_url})
+    assert world.secrets.get("RUNPOD_API_KEY").get_secret_value() == "mine"  # type: ignore[union-attr]
+    secrets_file(path, "RUNPOD_API_KEY: changed\n")
+    fleet = Fleet.connect(world)
+    assert fleet.settings is world.settings and fleet.world.secrets is world.secrets
+    assert isinstance(fleet.world.context.node_secrets, SealedStore)  # shares through the fleet's Redis
 
 
 def test_seal_key_reads_the_fleets_secrets_file_whatever_else_it_holds(
