@@ -41,6 +41,7 @@ sys.path[:] = [
     *(p for p in sys.path if Path(p or ".").resolve() not in (REPO, Path(__file__).resolve().parent)),
 ]
 
+import providers.registry  # noqa: E402, F401  (declares the clouds to jobs/ and core/, as the fleet's entries do)
 from bench.overhead_watch import Lines, become_subreaper, run_until_gone  # noqa: E402
 from jobs.spec import load_job  # noqa: E402
 from service.embedded import stop_redis  # noqa: E402

@@ -48,11 +48,12 @@ from pydantic import SecretStr
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import providers.registry  # noqa: E402, F401  (declares the clouds to jobs/ and core/, as the fleet's entries do)
 from broker.constants import REAP_QUEUE  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from jobs.sections.runpod import RunPodSection  # noqa: E402
 from providers.base import LaunchRequest, ProviderContext  # noqa: E402
 from providers.runpod.provider import RunPodProvider  # noqa: E402
+from providers.runpod.section import RunPodSection  # noqa: E402
 from service.embedded import ensure_redis, stop_redis  # noqa: E402
 from state.ledger import Ledger  # noqa: E402
 from state.models import Instance, InstanceState  # noqa: E402

@@ -54,6 +54,7 @@ sys.path[:] = [
 
 import redis  # noqa: E402
 
+import providers.registry  # noqa: E402, F401  (declares the clouds to jobs/ and core/, as the fleet's entries do)
 from bench import scale_figures as figures  # noqa: E402
 from bench import scale_procs as procs  # noqa: E402
 from bench.scale_sample import Sampler  # noqa: E402

@@ -30,6 +30,7 @@ sys.path[:] = [
     *(p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent),
 ]
 
+import providers.registry  # noqa: E402, F401  (declares the clouds to jobs/ and core/, as the fleet's entries do)
 from jobs.spec import load_job  # noqa: E402
 from trainer.config import TrainJob  # noqa: E402
 from trainer.progress import MARKER  # noqa: E402

@@ -30,7 +30,8 @@ class GpuType:
 
     def vendor_names(self, cloud: str) -> tuple[str, ...]:
         """The cloud's own names for this type (empty: that cloud does not rent it)."""
-        return clouds.facts(cloud).gpu_names.get(self.name, ())
+        facts = clouds.facts(cloud)
+        return facts.gpu_names.get(self.name, ()) if facts is not None else ()
 
     def sharing_names(self, cloud: str) -> list[GpuType]:
         """The other types the cloud calls by one of this type's names (vast.ai's A100 PCIE is 40 or 80

@@ -129,7 +129,7 @@ def resolve_deepspeed(
     absolute = Path(value).is_absolute()
     try:
         if not paths.allows(candidate):
-            if absolute and provider is not ProviderName.LOCAL and not is_system(candidate):
+            if absolute and provider != ProviderName.LOCAL and not is_system(candidate):
                 return []  # the rented node's own file: never read here, never shipped (jobs.shipping)
             raise paths.outside(candidate, shorten(value))
         if os.path.lexists(candidate):

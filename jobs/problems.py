@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from core.errors import Problem
-from jobs.sections import SECTION_MODELS
+from jobs.sections import section_models
 from jobs.sections.base import CHECK_SCRIPTS
 from jobs.yamlsafe import join_path
 from trainer.config import HUB_ID_PATTERN, HUB_REPO_PATTERN
@@ -153,7 +153,7 @@ def _unknown_key(key: str, model: type[BaseModel], prefix: str) -> str:
     close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
     if close:
         return f"{text} (did you mean {close[0]!r}?)"
-    owners = [name.value for name, m in SECTION_MODELS.items() if key in m.model_fields and name != prefix]
+    owners = [name.value for name, m in section_models().items() if key in m.model_fields and name != prefix]
     if owners:
         return f"{text} (it belongs in a {' or '.join(owners)} section, not {prefix})"
     return text

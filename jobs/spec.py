@@ -25,7 +25,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializeAsAny,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from core.errors import ConfigError, Problem
 from jobs.code_keys import code_problems
@@ -38,15 +46,20 @@ from jobs.paths import (
 )
 from jobs.problems import line_of, validate_mapping
 from jobs.secretscan import said_once, scan
-from jobs.sections import SECTION_MODELS, LocalSection, ProviderName, ProviderSection
+from jobs.sections import (
+    LocalSection,
+    ProviderName,
+    RemoteSection,
+    SectionBase,
+    provider_names,
+    section_models,
+)
 from jobs.topology import with_default_workers
 from jobs.trainer_choice import TrainerChoice, choose
 from jobs.yamlsafe import join_path, load_yaml, read_job_file
 from trainer.config import AnyTrainConfig, AxolotlConfig, TrainConfig
 
 _TRAIN_CONFIG: TypeAdapter[AnyTrainConfig] = TypeAdapter(AnyTrainConfig)
-
-_PROVIDER_KEYS = frozenset(p.value for p in ProviderName)
 
 
 class JobSpec(BaseModel):
@@ -56,7 +69,7 @@ class JobSpec(BaseModel):
 
     train: AnyTrainConfig
     provider: ProviderName
-    section: ProviderSection
+    section: SerializeAsAny[SectionBase]  # the provider's own model (_section_for_provider), dumped whole
 
     @field_validator("train", mode="before")
     @classmethod
@@ -64,18 +77,12 @@ class JobSpec(BaseModel):
         # From JSON or a dict dump (the ledger): the config of the trainer it names.
         return _TRAIN_CONFIG.validate_python(value) if isinstance(value, dict) else value
 
-    @field_validator("provider", mode="before")
-    @classmethod
-    def _provider_from_text(cls, value: object) -> object:
-        # JSON or a dict dump gives the plain string; strict mode would refuse it.
-        return ProviderName(value) if isinstance(value, str) and value in _PROVIDER_KEYS else value
-
     @field_validator("section", mode="before")
     @classmethod
     def _section_for_provider(cls, value: object, info: ValidationInfo) -> object:
         provider = info.data.get("provider")
         if isinstance(value, dict) and isinstance(provider, ProviderName):
-            return SECTION_MODELS[provider].model_validate(value)
+            return section_models()[provider].model_validate(value)
         return value
 
     @property
@@ -96,14 +103,16 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _section_matches_provider(self) -> JobSpec:
-        expected = SECTION_MODELS[self.provider]
+        expected = section_models()[self.provider]
         if type(self.section) is not expected:
             raise ValueError(f"provider {self.provider} needs a {expected.__name__}")
         return self
 
 
-def _gpus(section: ProviderSection) -> int:
-    return section.num_gpus if isinstance(section, LocalSection) else section.gpu_count
+def _gpus(section: SectionBase) -> int:
+    if isinstance(section, LocalSection):
+        return section.num_gpus
+    return section.gpu_count if isinstance(section, RemoteSection) else 0
 
 
 @dataclass(frozen=True)
@@ -163,11 +172,11 @@ def parse_job(
     `default_provider` is used when the file has no provider section. Every problem is collected and raised
     together as one `ConfigError`; nothing else is raised.
     """
-    try:
-        fallback = ProviderName(default_provider)
-    except ValueError:
-        message = f"unknown default provider {default_provider!r}; valid: {', '.join(ProviderName)}"
-        raise ConfigError(source, [Problem("", message)]) from None
+    if default_provider not in provider_names():
+        valid = ", ".join(provider_names())
+        message = f"unknown default provider {default_provider!r}; valid: {valid}"
+        raise ConfigError(source, [Problem("", message)])
+    fallback = ProviderName(default_provider)
     doc = load_yaml(data, source=source)
     raw = dict(doc.data)
     lines = dict(doc.lines)
@@ -183,7 +192,7 @@ def parse_job(
     paths = paths or Confinement(base_dir)
     problems += resolve_datasets(raw, lines, base_dir, paths)
     problems += resolve_deepspeed(raw, lines, base_dir, paths, provider)
-    if provider is ProviderName.LOCAL:
+    if provider == ProviderName.LOCAL:
         problems += _on_this_machine(raw, lines, paths)
     choice, choice_problems = choose(raw, lines)
     trainer = choice.trainer if choice is not None else "builtin"
@@ -192,7 +201,7 @@ def parse_job(
     train = validate_mapping(model, {**raw, "trainer": trainer}, "", lines, typed)
     said = {p.path for p in choice_problems}  # a key the trainer does not implement: said once, not twice
     problems += choice_problems + [p for p in typed if p.path not in said]
-    section = validate_mapping(SECTION_MODELS[provider], section_data, provider.value, lines, problems)
+    section = validate_mapping(section_models()[provider], section_data, provider.value, lines, problems)
     if section is not None and section.num_nodes > 1 and not section.MULTI_NODE.supported:
         where = join_path(provider.value, "num_nodes")
         message = f"{provider.value} cannot run on {section.num_nodes} machines: {section.MULTI_NODE.reason}"
@@ -247,7 +256,8 @@ def _take_provider_section(
     raw: dict[str, Any], lines: Mapping[str, int], fallback: ProviderName, problems: list[Problem]
 ) -> tuple[ProviderName, Any]:
     """Remove the provider sections from `raw`; return the provider to use and its section's data."""
-    found = [(ProviderName(key), raw.pop(key)) for key in list(raw) if key in _PROVIDER_KEYS]
+    names = provider_names()
+    found = [(ProviderName(key), raw.pop(key)) for key in list(raw) if key in names]
     if not found:
         return fallback, {}
     if len(found) > 1:
@@ -265,7 +275,7 @@ def _misspelled_sections(raw: Mapping[str, Any], lines: Mapping[str, int]) -> li
     """A top-level mapping whose name is close to a provider's (``RunPod:``, ``vast:``) is almost certainly a
     typo; passing it through would silently run the job on the default provider instead.
     """
-    names = [p.value for p in ProviderName]
+    names = [p.value for p in provider_names()]
     problems = []
     for key, value in raw.items():
         if key in TrainConfig.model_fields or not (value is None or isinstance(value, dict)):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import Problem
 from jobs.problems import line_of
-from jobs.sections import LocalSection, ProviderName, ProviderSection
+from jobs.sections import LocalSection, ProviderName, SectionBase
 from jobs.sections.base import RemoteSection
 from trainer.config import AnyTrainConfig, AxolotlConfig
 
@@ -74,7 +74,7 @@ class NodeShape:
 
     def key(self, resource: str) -> str:
         """The job-file key that says how much of `resource` a node has."""
-        local = self.provider is ProviderName.LOCAL
+        local = self.provider == ProviderName.LOCAL
         if resource == "GPU":
             return f"{self.section}.{'num_gpus' if local else 'gpu_count'}"
         return f"{self.section}.{'num_cpus' if local else 'min_vcpu_count'}"
@@ -111,7 +111,7 @@ class NodeShape:
         return f"{self.section}.gpu: {self.gpu} ({self.accelerator} to Ray)"
 
 
-def cluster_shape(provider: ProviderName, section: ProviderSection) -> tuple[NodeShape, ...]:
+def cluster_shape(provider: ProviderName, section: SectionBase) -> tuple[NodeShape, ...]:
     """What the nodes of `section` offer Ray (see the module docstring): one shape, or the head's own first
     and then the other nodes'."""
     if isinstance(section, LocalSection):
@@ -126,7 +126,7 @@ def cluster_shape(provider: ProviderName, section: ProviderSection) -> tuple[Nod
 
 def _rented(
     provider: ProviderName,
-    section: ProviderSection,
+    section: SectionBase,
     nodes: int,
     head: bool = False,
     beside_head: bool = False,
@@ -162,7 +162,7 @@ def _gpus(cluster: tuple[NodeShape, ...]) -> int:
 
 
 def with_default_workers(
-    train: AnyTrainConfig, provider: ProviderName, section: ProviderSection
+    train: AnyTrainConfig, provider: ProviderName, section: SectionBase
 ) -> AnyTrainConfig:
     """`train` with `ray_num_workers` set, when the job uses Ray and leaves it unset, to as many workers as
     the GPUs of the nodes that may hold them hold (one per GPU by default; a pinned GPU type counts only

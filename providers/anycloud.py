@@ -71,8 +71,8 @@ def clouds_to_ask(
         why = None
         if fleet_runs is not None and cloud.value not in fleet_runs:
             why = "this fleet does not run it (FLEET_PROVIDERS)"
-        elif section.avoid and not (located := clouds.facts(cloud).location).supported:
-            why = located.reason
+        elif section.avoid and (facts := clouds.facts(cloud)) and not facts.location.supported:
+            why = facts.location.reason
         out.append((cloud, why))
     return out
 

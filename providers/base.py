@@ -237,13 +237,14 @@ def require_ours(name: str) -> None:
 class Provider(ABC):
     """One GPU cloud. Subclasses declare themselves in the class attributes below and implement the six
     calls; `providers.registry` derives the fleet's credential names and API URLs from the declarations,
-    and a unit test checks them against `jobs.sections.SECTION_MODELS`."""
+    and a unit test checks them against `jobs.sections.section_models()`."""
 
     name: ClassVar[ProviderName]
     """The provider's name, as a job file's section key names it."""
     section_model: ClassVar[type[SectionBase]]
-    """The model of its section of a job file (in jobs.sections, below the providers: the job's data);
-    the same class as `SECTION_MODELS[name]`. `list_offers` and `launch` get an instance of it."""
+    """The model of its section of a job file (a cloud's in its package, reaching the job's data through
+    its facts); the same class as `section_models()[name]`. `list_offers` and `launch` get an instance of
+    it."""
     credential_names: ClassVar[tuple[str, ...]] = ()
     """The credentials it needs (environment variable / secrets-file names), e.g. ("RUNPOD_API_KEY",).
     The fleet's secrets are read under these names, plus the fleet's own (core.secrets.FLEET_CREDENTIALS)."""

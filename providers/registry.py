@@ -12,17 +12,21 @@ from core.errors import ConfigError, CredentialsMissing, Problem, ProviderError
 from core.secrets import FLEET_CREDENTIALS, Secrets, load_secrets
 from core.settings import CloudSettings, Settings
 from jobs import clouds
-from jobs.sections import RENTED_CLOUDS, ProviderName
+from jobs.sections import ProviderName, rented_clouds
 from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
 from providers.runpod.provider import RunPodProvider
 from providers.vastai.provider import VastAIProvider
 
 PROVIDERS: dict[ProviderName, type[Provider]] = {
-    ProviderName.LOCAL: LocalProvider,
-    ProviderName.RUNPOD: RunPodProvider,
-    ProviderName.VASTAI: VastAIProvider,
+    cls.name: cls
+    for cls in (
+        LocalProvider,
+        RunPodProvider,
+        VastAIProvider,
+    )
 }
+"""Every provider of the fleet, by name: a new cloud is its package (providers/<cloud>/) and one line here."""
 
 FACTS = tuple(cls.facts for cls in PROVIDERS.values() if cls.facts is not None)
 clouds.declare(FACTS)  # the job's data learns the clouds' GPU names and capabilities
@@ -81,12 +85,9 @@ def api_urls(settings: Settings) -> dict[str, str]:
 def provider_name(name: str) -> ProviderName:
     """The ProviderName for `name`, or a ConfigError listing the valid ones."""
     try:
-        return ProviderName(name)
-    except ValueError:
-        valid = ", ".join(p.value for p in ProviderName)
-        raise ConfigError(
-            "provider", [Problem("provider", f"unknown provider {name!r}; valid: {valid}")]
-        ) from None
+        return ProviderName.known(name)
+    except ValueError as exc:
+        raise ConfigError("provider", [Problem("provider", str(exc))]) from None
 
 
 def get_provider(name: str, context: ProviderContext) -> Provider:
@@ -94,7 +95,7 @@ def get_provider(name: str, context: ProviderContext) -> Provider:
     ProviderError for `cloud`, which is a choice among the clouds, made per run: providers.anycloud)."""
     which = provider_name(name)
     if which.is_choice:
-        raise ProviderError(f"{which.value} is a choice among {', '.join(RENTED_CLOUDS)}, not one provider")
+        raise ProviderError(f"{which.value} is a choice among {', '.join(rented_clouds())}, not one provider")
     return PROVIDERS[which](context)
 
 

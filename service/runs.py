@@ -18,7 +18,7 @@ from core import redisurl
 from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
 from core.policy_settings import ANY_NAMESPACE, Submitter
 from core.settings import Settings
-from jobs.sections import RENTED_CLOUDS, CloudSection, ProviderName
+from jobs.sections import CloudSection, ProviderName, rented_clouds
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from providers.world import World
@@ -93,10 +93,12 @@ def _run_dir(runs_dir: Path, run_id: str | None) -> tuple[str, Path, bool]:
     raise AlreadyExists(f"no free run id after {ID_DRAWS} draws")
 
 
-LOCAL_ELSEWHERE = (
-    "; a local job trains on the machine of a fleet that runs its workers there (`fleet run`, `fleet up`), "
-    f"or give the job a {' or '.join(f'{c}:' for c in RENTED_CLOUDS)} section"
-)
+def _local_elsewhere() -> str:
+    """Where a local job can run instead, for a fleet that does not run local jobs."""
+    return (
+        "; a local job trains on the machine of a fleet that runs its workers there (`fleet run`, "
+        f"`fleet up`), or give the job a {' or '.join(f'{c}:' for c in rented_clouds())} section"
+    )
 
 
 def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None) -> None:
@@ -118,12 +120,12 @@ def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None
         message = (
             f"cannot submit: {what} runs its code on the fleet's own machine, which jobs from "
             f"{submitter.source} may not (FLEET_LOCAL_JOBS_FROM); give the job a "
-            f"{', '.join(f'{c}:' for c in RENTED_CLOUDS)} or {ProviderName.CLOUD}: section"
+            f"{', '.join(f'{c}:' for c in rented_clouds())} or {ProviderName.CLOUD}: section"
         )
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     elif provider not in world.runs:
         message = f"cannot submit: this fleet runs {', '.join(world.runs)} jobs only (FLEET_PROVIDERS)" + (
-            LOCAL_ELSEWHERE if provider == "local" else ""
+            _local_elsewhere() if provider == "local" else ""
         )
         raise ConfigError(job.source, [Problem(provider, message, job.lines.get(provider))])
     else:
@@ -265,7 +267,7 @@ def submit(
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})
         if spec.provider.is_choice or not _node_shares_files(fleet.world, spec.provider):
-            here = spec.provider is ProviderName.LOCAL  # a sandboxed local node reads a local model in place
+            here = spec.provider == ProviderName.LOCAL  # a sandboxed local node reads a local model in place
             shipped = ship_datasets(spec.train, job.source, ship_dir(run_dir), job.paths, node_is_here=here)
             spec = spec.model_copy(update={"train": shipped})
         elif origin is not None and origin.kind == "git" and job.paths and job.paths.trusted:

@@ -18,15 +18,13 @@ from typing import Any
 from pydantic import JsonValue
 
 from core.errors import ConfigError, Problem
+from jobs.clouds import provider_names
 from jobs.paths import Confinement
 from jobs.problems import line_of, validate_mapping
-from jobs.sections import ProviderName
 from jobs.spec import LoadedJob, parse_job
 from jobs.yamlsafe import load_yaml, read_job_file
 from service.sweep_spec import Child, Layout, SweepPlan, SweepSection, expand
 from trainer.config import TrainConfig
-
-NOT_SWEPT = frozenset({"sweep", *(p.value for p in ProviderName)})
 
 
 def _section_layout(source: str, lines: Mapping[str, int]) -> Layout:
@@ -173,7 +171,7 @@ def _check_keys(section: SweepSection, layout: Layout) -> list[str]:
     problems = []
     known = list(TrainConfig.model_fields)
     for key, where in places.items():
-        if key in NOT_SWEPT:
+        if key == "sweep" or key in provider_names():
             problems.append(_problem(layout, where, f"a sweep sets training keys; {key!r} cannot be swept"))
         elif key not in TrainConfig.model_fields:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)

@@ -16,7 +16,7 @@ import yaml
 from celery import Celery
 
 from core.errors import FailureReason
-from jobs.sections import SECTION_MODELS, LocalSection, SectionBase
+from jobs.sections import LocalSection, SectionBase, section_models
 from jobs.spec import JobSpec
 from state.ledger import Draft, Ledger
 from state.models import Instance, Run
@@ -100,7 +100,7 @@ def axolotl_config(**overrides: Any) -> AxolotlConfig:
 def job_spec(section: SectionBase | None = None) -> JobSpec:
     """The small `train_config()` job on `section`'s provider (default: a plain `local:` section)."""
     section = section if section is not None else LocalSection()
-    provider = next(name for name, model in SECTION_MODELS.items() if isinstance(section, model))
+    provider = next(name for name, model in section_models().items() if isinstance(section, model))
     return JobSpec(train=train_config(), provider=provider, section=section)
 
 

@@ -1,38 +1,33 @@
-"""The provider sections of a job file (``local:``, ``runpod:``, ``vastai:``, ``cloud:``): one model per
-provider, on the shared bases in `base`. They are the job's data, so they live here, below the providers
-that act on them; each `Provider` names its section model, and a unit test checks that the two registries
-agree (``cloud:`` is a choice among the clouds, made per run: no provider of its own)."""
+"""The provider sections of a job file: `local:` and `cloud:` here, on the shared bases in `base`, and
+each rented cloud's own, declared in its package (providers/<cloud>/section.py) and handed here by the
+registry (jobs.clouds). They are the job's data, so they live below the providers that act on them; each
+`Provider` names its section model, and a unit test checks that the two agree (``cloud:`` is a choice
+among the clouds, made per run: no provider of its own)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
-from jobs.sections.base import RENTED_CLOUDS, ProviderName, SectionBase
+from jobs.clouds import Capability, ProviderName, declared, provider_names, rented_clouds
+from jobs.sections.base import RemoteSection, SectionBase
 from jobs.sections.cloud import CloudSection
 from jobs.sections.local import LocalSection
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
 
-ProviderSection = LocalSection | RunPodSection | VastAISection | CloudSection
-SECTION_MODELS: Mapping[ProviderName, type[SectionBase]] = MappingProxyType(
-    {
-        ProviderName.LOCAL: LocalSection,
-        ProviderName.RUNPOD: RunPodSection,
-        ProviderName.VASTAI: VastAISection,
-        ProviderName.CLOUD: CloudSection,
-    }
-)
-"""The section model of each provider."""
+
+def section_models() -> Mapping[ProviderName, type[SectionBase]]:
+    """The section model of each provider: local's, every declared cloud's, and `cloud:`'s."""
+    clouds = {ProviderName(name): facts.section for name, facts in declared().items()}
+    return {ProviderName.LOCAL: LocalSection, **clouds, ProviderName.CLOUD: CloudSection}
+
 
 __all__ = [
-    "RENTED_CLOUDS",
-    "SECTION_MODELS",
+    "Capability",
     "CloudSection",
     "LocalSection",
     "ProviderName",
-    "ProviderSection",
-    "RunPodSection",
+    "RemoteSection",
     "SectionBase",
-    "VastAISection",
+    "provider_names",
+    "rented_clouds",
+    "section_models",
 ]

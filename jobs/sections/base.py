@@ -12,8 +12,6 @@ from __future__ import annotations
 import posixpath
 import re
 import subprocess
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import (
@@ -28,26 +26,7 @@ from pydantic import (
 
 from core import envnames
 from core.node_settings import DEFAULT_NODE_IMAGE
-
-
-class ProviderName(StrEnum):
-    """The providers a job section may name. `cloud` is a choice among the rented-GPU clouds, made when the
-    run is provisioned (jobs.sections.cloud): no instance is ever a `cloud` one."""
-
-    LOCAL = "local"
-    RUNPOD = "runpod"
-    VASTAI = "vastai"
-    CLOUD = "cloud"
-
-    @property
-    def is_choice(self) -> bool:
-        """Whether the section names no one provider: the run's provider is chosen at provision."""
-        return self is ProviderName.CLOUD
-
-
-RENTED_CLOUDS = (ProviderName.RUNPOD, ProviderName.VASTAI)
-"""The clouds that rent GPU machines, which a `cloud:` section chooses among."""
-
+from jobs.clouds import Capability
 
 THIRTY_DAYS = 30 * 24 * 3600
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -211,15 +190,6 @@ DEFAULT_IMAGE = DEFAULT_NODE_IMAGE
 MAX_NODES = 8
 
 
-@dataclass(frozen=True)
-class Capability:
-    """Whether a provider can do something, and why not when it cannot: data that validation reads, so a
-    job that needs it is refused up front with the reason instead of being half-started."""
-
-    supported: bool
-    reason: str = ""
-
-
 class SectionBase(BaseModel):
     """Keys every provider section has. Strict: unknown keys and wrong types are errors."""
 
@@ -292,9 +262,9 @@ class RemoteSection(SectionBase):
     )
     image: Token | None = Field(
         None,
-        description="Container image the machine runs; unset: the fleet's node_image (with a RunPod "
-        "template_id: the template's). Any image with python3 works: what it lacks of the node's software "
-        "is installed at boot.",
+        description="Container image the machine runs; unset: the fleet's node_image (with a cloud's "
+        "template: the template's). Any image with python3 works: what it lacks of the node's software is "
+        "installed at boot.",
     )
     entry: ShellScript | None = Field(
         None,
@@ -312,6 +282,12 @@ class RemoteSection(SectionBase):
     deepspeed: bool = Field(
         False, description="Train with DeepSpeed (a ds_config.json next to the job file)."
     )
+
+    @classmethod
+    def chosen(cls, shared: dict[str, object], min_gpu_ram_in_gb: int | None) -> Self:
+        """The cloud's section for a machine a `cloud:` section chose on it: the shared keys (and `gpu`, the
+        cloud's name) as given, the cloud's own keys at their defaults unless the cloud says otherwise."""
+        return cls.model_validate(shared)
 
     def gpu_named(self) -> str:
         """The GPU the section asks for, as its `gpu` key says it ("A100-80GB or H100" for a choice)."""

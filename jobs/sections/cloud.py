@@ -1,12 +1,13 @@
 """The ``cloud:`` section of a job file: what the job needs, not where. The run lands on the cheapest offer
-that fits on any cloud it allows (RunPod, vast.ai), and moves on to the next one when a create finds no
-capacity or the node does not come up in time (workers.stages.provision, providers.anycloud).
+that fits on any cloud it allows (every cloud the fleet has, by default), and moves on to the next one when
+a create finds no capacity or the node does not come up in time (workers.stages.provision,
+providers.anycloud).
 
 Its keys are the rented clouds' shared keys (`RemoteSection`: pod_type, cloud_type, max_bid_per_gpu,
 gpu_count, the minimums, stop_after, image, entry, ...), with the same meanings, plus `gpu` in the fleet's
 normal names (jobs.gpus; one or a list), `min_gpu_ram_in_gb`, `clouds`, `avoid` and `max_attempts`. For
-each cloud and GPU type, `on` writes the vendor's own section, so a rental is made by the same code as a
-`runpod:` or `vastai:` job's.
+each cloud and GPU type, `on` writes the cloud's own section, so a rental is made by the same code as a
+job's that names that cloud.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Annotated, ClassVar
 
 from pydantic import BeforeValidator, Field
 
+from jobs.clouds import Capability, ProviderName, declared, rented_clouds
 from jobs.gpus import GPU_TYPES, GpuType, resolve
-from jobs.sections.base import RENTED_CLOUDS, Capability, ProviderName, RemoteSection, Text
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
+from jobs.sections.base import RemoteSection, Text
 
 
 def _gpu_types(value: object) -> object:
@@ -37,12 +37,13 @@ def _gpu_types(value: object) -> object:
 
 def _clouds(value: object) -> object:
     said = [value] if isinstance(value, str) else value
+    rented = rented_clouds()
     if not isinstance(said, list | tuple) or not said:
-        raise ValueError(f"must be a non-empty list of clouds: {', '.join(RENTED_CLOUDS)}")
+        raise ValueError(f"must be a non-empty list of clouds: {', '.join(rented)}")
     out = []
     for item in said:
-        if item not in [c.value for c in RENTED_CLOUDS]:
-            raise ValueError(f"{item!r} is not a cloud that rents GPUs; valid: {', '.join(RENTED_CLOUDS)}")
+        if item not in rented:
+            raise ValueError(f"{item!r} is not a cloud that rents GPUs; valid: {', '.join(rented)}")
         out.append(ProviderName(item))
     return tuple(dict.fromkeys(out))
 
@@ -54,13 +55,13 @@ Avoided = Annotated[tuple[Text, ...], BeforeValidator(lambda v: tuple(v) if isin
 
 class CloudSection(RemoteSection):
     """A GPU machine on whichever cloud has the cheapest fitting one. Strict: unknown keys (a vendor's own,
-    such as RunPod's ``template_id`` or vast.ai's ``min_reliability``) are errors: write that vendor's
-    section to use them."""
+    such as a template id or a host reliability score) are errors: write that vendor's section to use
+    them."""
 
     MULTI_NODE: ClassVar[Capability] = Capability(
         False,
-        "a cluster's machines must share one cloud's private network; write a runpod: section to run on "
-        "several pods",
+        "a cluster's machines must share one cloud's private network; write the section of a cloud that "
+        "joins its machines into one (its own key, not cloud:) to run on several",
     )
 
     gpu: GpuTypes = Field(
@@ -72,15 +73,15 @@ class CloudSection(RemoteSection):
         None, ge=1, le=1024, description="At least this much memory per GPU, GB."
     )
     clouds: Clouds = Field(
-        RENTED_CLOUDS,
-        description="The clouds the run may land on (runpod, vastai); of these, those the fleet has "
-        "credentials for are asked.",
+        default_factory=rented_clouds,
+        description="The clouds the run may land on (unset: every cloud the fleet has); of these, those "
+        "the fleet has credentials for are asked.",
     )
     avoid: Avoided = Field(
         (),
         max_length=64,
-        description="Locations never to rent in, as the clouds report an offer's (vast.ai: the host's "
-        "country, e.g. CN). RunPod does not say where an offer is, so with `avoid` set it is not asked.",
+        description="Locations never to rent in, as the clouds report an offer's (the host's country, e.g. "
+        "CN). A cloud whose offers do not say where they are is not asked while `avoid` is set.",
     )
     max_attempts: int = Field(
         3,
@@ -97,20 +98,14 @@ class CloudSection(RemoteSection):
     def types(self) -> list[GpuType]:
         return [GPU_TYPES[name] for name in self.gpu]
 
-    def on(
-        self, cloud: ProviderName, vendor_gpu: str, secure: bool | None = None
-    ) -> RunPodSection | VastAISection:
-        """The vendor's section that rents this job's machine on `cloud` with the vendor's GPU `vendor_gpu`
-        (on a datacenter host or not, when `secure` says: an offer chosen), the shared keys as they are, no
-        RunPod pod volume (the run lives on the container disk, as on vast.ai), vast.ai's own keys at their
-        defaults."""
+    def on(self, cloud: ProviderName, vendor_gpu: str, secure: bool | None = None) -> RemoteSection:
+        """The cloud's own section that rents this job's machine on `cloud` with the cloud's GPU `vendor_gpu`
+        (on a datacenter host or not, when `secure` says: an offer chosen), the shared keys as they are,
+        the cloud's own keys as its section makes them from a choice (`RemoteSection.chosen`)."""
         shared = {key: getattr(self, key) for key in RemoteSection.model_fields}
         if secure is not None:
             shared["cloud_type"] = "SECURE" if secure else "COMMUNITY"
-        if cloud is ProviderName.RUNPOD:
-            return RunPodSection.model_validate({**shared, "gpu": vendor_gpu, "volume_in_gb": 0})
-        if cloud is ProviderName.VASTAI:
-            return VastAISection.model_validate(
-                {**shared, "gpu": vendor_gpu, "min_gpu_ram_in_gb": self.min_gpu_ram_in_gb}
-            )
-        raise ValueError(f"{cloud} rents no GPU machines")
+        facts = declared().get(cloud)
+        if facts is None:
+            raise ValueError(f"{cloud} rents no GPU machines")
+        return facts.section.chosen({**shared, "gpu": vendor_gpu}, self.min_gpu_ram_in_gb)

@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from jobs.sections.base import Capability, SectionBase
+from jobs.clouds import Capability
+from jobs.sections.base import SectionBase
 
 
 class LocalSection(SectionBase):

@@ -1,14 +1,16 @@
 """What the job's data and the fleet's checks know of RunPod, declared here and handed to them by the
-registry: its GPU names (jobs.clouds), the names it sets in a pod's environment (core.envnames)."""
+registry: its section model and GPU names (jobs.clouds), the names it sets in a pod's environment
+(core.envnames)."""
 
 from __future__ import annotations
 
 from core.envnames import set_by_the_cloud
-from jobs.clouds import CloudFacts
-from jobs.sections.base import Capability
+from jobs.clouds import Capability, CloudFacts, ProviderName
+from providers.runpod.section import RunPodSection
 
 RUNPOD = CloudFacts(
-    name="runpod",
+    name=ProviderName("runpod"),
+    section=RunPodSection,
     # RunPod's GPU ids are the names NVIDIA's driver reports: one name per type.
     gpu_names={
         "B200": ("NVIDIA B200",),

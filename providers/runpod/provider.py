@@ -35,7 +35,6 @@ from core.errors import (
 from core.settings import CloudSettings
 from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
-from jobs.sections.runpod import RunPodSection
 from providers.base import (
     JUPYTER_PORT,
     JUPYTER_TOKEN_ENV,
@@ -63,6 +62,7 @@ from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.facts import RUNPOD
 from providers.runpod.models import PodSpec, RunPodPod
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from trainer.progress import NODE_ROOT_ENV
 
@@ -98,7 +98,7 @@ def translate(exc: RunPodAPIError) -> ProviderError:
 class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     """Pods on RunPod, through its GraphQL API."""
 
-    name: ClassVar[ProviderName] = ProviderName.RUNPOD
+    name: ClassVar[ProviderName] = RUNPOD.name
     section_model: ClassVar[type[SectionBase]] = RunPodSection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "RunPod"

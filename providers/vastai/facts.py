@@ -1,13 +1,16 @@
 """What the job's data and the fleet's checks know of vast.ai, declared here and handed to them by the
-registry: its GPU names (jobs.clouds), the names it sets in an instance's environment (core.envnames)."""
+registry: its section model and GPU names (jobs.clouds), the names it sets in an instance's environment
+(core.envnames)."""
 
 from __future__ import annotations
 
 from core.envnames import set_by_the_cloud
-from jobs.clouds import CloudFacts
+from jobs.clouds import CloudFacts, ProviderName
+from providers.vastai.section import VastAISection
 
 VASTAI = CloudFacts(
-    name="vastai",
+    name=ProviderName("vastai"),
+    section=VastAISection,
     # vast.ai names a model, not its size: "A100 PCIE" is 40 or 80 GB (the offer's memory tells them apart).
     gpu_names={
         "B200": ("B200",),

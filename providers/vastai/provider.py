@@ -34,7 +34,6 @@ from core.errors import (
 from core.settings import CloudSettings
 from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
-from jobs.sections.vastai import VastAISection
 from providers.base import (
     JUPYTER_PORT,
     JUPYTER_TOKEN_ENV,
@@ -62,6 +61,7 @@ from providers.remote import RemoteProvider
 from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.facts import VASTAI
 from providers.vastai.models import VastInstance, VastOffer, first_number
+from providers.vastai.section import VastAISection
 from providers.vastai.settings import VastAISettings
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def vendor_rules(section: VastAISection, offers: dict[str, VastOffer]) -> list[R
 class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     """Instances on vast.ai, through the official `vastai` library."""
 
-    name: ClassVar[ProviderName] = ProviderName.VASTAI
+    name: ClassVar[ProviderName] = VASTAI.name
     section_model: ClassVar[type[SectionBase]] = VastAISection
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "vast.ai"

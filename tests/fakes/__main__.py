@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jobs.sections.base import ProviderName
+from jobs.clouds import ProviderName
 from providers.registry import PROVIDERS, api_url_setting
 from tests.fakes import FAKES, FakeCloud, FakeDiscord, FakeHub, FakeRunPod
 from tests.fakes.discord import DEFAULT_TOKEN as DISCORD_TOKEN

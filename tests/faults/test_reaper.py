@@ -25,9 +25,9 @@ import redis
 from pydantic import SecretStr
 
 from broker.dispatch import Dispatcher
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from providers.world import World, load_fleet_settings
 from service import runs as svc

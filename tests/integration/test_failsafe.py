@@ -19,15 +19,15 @@ import requests
 from pydantic import SecretStr
 
 from jobs.sections import ProviderName
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeEndpoint, ProviderContext
 from providers.bootstrap import failsafe_argv
 from providers.local.client import HeadMeta
 from providers.node import NodeClient, jobs_api_answers, ping, user_agent
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from tests.fakes import FakeRunPod, FakeVastAI
 
 pytestmark = pytest.mark.integration
@@ -123,7 +123,7 @@ def test_a_node_stays_while_the_fleet_calls_and_goes_when_it_stops(
     ident, env = vast_node(
         vast, tmp_path, FLEET_HEARTBEAT_TIMEOUT_S=f"{TIMEOUT_S:g}", FLEET_RAY_TEMP_DIR=str(temp_dir)
     )
-    failsafe = start_failsafe(ProviderName.VASTAI, env)
+    failsafe = start_failsafe(ProviderName("vastai"), env)
     time.sleep(2)
     temp_dir.symlink_to(meta.temp_dir)
 
@@ -152,7 +152,7 @@ def test_a_node_goes_at_its_deadline_even_while_the_fleet_calls(
     ident, env = vast_node(
         vast, tmp_path, FLEET_DEADLINE_S="4", FLEET_HEARTBEAT_TIMEOUT_S="60", FLEET_RAY_TEMP_DIR=meta.temp_dir
     )
-    failsafe = start_failsafe(ProviderName.VASTAI, env)
+    failsafe = start_failsafe(ProviderName("vastai"), env)
     while alive(vast, ident):
         assert time.monotonic() - failsafe.started < 4 + SLACK_S, (
             f"it outlived its deadline: {failsafe.stderr()}"
@@ -193,7 +193,7 @@ def test_calls_that_are_not_the_fleets_are_no_heartbeat_and_a_refused_destroy_is
         forged = {**agent, "Referer": "x' 'GET /api/version HTTP/1.1' 200 "}  # fields faked after a request
         requests.get(f"{url}/api/healthz", headers=forged, timeout=5)
 
-    failsafe = start_failsafe(ProviderName.VASTAI, env)
+    failsafe = start_failsafe(ProviderName("vastai"), env)
     while alive(vast, ident):
         assert time.monotonic() - failsafe.started < TIMEOUT_S + SLACK_S, f"still up: {failsafe.stderr()}"
         not_the_fleets()
@@ -225,7 +225,7 @@ def test_a_pod_terminates_itself_with_its_own_key(tmp_path: Path, start_failsafe
         env = {**fake.instances[pod.provider_id].env, **fake.container_env(pod.provider_id)}
         assert KEY not in env.values() and env["FLEET_HEARTBEAT_TIMEOUT_S"] == "3"
         env["FLEET_RAY_TEMP_DIR"] = str(tmp_path / "no-head")  # a node the fleet never reaches
-        failsafe = start_failsafe(ProviderName.RUNPOD, env)
+        failsafe = start_failsafe(ProviderName("runpod"), env)
         wait_gone(fake, pod.provider_id, 3 + SLACK_S, failsafe)
         assert time.monotonic() - failsafe.started >= 3
         assert failsafe.proc.wait(timeout=10) == 0

@@ -21,14 +21,14 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fleet.cli import cli
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, Provider, ProviderContext, SshAccess
 from providers.registry import FleetSettings
 from providers.runpod.client import RunPodAPIError
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from providers.world import World
 from service.nodeaccess import ssh_command
 from service.runs import Fleet

@@ -14,9 +14,9 @@ import redis
 from celery.exceptions import Retry
 
 from core.errors import FailureReason, NodeError
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
 from providers.registry import FleetSettings
+from providers.runpod.section import RunPodSection
 from state.events import read_run
 from state.models import Instance, InstanceState, Run
 from state.payloads import RunPreempted

@@ -14,12 +14,12 @@ from pydantic import BaseModel, SecretStr
 from core.errors import NodeError
 from jobs.sections import ProviderName
 from jobs.sections.local import LocalSection
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeEndpoint, NodeState, Provider, ProviderContext
 from providers.node import channel
 from providers.registry import PROVIDERS
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
+from providers.vastai.section import VastAISection
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
 
@@ -27,9 +27,9 @@ pytestmark = pytest.mark.integration
 
 
 def section_for(name: ProviderName) -> BaseModel:
-    if name == ProviderName.RUNPOD:
+    if name == ProviderName("runpod"):
         return RunPodSection(gpu="NVIDIA RTX A5000", gpu_count=1, max_bid_per_gpu=0.5)
-    if name == ProviderName.VASTAI:  # two 1-GPU RTX 4090 offers in the fake, for two instances at once
+    if name == ProviderName("vastai"):  # two 1-GPU RTX 4090 offers in the fake, for two instances at once
         return VastAISection(gpu="RTX_4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
     return LocalSection(num_cpus=1)
 
@@ -40,7 +40,7 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
     name = ProviderName(request.param)
     with contextlib.ExitStack() as stack:
         context = ProviderContext(home=tmp_path)
-        if name == ProviderName.RUNPOD:
+        if name == ProviderName("runpod"):
             fake = stack.enter_context(
                 FakeRunPod(api_key="contract-key", home=tmp_path / "fake", nodes="ray")
             )
@@ -50,7 +50,7 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
                 urls={"runpod": fake.url},
                 clouds={"runpod": RunPodSettings(**fake.proxy.values())},
             )
-        if name == ProviderName.VASTAI:
+        if name == ProviderName("vastai"):
             vast = stack.enter_context(
                 FakeVastAI(api_key="contract-key", home=tmp_path / "fake", nodes="ray")
             )

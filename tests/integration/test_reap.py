@@ -12,10 +12,10 @@ import redis
 
 from core.settings import Settings
 from jobs.sections.local import LocalSection
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState
 from providers.onnode import failsafe
 from providers.registry import FleetSettings
+from providers.runpod.section import RunPodSection
 from state.events import read_run
 from state.keys import tick_key
 from state.models import Instance, InstanceState, Run

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest
 from providers.registry import FleetSettings
+from providers.runpod.section import RunPodSection
 from state.events import read_run
 from state.models import Instance, InstanceState
 from state.payloads import InstanceIdle, InstanceReminder

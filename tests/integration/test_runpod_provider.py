@@ -15,9 +15,9 @@ import pytest
 from pydantic import SecretStr
 
 from core.errors import AuthFailed, NoCapacity, ProviderUnavailable, ProvisioningFailed
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from tests.fakes.runpod import FakeRunPod
 

@@ -17,11 +17,11 @@ import requests
 from pydantic import SecretStr
 
 from core.errors import AuthFailed, NoCapacity, ProviderUnavailable
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.listing import ListingCache, RedisListings
 from providers.vastai.client import VastAIClient, offer_query
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from tests.fakes.base import Instance
 from tests.fakes.vastai import FakeVastAI
 

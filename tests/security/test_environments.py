@@ -27,7 +27,6 @@ from core import envnames
 from core.errors import ConfigError
 from jobs.sections import ProviderName
 from jobs.sections.local import LocalSection
-from jobs.sections.vastai import VastAISection
 from jobs.spec import parse_job
 from providers import bootstrap
 from providers.base import LaunchRequest, ProviderContext
@@ -36,6 +35,7 @@ from providers.local.environment import SYSTEM_PATH
 from providers.local.provider import LocalProvider
 from providers.onnode import failsafe, nodesetup
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from tests.fakes import FakeVastAI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,9 +169,9 @@ def env_reads(module: ModuleType) -> set[str]:
 def script_reads() -> set[str]:
     """The variables the node's start scripts (every kind) read and do not set themselves."""
     scripts = [
-        bootstrap.start_script(ProviderName.VASTAI),
+        bootstrap.start_script(ProviderName("vastai")),
         bootstrap.start_script(
-            ProviderName.RUNPOD, worker=True, private_host="$RUNPOD_POD_ID.runpod.internal"
+            ProviderName("runpod"), worker=True, private_host="$RUNPOD_POD_ID.runpod.internal"
         ),
         "\n".join(bootstrap.ACCESS_LINES),
     ]

@@ -27,12 +27,12 @@ from pydantic import SecretStr
 
 from core import envnames
 from jobs.sections import ProviderName
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, ProviderContext
 from providers.bootstrap import failsafe_argv
 from providers.onnode import failsafe
 from providers.onnode.tlsfront import Front
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from tests.fakes.tls import localhost_cert
 from tests.fakes.vastai import FakeVastAI
 
@@ -130,7 +130,7 @@ def alive(vast: FakeVastAI, ident: str) -> bool:
 def run_failsafe(env: dict[str, str], system_ca: Path | None = None) -> subprocess.Popen[str]:
     """The failsafe as the start script starts it. With `system_ca`, on a machine whose system store (the
     paths OpenSSL was built with) holds that certificate: the test's fake vendor stands in for a real one."""
-    argv = failsafe_argv(ProviderName.VASTAI)
+    argv = failsafe_argv(ProviderName("vastai"))
     argv[0] = sys.executable  # the node's python3
     if system_ca is not None:
         cafile = str(system_ca)

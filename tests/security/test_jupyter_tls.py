@@ -28,13 +28,13 @@ import redis
 from typer.testing import CliRunner
 
 from fleet.cli import cli
-from jobs.sections.vastai import VastAISection
 from providers.base import JUPYTER_PORT, LaunchRequest
 from providers.bootstrap import ACCESS_ENV, INNER_JUPYTER_PORT, tlsfront_argv
 from providers.node import fingerprint
 from providers.onnode import tlsfront
 from providers.registry import FleetSettings
 from providers.tokens import self_signed
+from providers.vastai.section import VastAISection
 from state.models import Instance, InstanceState
 from tests.factories import ledger_run
 from tests.fakes.nodes import unused_port

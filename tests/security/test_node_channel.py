@@ -17,16 +17,16 @@ import pytest
 from pydantic import SecretStr
 
 from core.errors import NodeError
-from jobs.sections.runpod import RunPodSection
-from jobs.sections.vastai import VastAISection
 from providers.base import LaunchRequest, NodeEndpoint, NodeState, ProviderContext
 from providers.bootstrap import start_script
 from providers.node import NodeClient, ping
 from providers.remote import RemoteProvider
 from providers.runpod.provider import RunPodProvider
+from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from providers.tokens import NodeTokens
 from providers.vastai.provider import VastAIProvider
+from providers.vastai.section import VastAISection
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.sections.runpod import RunPodSection
 from jobs.spec import JobSpec
 from providers.registry import FleetSettings
+from providers.runpod.section import RunPodSection
 from state.models import Run
 from state.stages import RunState
 from tests.factories import TINY_DATA, train_config

@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 
 from core.errors import FailureReason, OverBudget
 from fleet.cli import cli
-from jobs.sections.runpod import RunPodSection
 from jobs.spec import load_job
 from providers.registry import FleetSettings
+from providers.runpod.section import RunPodSection
 from providers.world import World
 from service import runs
 from service.gitrepo import GitRepo

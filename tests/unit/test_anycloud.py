@@ -12,10 +12,12 @@ import pytest
 from core.errors import ConfigError, CredentialsMissing, ProviderUnavailable
 from jobs import clouds as cloud_facts
 from jobs.gpus import GPU_TYPES, resolve
-from jobs.sections import CloudSection, ProviderName, RunPodSection, VastAISection
+from jobs.sections import CloudSection, ProviderName
 from jobs.spec import parse_job
 from providers.anycloud import rank, summary
 from providers.offers import Candidate, Choice, choose
+from providers.runpod.section import RunPodSection
+from providers.vastai.section import VastAISection
 from state.models import Placement, Run
 from tests.factories import EXAMPLE_YAML
 
@@ -72,9 +74,9 @@ def test_a_name_a_cloud_gives_two_types_stands_for_both_and_the_offer_s_memory_t
 def test_a_cloud_section_in_a_job_file() -> None:
     job = parse("cloud:\n  gpu: [h100, A100 80GB]\n  clouds: [vastai]\n  max_bid_per_gpu: 1.2\n")
     section = job.spec.section
-    assert job.spec.provider is ProviderName.CLOUD and isinstance(section, CloudSection)
+    assert job.spec.provider == ProviderName.CLOUD and isinstance(section, CloudSection)
     assert section.gpu == ("H100-SXM", "H100-PCIE", "A100-80GB")
-    assert section.clouds == (ProviderName.VASTAI,) and section.max_attempts == 3
+    assert section.clouds == (ProviderName("vastai"),) and section.max_attempts == 3
     assert CloudSection.model_validate_json(section.model_dump_json()) == section  # as the ledger keeps it
 
 
@@ -90,7 +92,7 @@ def test_a_cloud_section_in_a_job_file() -> None:
             "cloud.template_id",
             "it belongs in a runpod section, not cloud",
         ),  # a vendor's own key
-        ("cloud:\n  num_nodes: 2\n", "cloud.num_nodes", "write a runpod: section"),
+        ("cloud:\n  num_nodes: 2\n", "cloud.num_nodes", "a cloud that joins its machines into one"),
         ("cloud:\n  max_attempts: 0\n", "cloud.max_attempts", "must be between 1 and 10 (got 0)"),
     ],
 )
@@ -103,11 +105,11 @@ def test_a_bad_cloud_section_names_its_key_and_line(text: str, where: str, said:
 
 def test_the_vendor_sections_it_writes_keep_the_shared_keys() -> None:
     section = CloudSection(gpu=("A100-80GB",), max_bid_per_gpu=1.5, min_vcpu_count=16, min_gpu_ram_in_gb=70)
-    runpod = section.on(ProviderName.RUNPOD, "NVIDIA A100 80GB PCIe", secure=False)
+    runpod = section.on(ProviderName("runpod"), "NVIDIA A100 80GB PCIe", secure=False)
     assert isinstance(runpod, RunPodSection)
     assert (runpod.gpu, runpod.cloud_type, runpod.volume_in_gb) == ("NVIDIA A100 80GB PCIe", "COMMUNITY", 0)
     assert (runpod.max_bid_per_gpu, runpod.min_vcpu_count, runpod.stop_after) == (1.5, 16, 900)
-    vast = section.on(ProviderName.VASTAI, "A100 PCIE")
+    vast = section.on(ProviderName("vastai"), "A100 PCIE")
     assert isinstance(vast, VastAISection)
     assert (vast.gpu, vast.min_gpu_ram_in_gb, vast.cloud_type) == ("A100 PCIE", 70, "SECURE")
 
@@ -119,19 +121,19 @@ def test_a_run_of_a_cloud_job_is_on_the_cloud_its_offer_chose_and_rents_that_off
     )
     with pytest.raises(ValueError, match="no offer chosen for attempt 1 yet"):
         run.node_section(0)
-    placed = Placement(attempt=1, cloud=ProviderName.VASTAI, offer="1001", gpu="RTX-A5000",
+    placed = Placement(attempt=1, cloud=ProviderName("vastai"), offer="1001", gpu="RTX-A5000",
                        vendor_gpu="RTX A5000", secure=False, price_per_hour=0.09)  # fmt: skip
     run.progress.placements.append(placed)
-    run.provider = ProviderName.VASTAI
+    run.provider = ProviderName("vastai")
     moved = Run.model_validate_json(run.model_dump_json())
     assert moved.placement == placed and moved.node_section(0) == spec.section.on(  # type: ignore[union-attr]
-        ProviderName.VASTAI, "RTX A5000", secure=False
+        ProviderName("vastai"), "RTX A5000", secure=False
     )
     with pytest.raises(ValueError, match="provider runpod is not the job's"):  # not one of its clouds
         Run(
             **{
                 **run.model_dump(),
-                "provider": ProviderName.RUNPOD,
+                "provider": ProviderName("runpod"),
                 "spec": parse("cloud:\n  clouds: [vastai]\n").spec,
             }
         )
@@ -164,9 +166,9 @@ def offer(cloud: ProviderName, offer_id: str, gpu: str, bid: float, **kw: Any) -
 
 A100 = {"gpu_memory_gb": "80"}
 RUNPOD = [
-    offer(ProviderName.RUNPOD, "NVIDIA A100 80GB PCIe/SECURE", "NVIDIA A100 80GB PCIe", 0.82, detail=A100),
+    offer(ProviderName("runpod"), "NVIDIA A100 80GB PCIe/SECURE", "NVIDIA A100 80GB PCIe", 0.82, detail=A100),
     offer(
-        ProviderName.RUNPOD,
+        ProviderName("runpod"),
         "NVIDIA A100 80GB PCIe/COMMUNITY",
         "NVIDIA A100 80GB PCIe",
         0.60,
@@ -174,7 +176,7 @@ RUNPOD = [
         detail=A100,
     ),
     offer(
-        ProviderName.RUNPOD,
+        ProviderName("runpod"),
         "NVIDIA RTX A5000/SECURE",
         "NVIDIA RTX A5000",
         0.13,
@@ -182,17 +184,17 @@ RUNPOD = [
     ),
 ]
 VAST = [
-    offer(ProviderName.VASTAI, "11", "A100 PCIE", 0.55, detail={"gpu_memory_gb": "80", "location": "US"}),
-    offer(ProviderName.VASTAI, "12", "A100 PCIE", 0.30, detail={"gpu_memory_gb": "40", "location": "US"}),
-    offer(ProviderName.VASTAI, "13", "A100 SXM4", 0.70, detail={"gpu_memory_gb": "80", "location": "CN"}),
-    offer(ProviderName.VASTAI, "14", "A100 PCIE", 1.90, detail={"gpu_memory_gb": "80", "location": "DE"}),
+    offer(ProviderName("vastai"), "11", "A100 PCIE", 0.55, detail={"gpu_memory_gb": "80", "location": "US"}),
+    offer(ProviderName("vastai"), "12", "A100 PCIE", 0.30, detail={"gpu_memory_gb": "40", "location": "US"}),
+    offer(ProviderName("vastai"), "13", "A100 SXM4", 0.70, detail={"gpu_memory_gb": "80", "location": "CN"}),
+    offer(ProviderName("vastai"), "14", "A100 PCIE", 1.90, detail={"gpu_memory_gb": "80", "location": "DE"}),
 ]
 
 
 def clouds(**fail: Exception) -> dict[ProviderName, Catalogue]:
     return {
-        ProviderName.RUNPOD: Catalogue(ProviderName.RUNPOD, RUNPOD, fail.get("runpod")),
-        ProviderName.VASTAI: Catalogue(ProviderName.VASTAI, VAST, fail.get("vastai")),
+        ProviderName("runpod"): Catalogue(ProviderName("runpod"), RUNPOD, fail.get("runpod")),
+        ProviderName("vastai"): Catalogue(ProviderName("vastai"), VAST, fail.get("vastai")),
     }
 
 
@@ -208,7 +210,7 @@ def test_every_clouds_offers_are_ranked_together_cheapest_first() -> None:
         "runpod:NVIDIA A100 80GB PCIe/SECURE",
     ]
     assert {o.gpu for o in choice.fits} == {"A100-80GB"}
-    assert made[ProviderName.VASTAI].asked == ["A100 PCIE", "A100 SXM4"]  # each of vast.ai's names for it
+    assert made[ProviderName("vastai")].asked == ["A100 PCIE", "A100 SXM4"]  # each of vast.ai's names for it
     why = {r.candidate.offer_id: r.reasons for r in choice.rejected}
     assert why["12"] == ("40 GB per GPU: not a A100-80GB",)  # vast.ai calls both sizes A100 PCIE
     assert "above max_bid_per_gpu" in why["14"][0]
@@ -224,7 +226,7 @@ def test_avoid_leaves_out_offers_there_and_the_cloud_that_cannot_say_where() -> 
         "in CN, which the job avoids (CN)",
     )
     assert choice.unasked == (
-        (ProviderName.RUNPOD, "RunPod does not say where an offer is, so `avoid` cannot hold there"),
+        (ProviderName("runpod"), "RunPod does not say where an offer is, so `avoid` cannot hold there"),
     )
 
 
@@ -246,8 +248,8 @@ def test_a_cloud_that_cannot_be_asked_says_why_and_the_others_still_are() -> Non
     )
     choice = rank(section, made.__getitem__)  # type: ignore[arg-type]
     assert choice.fits == () and choice.errors[1] is down
-    assert [c for c, _ in choice.unasked] == [ProviderName.RUNPOD, ProviderName.VASTAI]
+    assert [c for c, _ in choice.unasked] == [ProviderName("runpod"), ProviderName("vastai")]
     assert "RUNPOD_API_KEY is not set" in summary(choice)
     only = rank(section, clouds().__getitem__, fleet_runs=("vastai",))  # type: ignore[arg-type]
-    assert {o.cloud for o in only.fits} == {ProviderName.VASTAI}
-    assert only.unasked == ((ProviderName.RUNPOD, "this fleet does not run it (FLEET_PROVIDERS)"),)
+    assert {o.cloud for o in only.fits} == {ProviderName("vastai")}
+    assert only.unasked == ((ProviderName("runpod"), "this fleet does not run it (FLEET_PROVIDERS)"),)

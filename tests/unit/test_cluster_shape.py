@@ -10,9 +10,9 @@ import pytest
 from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
 
 from core.errors import ConfigError, Problem
-from jobs.sections import RunPodSection
 from jobs.spec import JobSpec, parse_job
 from jobs.topology import cluster_shape
+from providers.runpod.section import RunPodSection
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.render import separate_message, status_embed
-from jobs.sections import RunPodSection
+from providers.runpod.section import RunPodSection
 from state.cost import instance_cost
 from state.models import Instance, InstanceState, Run
 from state.payloads import Event, EventType

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from fleet.live import LiveView
-from jobs.sections import ProviderName, RunPodSection
+from jobs.sections import ProviderName
+from providers.runpod.section import RunPodSection
 from service.describe import describe
 from state.models import InstanceState, Run
 from state.payloads import Event, EventType
@@ -120,7 +121,7 @@ def test_a_run_holds_its_job_typed() -> None:
     run.progress.step, run.progress.cluster = 3, ["n1"]
     again = Run.model_validate_json(run.model_dump_json())
     assert again == run and again.spec == spec and isinstance(again.spec.section, RunPodSection)
-    assert again.provider is ProviderName.RUNPOD and again.num_nodes == 2 and again.progress.step == 3
+    assert again.provider == ProviderName("runpod") and again.num_nodes == 2 and again.progress.step == 3
     with pytest.raises(ValidationError, match="not the job's"):
         Run(run_id="r", provider="local", source="x", spec=spec, run_dir="/r", output_dir="/r/o")
     with pytest.raises(ValidationError):

@@ -11,11 +11,11 @@ import pytest
 from pydantic import SecretStr
 
 from core.errors import NodeError
-from jobs.sections.runpod import RunPodSection
 from providers.base import LaunchRequest, ProviderContext, SshAccess
 from providers.local.provider import LocalProvider
 from providers.runpod.models import RunPodPod
 from providers.runpod.provider import RunPodProvider, pod_ports
+from providers.runpod.section import RunPodSection
 from providers.vastai.models import VastInstance
 from providers.vastai.provider import VastAIProvider
 from service.nodeaccess import SshCommand

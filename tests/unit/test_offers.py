@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.sections import ProviderName
-from jobs.sections.runpod import RunPodSection
 from providers.offers import Candidate, choose, same_gpu
+from providers.runpod.section import RunPodSection
 
 
 def cand(offer_id: str = "o1", **kw: Any) -> Candidate:
     values: dict[str, Any] = {
-        "provider": ProviderName.RUNPOD,
+        "provider": ProviderName("runpod"),
         "offer_id": offer_id,
         "gpu": "NVIDIA RTX A5000",
         "gpu_count": 1,

@@ -26,11 +26,6 @@ STILL_NAMING = {
     "AWS's...), refused in any job file whatever clouds this fleet has",
     "providers/onnode/failsafe.py": "the node's failsafe, standard library only and shipped whole: each "
     "cloud's give-back call (the instance's own key) is one of its functions",
-    "jobs/sections/__init__.py": "issue 41: the clouds' section models still live in jobs/sections",
-    "jobs/sections/base.py": "issue 41: ProviderName still lists the clouds",
-    "jobs/sections/cloud.py": "issue 41: a cloud: section still builds each cloud's section itself",
-    "jobs/sections/runpod.py": "issue 41: RunPod's section model, to move to providers/runpod/",
-    "jobs/sections/vastai.py": "issue 41: vast.ai's section model, to move to providers/vastai/",
 }
 
 

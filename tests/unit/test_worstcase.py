@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 
-from jobs.sections import LocalSection, RunPodSection, VastAISection
+from jobs.sections import LocalSection
 from jobs.sections.head import HeadShape
+from providers.runpod.section import RunPodSection
+from providers.vastai.section import VastAISection
 from state.worstcase import worst_case
 from tests.factories import job_spec
 

@@ -7,7 +7,8 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints
 
-from jobs.sections.base import AbsolutePath, Capability, RemoteSection, Text, Token, matching
+from jobs.clouds import Capability
+from jobs.sections.base import AbsolutePath, RemoteSection, Text, Token, matching
 from jobs.sections.head import HeadShape
 
 # Ray's pattern for an NVIDIA GPU's model token in its name (ray/_private/accelerators/nvidia_gpu.py)
@@ -83,6 +84,10 @@ class RunPodSection(RemoteSection):
 
     def gpu_named(self) -> str:
         return self.gpu
+
+    @classmethod
+    def chosen(cls, shared: dict[str, object], min_gpu_ram_in_gb: int | None) -> RunPodSection:
+        return cls.model_validate({**shared, "volume_in_gb": 0})  # no pod volume: the run is on its disk
 
     def ray_gpu(self) -> tuple[str, str] | None:
         return (self.gpu, self.accelerator_type(self.gpu)) if self.gpu_count > 0 else None

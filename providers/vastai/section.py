@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from jobs.sections.base import Capability, RemoteSection, Text
+from jobs.clouds import Capability
+from jobs.sections.base import RemoteSection, Text
 
 
 class VastAISection(RemoteSection):
@@ -19,6 +20,10 @@ class VastAISection(RemoteSection):
         "vast.ai rents single hosts that share no private network (each instance is reachable only through "
         "its own mapped ports), so its machines cannot form one Ray cluster",
     )
+
+    @classmethod
+    def chosen(cls, shared: dict[str, object], min_gpu_ram_in_gb: int | None) -> VastAISection:
+        return cls.model_validate({**shared, "min_gpu_ram_in_gb": min_gpu_ram_in_gb})
 
     def gpu_named(self) -> str:
         return self.gpu
