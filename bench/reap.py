@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import providers.registry  # noqa: E402, F401  (declares the clouds to jobs/ and core/, as the fleet's entries do)
-from broker.constants import REAP_QUEUE  # noqa: E402
+from broker.queues import REAP_QUEUE  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from providers.base import LaunchRequest, ProviderContext  # noqa: E402
 from providers.runpod.provider import RunPodProvider  # noqa: E402

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker.constants import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK
+from broker.queues import QUEUES, REAP_AT_TASK, REAP_QUEUE, REAP_TASK
 from core import redisurl
 from state.stages import STAGES, Stage
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from broker.constants import QUEUES
+from broker.queues import QUEUES
 from fleet.cli_common import connect_or_exit, err, out, secrets_or_exit, settings_or_exit, world_or_exit
 from state.keys import REAP_SEEN, alive_key
 

@@ -1,5 +1,5 @@
 """Every Redis key, stream and consumer group of the fleet's state, in one place (the Celery queues and task
-names are broker.constants')."""
+names are broker.queues')."""
 
 from __future__ import annotations
 

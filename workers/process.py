@@ -19,7 +19,7 @@ import redis
 from celery import signals
 
 from broker.app import app, configure
-from broker.constants import QUEUES
+from broker.queues import QUEUES
 from core import redisurl
 from core.settings import Settings
 from state.keys import WORKERS_PREFIX, worker_key

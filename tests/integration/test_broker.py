@@ -134,7 +134,7 @@ def test_dispatcher_keeps_one_chain_per_run(redis_client: redis.Redis[str]) -> N
 
 def test_each_stage_task_lands_in_its_own_queue_only(redis_client: redis.Redis[str], redis_url: str) -> None:
     from broker.app import app, configure
-    from broker.constants import QUEUES, REAP_TASK
+    from broker.queues import QUEUES, REAP_TASK
     from core.settings import Settings
 
     configure(Settings(), redis_url)

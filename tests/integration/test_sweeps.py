@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from broker import sweeps as slots
-from broker.constants import REAP_TASK
+from broker.queues import REAP_TASK
 from core.errors import FailureReason, NotFound
 from core.settings import Settings
 from providers.world import World

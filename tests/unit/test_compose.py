@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from broker.constants import QUEUES
+from broker.queues import QUEUES
 from fleet.cli import cli
 from providers.registry import CREDENTIAL_NAMES
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 from broker.app import TASK_MODULES, app, time_limits
-from broker.constants import QUEUES
+from broker.queues import QUEUES
 from core.settings import Settings
 from state.stages import STAGES, RunState, Stage
 from workers import watcher

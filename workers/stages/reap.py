@@ -47,8 +47,8 @@ from pydantic import ValidationError
 
 from broker import sweeps
 from broker.app import app
-from broker.constants import REAP_AT_TASK, REAP_TASK
 from broker.locks import Lease
+from broker.queues import REAP_AT_TASK, REAP_TASK
 from core.errors import FailureReason, FleetError, NotFound
 from jobs.spec import JobSpec
 from providers.base import INSTANCE_PREFIX, NodeInstance, Provider
