@@ -83,9 +83,21 @@ def squash(name: str) -> str:
     return "-".join(re.split(r"[\s_\-]+", text.strip()))
 
 
+_LOOKUP: tuple[tuple[int, ...], dict[str, tuple[str, ...]]] | None = None
+
+
 def _lookup() -> dict[str, tuple[str, ...]]:
     """Every name a user may write, squashed, to the types it stands for: the groups, the types' names and
-    aliases, then each declared cloud's names (a name a cloud gives to several types stands for each)."""
+    aliases, then each declared cloud's names (a name a cloud gives to several types stands for each).
+    Built once per declaration of the clouds."""
+    global _LOOKUP
+    declaration = tuple(id(facts) for facts in clouds.declared().values())
+    if _LOOKUP is None or _LOOKUP[0] != declaration:
+        _LOOKUP = (declaration, _build_lookup())
+    return _LOOKUP[1]
+
+
+def _build_lookup() -> dict[str, tuple[str, ...]]:
     found: dict[str, tuple[str, ...]] = {squash(group): members for group, members in GROUPS.items()}
     for t in _TYPES:
         for said in (t.name, *t.aliases):

@@ -1,6 +1,11 @@
-"""The explicit registry of providers, and what the fleet derives from their declarations: the credential
-names it reads (`CREDENTIAL_NAMES`) and the API base URLs it hands them (`api_urls`). A process gets its
-providers from its world (providers.world), which builds them through this registry."""
+"""The explicit registry of providers, and what the fleet derives from their declarations.
+
+Importing it declares every cloud's facts (jobs.clouds: section model, GPU names, capabilities, the names
+its nodes set), which the job's data reads; each process imports it before it reads a job. From the
+providers' declarations it derives the credential names the fleet reads (`CREDENTIAL_NAMES`), the fleet's
+settings class (`FleetSettings`: Settings and each cloud's own), and each cloud's settings and API base
+URL (`cloud_settings`, `api_urls`). A process gets its providers from its world (providers.world), which
+builds them through this registry."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from typing import Annotated, ClassVar
 
 from pydantic import BeforeValidator, Field
 
-from jobs.clouds import Capability, ProviderName, declared, rented_clouds
+from jobs import clouds as declared_clouds
+from jobs.clouds import Capability, ProviderName, rented_clouds
 from jobs.gpus import GPU_TYPES, GpuType, resolve
 from jobs.sections.base import RemoteSection, Text
 
@@ -105,7 +106,7 @@ class CloudSection(RemoteSection):
         shared = {key: getattr(self, key) for key in RemoteSection.model_fields}
         if secure is not None:
             shared["cloud_type"] = "SECURE" if secure else "COMMUNITY"
-        facts = declared().get(cloud)
+        facts = declared_clouds.facts(cloud)
         if facts is None:
             raise ValueError(f"{cloud} rents no GPU machines")
         return facts.section.chosen({**shared, "gpu": vendor_gpu}, self.min_gpu_ram_in_gb)

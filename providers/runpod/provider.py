@@ -99,7 +99,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     """Pods on RunPod, through its GraphQL API."""
 
     name: ClassVar[ProviderName] = RUNPOD.name
-    section_model: ClassVar[type[SectionBase]] = RunPodSection
+    section_model: ClassVar[type[SectionBase]] = RUNPOD.section
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "RunPod"
     facts: ClassVar[CloudFacts | None] = RUNPOD

@@ -166,7 +166,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     """Instances on vast.ai, through the official `vastai` library."""
 
     name: ClassVar[ProviderName] = VASTAI.name
-    section_model: ClassVar[type[SectionBase]] = VastAISection
+    section_model: ClassVar[type[SectionBase]] = VASTAI.section
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
     vendor: ClassVar[str] = "vast.ai"
     facts: ClassVar[CloudFacts | None] = VASTAI
