@@ -13,6 +13,7 @@ from core.errors import Problem
 from jobs.dataset_check import dataset_problems
 from jobs.gpu_keys import gpu_only_problems
 from jobs.problems import line_of
+from jobs.switches import switch_problems
 from jobs.topology import topology_problems
 from trainer.config import AxolotlConfig
 
@@ -27,6 +28,7 @@ def node_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
         *topology_problems(spec, lines),
         *gpu_only_problems(spec, lines),
         *dataset_problems(spec, lines),
+        *switch_problems(spec, lines),
     ]
 
 

@@ -101,6 +101,12 @@ class JobSpec(BaseModel):
         """Whether the node is terminated when the run ends, even after a failure."""
         return self.section.one_shot
 
+    @property
+    def hub_repo(self) -> str | None:
+        """Where the run's result is pushed (`hub_model_id`); None when it pushes nothing: no hub_model_id,
+        or a run that only prepares its datasets (`prepare_ds_only`), which has no model to push."""
+        return None if self.section.prepare_ds_only else self.train.hub_model_id
+
     @model_validator(mode="after")
     def _section_matches_provider(self) -> JobSpec:
         expected = section_models()[self.provider]

@@ -136,7 +136,7 @@ def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None
         if unavailable is not None:
             problem = Problem(provider, f"cannot submit: {unavailable}", job.lines.get(provider))
             raise ConfigError(job.source, [problem])
-    if hub_model_id := job.spec.train.hub_model_id:
+    if hub_model_id := job.spec.hub_repo:
         _check_namespace(settings, job, hub_model_id, submitter)
         _check_push(settings, job, hub_model_id, secrets.get("HF_TOKEN"))
     train = job.spec.train

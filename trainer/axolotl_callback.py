@@ -58,7 +58,7 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
         self.streak = 0
         written = job.config.model_dump(exclude_none=True) if job is not None else {}
         size = written.get("eval_table_size", cfg.get("eval_table_size") or DEFAULT_TABLE_SIZE)
-        self.table_size = int(size or 0)
+        self.table_size = samples.table_size(int(size or 0), job.log_eval if job is not None else None)
         self.max_new_tokens = int(cfg.get("eval_max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
         self.sharded = bool(cfg.get("fsdp") or cfg.get("fsdp_config") or cfg.get("deepspeed"))
         self.state: dict[str, Any] = {"started": False}

@@ -2,14 +2,16 @@
 
 `node_config` turns the job's config into the one axolotl runs here: the job's keys as written (less the
 fleet's own, FLEET_KEYS), with the node's paths (the base model the prepare stage fetched, output_dir,
-dataset_prepared_path under work_dir, shipped datasets made absolute), the fleet's W&B run, the fleet's
-plugin (trainfleet's progress lines, loss watchdog, eval samples, final metrics: trainer/axolotl_plugin.py),
-and auto-resume from the newest checkpoint-N in output_dir (a restarted or replacement node goes on).
+dataset_prepared_path under the node's cache, shipped datasets made absolute, the section's DeepSpeed and
+eval-table switches), the fleet's W&B run, the fleet's plugin (trainfleet's progress lines, loss
+watchdog, eval samples, final metrics: trainer/axolotl_plugin.py), and auto-resume from the newest
+checkpoint-N in output_dir (a restarted or replacement node goes on).
 
 `run` writes it to `<work_dir>/axolotl.yml`, runs `python -m axolotl.cli.main train` in a child process
 (its output goes straight to this job's log), then finishes as the builtin recipe does: the adapter's
-base model set to the job's hub id, metrics.json, the model card, a FINISHED line. Nothing here imports
-axolotl, so the fleet's environment can test it.
+base model set to the job's hub id, metrics.json, the model card, a FINISHED line. `preprocess` (the
+section's prepare_ds_only) runs axolotl's `preprocess` instead and reports what it prepared. Nothing here
+imports axolotl, so the fleet's environment can test it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ RESULT_FILE = "axolotl-result.json"  # under work_dir: what the plugin found (wa
 RESULT_ENV = "FLEET_AXOLOTL_RESULT"  # names the result file for the plugin
 PLUGIN = "trainer.axolotl_plugin.TrainfleetPlugin"
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".zst")
-PREPARED_DIR = "axolotl-prepared"  # dataset_prepared_path's default, under work_dir
+PREPARED_DIR = "axolotl-prepared"  # dataset_prepared_path's default, under the node's cache
+ZERO2_CONFIG = Path(__file__).parent / "assets" / "deepspeed_zero2.json"  # the section's deepspeed: true
 # axolotl turns these on by itself for LoRA, and they need CUDA (axolotl/kernels/*.py).
 CUDA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel")
 # The fleet pushes the result at finalize, with its own model card (trainer.push): axolotl must not push.
@@ -54,9 +57,11 @@ def node_config(job: TrainJob, model_path: Path, base_dir: Path, cuda: bool) -> 
     out["base_model"] = str(model_path)  # the original id stays in the job, for the card and the adapter
     out["output_dir"] = job.output_dir
     out["datasets"] = [_local_paths(ds, base_dir) for ds in out["datasets"]]
-    work = Path(job.work_dir)
-    prepared = out.get("dataset_prepared_path")
-    out["dataset_prepared_path"] = str(work / (prepared or PREPARED_DIR))  # an absolute one stays itself
+    out["dataset_prepared_path"] = str(prepared_path(job))
+    if job.deepspeed:  # the section's deepspeed: true (jobs.switches refused a config's own beside it)
+        out["deepspeed"] = str(ZERO2_CONFIG)
+    if job.log_eval is False:  # the section turned the eval samples table off: axolotl's own too
+        out.pop("eval_table_size", None)
     _wandb(out, job)
     plugins = list(out.get("plugins") or [])
     out["plugins"] = plugins if PLUGIN in plugins else [*plugins, PLUGIN]
@@ -73,6 +78,16 @@ def node_config(job: TrainJob, model_path: Path, base_dir: Path, cuda: bool) -> 
                 file=sys.stderr,
             )
     return out
+
+
+def prepared_path(job: TrainJob) -> Path:
+    """Where axolotl keeps the tokenized datasets: the config's dataset_prepared_path (a relative one, or
+    none: PREPARED_DIR) under the node's cache, which outlives the run, so a later run of the same
+    datasets finds them (axolotl names each preparation by a digest of its datasets and tokenizer);
+    without a cache, under work_dir. An absolute one stays itself."""
+    given = _axolotl(job).model_extra or {}
+    base = Path(job.cache_dir or job.work_dir)
+    return base / str(given.get("dataset_prepared_path") or PREPARED_DIR)
 
 
 def _axolotl(job: TrainJob) -> AxolotlConfig:
@@ -124,16 +139,53 @@ def child_env(job: TrainJob, result: Path, environ: dict[str, str]) -> dict[str,
     return env
 
 
-def command(config_file: Path, use_ray: bool) -> list[str]:
-    """axolotl's train command for `config_file` (`--use-ray`: Ray Train's TorchTrainer, GPUs only)."""
+def command(config_file: Path, use_ray: bool, verb: str = "train") -> list[str]:
+    """axolotl's `verb` command for `config_file` (train, or preprocess; `--use-ray`: Ray Train's
+    TorchTrainer, GPUs only)."""
     return [
         sys.executable,
         "-m",
         "axolotl.cli.main",
-        "train",
+        verb,
         str(config_file),
         *(["--use-ray"] if use_ray else []),
     ]
+
+
+def preprocess(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
+    """Tokenize `job`'s datasets with axolotl's `preprocess` into dataset_prepared_path (the node's cache)
+    and stop: prepared.json and a FINISHED line whose metrics count the prepared rows. Raises
+    TrainingFailed when axolotl fails."""
+    import torch
+
+    from trainer import prepared
+
+    work = Path(job.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    config_file, result_file = work / CONFIG_FILE, work / RESULT_FILE
+    config = node_config(job, model_path, base_dir, torch.cuda.is_available())
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    verb = command(config_file, use_ray=False, verb="preprocess")
+    code = subprocess.call(verb, cwd=base_dir, env=child_env(job, result_file, dict(os.environ)))
+    if code != 0:
+        raise TrainingFailed(f"axolotl preprocess exited with code {code} (its log above says why)")
+    where = Path(config["dataset_prepared_path"])
+    metrics = {"prepared_rows": prepared_rows(where)}
+    prepared.report(job, metrics, {"cache": str(where)})
+    return metrics
+
+
+def prepared_rows(where: Path) -> int:
+    """The rows axolotl's newest preparation under `where` holds (its Arrow dataset's own count)."""
+    from datasets import load_from_disk  # type: ignore[import-untyped]
+
+    found = [p for p in where.iterdir() if p.is_dir()] if where.is_dir() else []
+    if not found:
+        raise TrainingFailed(f"axolotl preprocess finished but left nothing in {where}")
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    return int(load_from_disk(str(newest)).num_rows)
 
 
 def run(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:

@@ -101,8 +101,6 @@ class FleetKeys(BaseModel):
     wandb_name: str | None = Field(None, description="W&B run name.")
     wandb_run_id: str | None = Field(None, description="W&B run id.")
     wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="W&B mode.")
-    wandb_watch: str | None = Field(None, description="W&B watch setting.")
-    wandb_log_model: str | None = Field(None, description="W&B model logging.")
     use_ray: bool = Field(False, description="Train with Ray Train's TorchTrainer (else one process).")
     ray_num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers.")
     resources_per_worker: dict[str, float] | None = Field(
@@ -315,6 +313,16 @@ class TrainJob(BaseModel):
     use_gpu: bool = Field(False, description="Whether the node's workers use GPUs.")
     job_yaml: str | None = Field(None, description="The job file with its secrets taken out, for the card.")
     wandb: WandbPlan | None = Field(None, description="The run's W&B run; None: no W&B.")
+    prepare_only: bool = Field(
+        False, description="Tokenize the datasets into the cache and stop (the section's prepare_ds_only)."
+    )
+    log_eval: bool | None = Field(
+        None, description="The eval samples table: on, off, or None: as the config's eval_table_size says."
+    )
+    debug: bool = Field(False, description="Verbose logging (the section's `debug`: trainer.verbosity).")
+    deepspeed: bool = Field(
+        False, description="axolotl with the fleet's DeepSpeed ZeRO-2 config (the section's `deepspeed`)."
+    )
 
     def on_node(self, environ: Mapping[str, str]) -> TrainJob:
         """This job with its directories made absolute on this node. The fleet sends paths relative to the

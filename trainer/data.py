@@ -349,15 +349,19 @@ def split(examples: Sequence[Example], val_set_size: float, seed: int) -> Split:
     return Split(train=shuffled[n_eval:], eval=shuffled[:n_eval], dropped=len(examples) - len(kept))
 
 
-def prepare(config: TrainConfig, tokenizer: Any, base_dir: Path | None = None) -> Split:
-    """load_records -> tokenize -> split, with the job's settings."""
+def tokenized(config: TrainConfig, tokenizer: Any, base_dir: Path | None = None) -> list[Example]:
+    """load_records -> tokenize, with the job's settings (trainer.prepared keeps the result)."""
     from trainer.chat import resolve_template
 
     records = load_records(config.datasets, base_dir)
     chat = any(isinstance(r, Conversation) for r in records)
     template = resolve_template(config, tokenizer, base_dir) if chat else None
-    examples = tokenize(records, tokenizer, config.sequence_len, config.train_on_inputs, template)
-    return split(examples, config.val_set_size, config.seed)
+    return tokenize(records, tokenizer, config.sequence_len, config.train_on_inputs, template)
+
+
+def prepare(config: TrainConfig, tokenizer: Any, base_dir: Path | None = None) -> Split:
+    """tokenized -> split, with the job's settings (no cache)."""
+    return split(tokenized(config, tokenizer, base_dir), config.val_set_size, config.seed)
 
 
 class Collator:

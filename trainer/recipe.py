@@ -304,8 +304,9 @@ class _Run(RunSetup):
         loss_sum, tokens = dist.all_reduce_sum([loss_sum, tokens], self.worker)
         eval_loss = self.pos.eval_loss = loss_sum / max(tokens, 1.0)
         self.say(lines.Eval(step=self.pos.step, eval_loss=round(eval_loss, 6)))
-        if self.worker.is_main and self.config.eval_table_size:
-            picked = self.data.eval[: self.config.eval_table_size]
+        rows_asked = samples.table_size(self.config.eval_table_size, self.job.log_eval)
+        if self.worker.is_main and rows_asked:
+            picked = self.data.eval[:rows_asked]
             with self.precision.autocast():
                 rows = samples.generate(
                     module, self.tokenizer, picked, self.config.eval_max_new_tokens, self.worker.device

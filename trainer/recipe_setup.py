@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer import batch_size, dist, extras, faults, lines, precision, resume, snapshot
+from trainer import batch_size, dist, extras, faults, lines, precision, prepared, resume, snapshot
 from trainer.config import TrainConfig, TrainJob
-from trainer.data import Collator, prepare
+from trainer.data import Collator, split
 from trainer.lora import build_optimizer, load_lora_model
 from trainer.snapshot import Position, Snapshot
 from trainer.tracking import Tracker
@@ -71,7 +71,10 @@ class RunSetup:
         extras.require_trainable(added, cfg)
         pad_id = self.tokenizer.pad_token_id
         self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
-        self.data = prepare(cfg, self.tokenizer, base_dir)
+        found, _, _ = prepared.examples(
+            cfg, self.tokenizer, base_dir, prepared.cache_root(job), store=self.worker.is_main
+        )
+        self.data = split(found, cfg.val_set_size, cfg.seed)
         precision.apply_tf32(cfg)
         self.precision = precision.decide(cfg, self.worker.device)
         self.scaler = self.precision.grad_scaler()  # fp16 only

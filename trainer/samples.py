@@ -17,6 +17,12 @@ from trainer.data import IGNORE_INDEX, Example
 SAMPLES_FILE = "eval_samples.jsonl"
 
 
+def table_size(configured: int, log_eval: bool | None) -> int:
+    """The rows of each eval's table: the config's `eval_table_size`, or none when the section's
+    `log_eval: false` turns the table off (true and unset keep the config's)."""
+    return 0 if log_eval is False else configured
+
+
 def split(example: Example) -> tuple[list[int], list[int]]:
     """(prompt ids, label ids): the prompt is what precedes the first trained token (or, when inputs are
     trained too, the first half)."""

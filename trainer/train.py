@@ -10,7 +10,9 @@ it with a Ray job). `train` resolves the base model once, here on the driver, th
 - `use_ray: false`: the same recipe in this process.
 
 A job for axolotl (`trainer: axolotl`) trains with axolotl's own command instead (trainer.axolotl_run);
-with `use_ray`, axolotl runs Ray Train itself.
+with `use_ray`, axolotl runs Ray Train itself. A job that only prepares its datasets (`prepare_only`, the
+section's prepare_ds_only) tokenizes them into the node's cache in this process and stops
+(trainer.prepared; axolotl's `preprocess`).
 
 `fetch` resolves the base model (building the tiny one) and reads the datasets, then prints a FETCHED
 progress line; the fleet runs it as the prepare step. For axolotl it checks that the local datasets are
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainer import extras, hub_checkpoints, lines, pack, placement, push
+from trainer import extras, hub_checkpoints, lines, pack, placement, push, verbosity
 from trainer.config import AxolotlConfig, TrainConfig, TrainJob
 from trainer.errors import JobError, TrainerError, TrainingFailed
 from trainer.progress import ENV_VAR, Kind, emit
@@ -104,18 +106,25 @@ def train(job: TrainJob, base_dir: Path) -> Metrics | dict[str, Any]:
     from trainer.data import dataset_files, localize_datasets
     from trainer.tiny import resolve_model
 
+    verbosity.announce(job.debug)
     config = job.config
     if isinstance(config, AxolotlConfig):
         from trainer import axolotl_run
 
         axolotl_run.local_dataset_files(job, base_dir)  # fail fast on a missing file
         model_path = resolve_model(config.base_model, cache_dir(job))
+        if job.prepare_only:
+            return axolotl_run.preprocess(job, model_path, base_dir)
         return axolotl_run.run(job, model_path, base_dir)
     datasets, _ = localize_datasets(config.datasets, base_dir, cache_dir(job))  # hub ids: + local_copy
     job = job.model_copy(update={"config": config.model_copy(update={"datasets": datasets})})
     for ds in datasets:  # fail fast, before any worker starts, on a missing file
         dataset_files(ds, base_dir)
     model_path = resolve_model(job.config.base_model, cache_dir(job))
+    if job.prepare_only:  # tokenize into the cache, in this process: no workers, no GPU
+        from trainer import prepared
+
+        return prepared.prepare_only(job, model_path, base_dir)
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     hub_checkpoints.fetch_newest(job)  # a new node goes on from the run's last checkpoint on the hub
     if not job.config.use_ray:

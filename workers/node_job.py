@@ -17,13 +17,14 @@ from core.errors import ConfigError, Problem
 from jobs import shipping
 from jobs.redact import redact_job, redact_values
 from jobs.secretscan import redacted
+from jobs.sections import RemoteSection
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobInfo, NodeClient, NodeTimeouts
 from state import nodelogs
 from state.ledger import Draft
 from state.models import Run
 from state.payloads import PAYLOADS, EventType, Payload, RunRetrying
-from trainer import progress
+from trainer import progress, verbosity
 from trainer.config import AnyTrainConfig, TrainJob, as_jsonable
 from workers import context, wandb_plan
 
@@ -46,12 +47,17 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         output = Path(run.output_dir).relative_to(run.run_dir).as_posix()
         cache = ctx.provider(run.provider).node_cache_dir or "cache"
         dirs = {"work_dir": work, "output_dir": f"{work}/{output}", "cache_dir": cache}
+    section = spec.section
     return TrainJob(
         run_id=run.run_id,
         config=without_secrets(spec.train, run.source),
         use_gpu=spec.gpu_count > 0,
         job_yaml=shown_job(ctx, run),
         wandb=wandb_plan.for_trainer(ctx, run),
+        prepare_only=section.prepare_ds_only,
+        log_eval=section.log_eval,
+        debug=section.debug,
+        deepspeed=isinstance(section, RemoteSection) and section.deepspeed,
         **dirs,
     )
 
@@ -93,8 +99,8 @@ def known_secrets(ctx: context.Context) -> list[str]:
 
 
 def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
-    """The environment of each of the run's Ray jobs: the TrainJob, where the hub and W&B are, and a drill's
-    fault injection. No secrets."""
+    """The environment of each of the run's Ray jobs: the TrainJob, where the hub and W&B are, a drill's
+    fault injection, and the libraries' debug switches when the section asks (`debug`). No secrets."""
     env = {progress.ENV_VAR: train_job(ctx, run).to_env(), "HF_ENDPOINT": ctx.settings.hf_endpoint}
     if ctx.settings.hf_hub_disable_xet:
         env["HF_HUB_DISABLE_XET"] = "1"
@@ -102,6 +108,8 @@ def node_env(ctx: context.Context, run: Run) -> dict[str, str]:
         env["WANDB_BASE_URL"] = ctx.settings.wandb_base_url
     if ctx.settings.fault_injection:  # a drill the fleet's operator asked for (a job file cannot)
         env[envnames.FAULT_INJECTION] = ctx.settings.fault_injection
+    if run.spec.section.debug:
+        env.update(verbosity.DEBUG_ENV)
     return env
 
 

@@ -123,11 +123,14 @@ def visibility(
     return Visibility.PUBLIC, "public"
 
 
-def hf_grant(train: FleetKeys, endpoint: str, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> Grant:
-    """Whether the node needs HF_TOKEN: to push (`hub_model_id`), or to read a repo that is not public,
-    or when the Hub cannot say (given, rather than a run that fails on a private repo)."""
-    if train.hub_model_id:
-        return Grant(HF_TOKEN, True, f"the job pushes to the Hub (hub_model_id {train.hub_model_id})")
+def hf_grant(
+    train: FleetKeys, push_to: str | None, endpoint: str, timeout_s: float = HUB_PROBE_TIMEOUT_S
+) -> Grant:
+    """Whether the node needs HF_TOKEN: to push (to `push_to`, the job's hub_model_id unless it pushes
+    nothing: JobSpec.hub_repo), or to read a repo that is not public, or when the Hub cannot say (given,
+    rather than a run that fails on a private repo)."""
+    if push_to:
+        return Grant(HF_TOKEN, True, f"the job pushes to the Hub (hub_model_id {push_to})")
     for read in hub_reads(train):
         seen, said = visibility(endpoint, read, timeout_s)
         if seen != Visibility.PUBLIC:
@@ -146,9 +149,9 @@ def wandb_grant(planned: WandbPlan | None) -> Grant:
     return Grant(WANDB_API_KEY, True, f"its W&B run {planned.run_id} is online")
 
 
-def grants(train: FleetKeys, planned: WandbPlan | None, hf_endpoint: str) -> list[Grant]:
+def grants(train: FleetKeys, push_to: str | None, planned: WandbPlan | None, hf_endpoint: str) -> list[Grant]:
     """The decision for each credential a node may get."""
-    return [hf_grant(train, hf_endpoint), wandb_grant(planned)]
+    return [hf_grant(train, push_to, hf_endpoint), wandb_grant(planned)]
 
 
 def node_secrets(ctx: context.Context, run: Run) -> dict[str, SecretStr]:
@@ -156,7 +159,7 @@ def node_secrets(ctx: context.Context, run: Run) -> dict[str, SecretStr]:
     only those it needs (see the module's docstring), each decision in the log with its reason."""
     found = ctx.provider_context.credentials
     given: dict[str, SecretStr] = {}
-    for grant in grants(run.spec.train, run.progress.wandb, ctx.settings.hf_endpoint):
+    for grant in grants(run.spec.train, run.spec.hub_repo, run.progress.wandb, ctx.settings.hf_endpoint):
         if grant.given and grant.name in found:
             given[grant.name] = found[grant.name]
             level = logging.INFO if grant.sure else logging.WARNING

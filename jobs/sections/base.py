@@ -234,6 +234,26 @@ class SectionBase(BaseModel):
         86400, description="Hard limit in seconds after which the machine is terminated; -1 disables it."
     )
     env: EnvVars = Field(default_factory=dict)
+    debug: bool = Field(
+        False,
+        description="Verbose logging on the node: the libraries' debug switches (trainer.verbosity's "
+        "DEBUG_ENV: NCCL, torch.distributed, transformers, datasets, accelerate), named in the run's node "
+        "log.",
+    )
+    log_eval: bool | None = Field(
+        None,
+        description="The eval samples table: at each eval, a few eval examples decoded as input, the "
+        "model's prediction and the label (eval_samples.jsonl and the W&B run), for both trainers. true: on "
+        "(needs an eval set); false: off; unset: on whenever there is an eval set (eval_table_size rows, 4 "
+        "by default).",
+    )
+    prepare_ds_only: bool = Field(
+        False,
+        description="Only tokenize the datasets into the node's cache (axolotl: its preprocess, into "
+        "dataset_prepared_path; the builtin recipe: its own cache), then end SUCCEEDED without training "
+        "or pushing; a later run of the same datasets, tokenizer and sequence_len on the same disk (a "
+        "network volume, a kept machine, this machine for local:) starts from them.",
+    )
 
 
 class RemoteSection(SectionBase):
@@ -272,15 +292,17 @@ class RemoteSection(SectionBase):
         "stage runs on the node, in the run's working directory with the section's env, before the model "
         "and data are fetched; a non-zero exit fails the run (ENTRY_FAILED). Checked with `sh -n`.",
     )
-    debug: bool = Field(False, description="Verbose provider and node logging.")
     jupyter: bool = Field(
         False,
         description="Run JupyterLab on the machine (port 8888) with a fresh token of its own, for a look "
         "inside a node kept for debugging; `fleet jupyter RUN` shows its URL to the run's owner.",
     )
-    log_eval: bool = Field(False, description="Log evaluation inputs, predictions and labels as a table.")
     deepspeed: bool = Field(
-        False, description="Train with DeepSpeed (a ds_config.json next to the job file)."
+        False,
+        description="Train with DeepSpeed ZeRO stage 2 (trainer/assets/deepspeed_zero2.json, the shape of "
+        "axolotl's zero2.json: optimizer states and gradients sharded across the GPUs, bf16 when the "
+        "config asks for it): axolotl on two or more GPUs only. A config of your own: the training "
+        "config's `deepspeed:` key.",
     )
 
     @classmethod

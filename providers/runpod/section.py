@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
 from jobs.clouds import Capability
 from jobs.sections.base import AbsolutePath, RemoteSection, Text, Token, matching
@@ -116,11 +116,28 @@ class RunPodSection(RemoteSection):
         "keep their files on it. Needed for num_nodes > 1: every pod of the cluster mounts it.",
     )
     axolotl_git: GitUrl | None = Field(
-        None, description="Git URL of an axolotl to install (POC compatibility)."
+        None,
+        description="Git URL of an axolotl fork to install (the proof of concept's): refused, not yet "
+        "supported.",
     )
-    axolotl_git_branch: Token | None = Field(None, description="Branch of `axolotl_git` to install.")
-    axolotl_root: AbsolutePath | None = Field(None, description="Where axolotl is checked out in the pod.")
-    prepare_ds_only: bool = Field(False, description="Only tokenize and cache the datasets, then stop.")
+    axolotl_git_branch: Token | None = Field(
+        None, description="Branch of `axolotl_git` to install: refused, not yet supported."
+    )
+    axolotl_root: AbsolutePath | None = Field(
+        None, description="Where axolotl is checked out in the pod: refused, not yet supported."
+    )
+
+    @field_validator("axolotl_git", "axolotl_git_branch", "axolotl_root")
+    @classmethod
+    def _no_axolotl_from_git_yet(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "is not supported yet: the node installs axolotl's release from PyPI (the config's "
+                "axolotl_version, else the fleet's), not a git checkout; drop this key, or set "
+                "axolotl_version"
+            )
+        return value
+
     head: HeadShape | None = Field(
         None,
         description="The head's own shape in a cluster (num_nodes >= 2): gpu, gpu_count, min_vcpu_count, "

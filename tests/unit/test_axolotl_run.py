@@ -3,6 +3,7 @@ the card of an axolotl job, and the readiness check asking for axolotl."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,7 +47,8 @@ def test_the_node_config_points_at_the_nodes_own_paths(tmp_path: Path) -> None:
     out = node_config(job, MODEL, REPO_ROOT, cuda=True)
     assert out["base_model"] == str(MODEL)  # the model prepare fetched; the job keeps the hub id
     assert out["output_dir"] == job.output_dir
-    assert out["dataset_prepared_path"] == str(Path(job.work_dir) / "axolotl-prepared")
+    prepared = Path(job.cache_dir or "") / "axolotl-prepared"  # in the cache, which outlives the run
+    assert out["dataset_prepared_path"] == str(prepared)
     assert out["datasets"][0]["path"] == str(REPO_ROOT / "configs/examples/data/tiny-alpaca.jsonl")
     assert out["datasets"][1]["path"] == "someorg/some-dataset"  # a hub dataset: axolotl's to fetch
     assert out["datasets"][0]["type"] == "alpaca" and out["datasets"][0]["ds_type"] == "json"
@@ -56,11 +58,27 @@ def test_the_node_config_points_at_the_nodes_own_paths(tmp_path: Path) -> None:
     assert out["auto_resume_from_checkpoints"] is True
 
 
-def test_a_relative_prepared_path_goes_under_work_dir_and_an_absolute_one_stays(tmp_path: Path) -> None:
+def test_a_relative_prepared_path_goes_under_the_cache_and_an_absolute_one_stays(tmp_path: Path) -> None:
     assert config_for(tmp_path, dataset_prepared_path="prep")["dataset_prepared_path"] == str(
-        tmp_path / "work" / "prep"
+        tmp_path / "cache" / "prep"
     )
     assert config_for(tmp_path, dataset_prepared_path="/data/prep")["dataset_prepared_path"] == "/data/prep"
+    job = train_job(tmp_path, axolotl_config(), cache_dir=None).model_copy(update={"cache_dir": None})
+    assert node_config(job, MODEL, REPO_ROOT, True)["dataset_prepared_path"] == str(
+        tmp_path / "work" / "axolotl-prepared"
+    )  # a node without a cache: the run's own directory
+
+
+def test_the_sections_switches_reach_axolotls_config(tmp_path: Path) -> None:
+    """deepspeed: true is the fleet's ZeRO-2 file (which exists, and is ZeRO stage 2); log_eval: false
+    takes axolotl's own eval table off too; neither is there unless the section asks."""
+    plain = config_for(tmp_path, eval_table_size=5)
+    assert "deepspeed" not in plain and plain["eval_table_size"] == 5
+    job = train_job(tmp_path, axolotl_config(eval_table_size=5), deepspeed=True, log_eval=False)
+    out = node_config(job, MODEL, REPO_ROOT, cuda=True)
+    assert "eval_table_size" not in out
+    zero = json.loads(Path(out["deepspeed"]).read_text(encoding="utf-8"))
+    assert zero["zero_optimization"]["stage"] == 2 and zero["train_micro_batch_size_per_gpu"] == "auto"
 
 
 def test_resume_from_a_named_checkpoint_is_the_jobs(tmp_path: Path) -> None:

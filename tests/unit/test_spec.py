@@ -155,7 +155,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "entry": None,
         "debug": False,
         "jupyter": False,
-        "log_eval": False,
+        "log_eval": None,  # the proof of concept's false was "no table"; unset now: as the config says
         "deepspeed": False,
         "gpu": "NVIDIA RTX A5000",
         "template_id": None,
@@ -181,11 +181,9 @@ def test_a_runpod_cluster_with_a_network_volume_is_valid() -> None:
 def test_every_poc_runpod_key_is_accepted() -> None:
     section = parse(
         HEAD
-        + """runpod:
+        + """val_set_size: 0.1
+runpod:
   entry: "--foo bar"
-  axolotl_git: https://github.com/utensil/axolotl
-  axolotl_git_branch: large_dataset
-  axolotl_root: /content/axolotl
   gpu: NVIDIA RTX A6000
   pod_type: ON_DEMAND
   cloud_type: COMMUNITY
@@ -205,12 +203,27 @@ def test_every_poc_runpod_key_is_accepted() -> None:
   one_shot: false
   log_eval: true
   env: {WANDB_PROJECT: tf}
-  deepspeed: true
   prepare_ds_only: true
 """
     ).spec.section
     assert isinstance(section, RunPodSection)
     assert (section.gpu_count, section.max_bid_per_gpu, section.stop_after) == (2, 1.0, -1)
+    assert (section.debug, section.log_eval, section.prepare_ds_only) == (True, True, True)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("axolotl_git", "https://github.com/utensil/axolotl"),
+        ("axolotl_git_branch", "large_dataset"),
+        ("axolotl_root", "/content/axolotl"),
+    ],
+)
+def test_the_poc_s_axolotl_checkout_keys_are_refused_not_ignored(key: str, value: str) -> None:
+    """The node installs axolotl's release from PyPI: a fork's URL would be accepted and unread."""
+    (problem,) = problems_of(HEAD + f"runpod:\n  gpu_count: 1\n  {key}: {value}\n")
+    assert (problem.path, problem.line) == (f"runpod.{key}", 6)
+    assert problem.message.startswith("is not supported yet: the node installs axolotl's release from PyPI")
 
 
 def test_a_multi_line_entry_is_a_shell_script() -> None:
@@ -248,8 +261,23 @@ def test_an_entry_over_16_kib_is_refused() -> None:
     assert parse(HEAD + "vastai:\n  entry: " + json.dumps(script[: 16 * 1024]) + "\n").spec.section
 
 
-def test_the_proof_of_concepts_runpod_section_validates_word_for_word() -> None:
-    job = load_job(REPO / "tests" / "data" / "poc_runpod.yml")
+def test_the_proof_of_concepts_runpod_section_is_read_word_for_word() -> None:
+    """Every key of the proof of concept's section is read: those the fleet cannot honour for this job
+    (a fork of axolotl; DeepSpeed for the builtin recipe on one GPU) are refused at their lines."""
+    path = REPO / "tests" / "data" / "poc_runpod.yml"
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert [(p.path, p.line) for p in info.value.problems] == [
+        ("runpod.axolotl_git", 8),
+        ("runpod.axolotl_git_branch", 9),
+    ]
+    text = path.read_text(encoding="utf-8")
+    text = text.replace("  axolotl_git: https://github.com/utensil/axolotl\n", "")
+    text = text.replace("  axolotl_git_branch: large_dataset\n", "")
+    (problem,) = problems_of(text)
+    assert (problem.path, problem.line) == ("runpod.deepspeed", 31)
+    assert problem.message.startswith("the builtin recipe does not train with DeepSpeed")
+    job = parse(text.replace("  deepspeed: true\n", ""))
     section = job.spec.section
     assert isinstance(section, RunPodSection) and job.warnings == []
     assert section.entry == (
@@ -261,8 +289,8 @@ def test_the_proof_of_concepts_runpod_section_validates_word_for_word() -> None:
         "SECURE",
         2.0,
     )
-    assert (section.stop_after, section.terminate_after, section.deepspeed) == (3600, -1, True)
-    assert (section.axolotl_git_branch, section.env) == ("large_dataset", {"TEST_ENV": "happy"})
+    assert (section.stop_after, section.terminate_after, section.prepare_ds_only) == (3600, -1, True)
+    assert (section.log_eval, section.env) == (True, {"TEST_ENV": "happy"})
 
 
 def test_vastai_section_has_its_own_keys() -> None:

@@ -1,5 +1,6 @@
 """finalize: publish the results (HF Hub, from the node), bring them back from a rented node, give the
-node back (one_shot), and end the run SUCCEEDED.
+node back (one_shot), and end the run SUCCEEDED. A run that only prepared its datasets (`prepare_ds_only`)
+has no model to publish: its output (what was prepared, and where) is brought back, nothing is pushed.
 
 Each of the first two is a short Ray job on the node, submitted once per attempt (its submission id says
 what it is) and polled; its progress lines say what it did. A run that reached the hub keeps going when
@@ -38,7 +39,7 @@ def step(ctx: context.Context, run: Run) -> Next:
         return wind_down(ctx, run)
     if not run.progress.finished:
         raise StageFailed(FailureReason.FINALIZE_FAILED, "the trainer reported no result")
-    if run.spec.train.hub_model_id and not run.progress.pushed:
+    if run.spec.hub_repo and not run.progress.pushed:
         waiting = push_results(ctx, run)
         if waiting is not None:
             return waiting
