@@ -5,6 +5,7 @@ job's shape cannot honour is refused with its key and line, never accepted and l
 - `deepspeed: true` trains with the fleet's ZeRO-2 config, which only axolotl runs, and only where there is
   something to shard (two GPUs or more); a config that names its own `deepspeed:` says it once, not twice.
 - `log_eval: true` asks for the eval samples table, which needs an eval set and at least one row.
+- `max_preemptions` counts spot machines lost: it means nothing for `pod_type: ON_DEMAND`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 def switch_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
     """What the section's switches ask and the job cannot do, as problems at the switch's key."""
-    found: list[tuple[str, str]] = [*_deepspeed(spec), *_log_eval(spec)]
+    found: list[tuple[str, str]] = [*_deepspeed(spec), *_log_eval(spec), *_preemptions(spec)]
     problems = []
     for key, message in found:
         where = join_path(spec.provider.value, key)
@@ -56,6 +57,15 @@ def _deepspeed(spec: JobSpec) -> list[tuple[str, str]]:
             f"{gpus}; ask for gpu_count: 2 or more, or drop deepspeed"
         )
         return [("deepspeed", why)]
+    return []
+
+
+def _preemptions(spec: JobSpec) -> list[tuple[str, str]]:
+    section = spec.section
+    on_demand = isinstance(section, RemoteSection) and section.pod_type == "ON_DEMAND"
+    if on_demand and "max_preemptions" in section.model_fields_set:
+        why = "an on-demand machine is not preempted; set pod_type: INTERRUPTABLE or auto, or drop it"
+        return [("max_preemptions", why)]
     return []
 
 

@@ -112,6 +112,12 @@ def reasons_against(section: RemoteSection, gpu: str, c: Candidate) -> list[str]
 def price(section: RemoteSection, c: Candidate) -> Priced | str:
     """The rental the section would make of `c`, or the reason it cannot be made within the cap."""
     cap = section.max_bid_per_gpu
+    if section.pod_type == "auto":  # spot first (a run leaves it later: RemoteSection.renting)
+        spot = price(section.renting(None), c)
+        if isinstance(spot, Priced):
+            return spot
+        demand = price(section.renting("no spot"), c)
+        return demand if isinstance(demand, Priced) else f"{spot}; {demand}"
     if section.pod_type == "INTERRUPTABLE":
         if c.min_bid_per_gpu is None:
             return "no interruptible rental offered; pod_type is INTERRUPTABLE"

@@ -112,6 +112,7 @@ class RunView(BaseModel):
     updated_at: float
     attempt: int
     preemptions: int
+    spot_left: str | None = Field(None, description="Why a `pod_type: auto` run went on on demand.")
     instance: str | None
     instances: list[str] = Field(description="A cluster's instances, the head first; [] before the first.")
     stages: list[StageView]

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from core.errors import FailureReason, Unreachable
-from jobs.sections import CloudSection, ProviderName, SectionBase
+from jobs.sections import CloudSection, ProviderName, RemoteSection, SectionBase
 from jobs.spec import JobSpec
 from state.payloads import HubPush, Metrics, NodeCheck, Origin
 from state.stages import RunState, Stage
@@ -146,6 +146,9 @@ class Run(BaseModel):
     attempt: int = Field(1, description="Which node the run is on: 1, then +1 for each replacement.")
     preemptions: int = Field(0, description="Nodes lost under the run (preempted) and replaced.")
     boot_losses: int = Field(0, description="Of those, the nodes that stopped before they came up.")
+    spot_left: str | None = Field(
+        None, description="Why a `pod_type: auto` run left spot for on-demand machines; None: it has not."
+    )
     instance: str | None = None
     stages: list[StageTiming] = Field(default_factory=list)
     failure_reason: FailureReason | None = None
@@ -233,14 +236,17 @@ class Run(BaseModel):
 
     def node_section(self, node: int) -> SectionBase:
         """The section that rents node `node` of this attempt: a `cloud:` job's, its cloud's own section for
-        the offer chosen (ValueError before one is); any other job's, its section's (`node_section`)."""
+        the offer chosen (ValueError before one is); any other job's, its section's (`node_section`). A
+        `pod_type: auto` section rents spot until the run left spot (`spot_left`), then on demand."""
         section = self.spec.section
         if not isinstance(section, CloudSection):
-            return section.node_section(node)
-        placed = self.placement
-        if placed is None:
-            raise ValueError(f"run {self.run_id}: no offer chosen for attempt {self.attempt} yet")
-        return section.on(placed.cloud, placed.vendor_gpu, placed.secure)
+            chosen = section.node_section(node)
+        else:
+            placed = self.placement
+            if placed is None:
+                raise ValueError(f"run {self.run_id}: no offer chosen for attempt {self.attempt} yet")
+            chosen = section.on(placed.cloud, placed.vendor_gpu, placed.secure)
+        return chosen.renting(self.spot_left) if isinstance(chosen, RemoteSection) else chosen
 
     @property
     def instance_names(self) -> list[str]:

@@ -21,7 +21,7 @@ from state.payloads import (
 )
 from state.stages import RunState, Stage
 from state.worstcase import KEEP_MAX_S  # the longest a failed run's node is kept for debugging
-from workers import context
+from workers import context, spot
 from workers.node_job import node
 from workers.stage import enter
 from workers.wandb_end import record_early_end
@@ -152,6 +152,17 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot
         message = f"{why}; {done} lost nodes replaced already (FLEET_MAX_PREEMPTIONS={done})"
         teardown(ctx, run, RunState.FAILED, FailureReason.INSTANCE_LOST, message, keep=False)
         return
+    allowed = spot.max_preemptions(run)
+    spent = allowed is not None and done >= allowed
+    if spent and not spot.may_leave(run):  # INTERRUPTABLE: as many spot machines as the job allows
+        message = f"{why}; {done} spot machines replaced already (max_preemptions: {allowed})"
+        teardown(ctx, run, RunState.FAILED, FailureReason.INSTANCE_LOST, message, keep=False)
+        return
+    leaving = None
+    if spot.may_leave(run) and spent:
+        leaving = f"{why}; {done + 1} spot machines lost, more than max_preemptions ({allowed})"
+    elif spot.may_leave(run) and at_boot and run.boot_losses >= 1:
+        leaving = f"{why}; a second spot machine stopped before it came up"
     try:  # a preempted node may still bill (vast.ai bills a stopped instance's disk): end it
         drafts = terminate_instance(ctx, run)
     except FleetError as exc:  # the reaper retries the terminate (the instance is TERMINATING)
@@ -169,6 +180,7 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot
         r.instance, r.ray_jobs, r.log_offset = None, {}, 0
         r.progress.finished = False
         r.progress.cluster = []  # the new attempt's nodes join a new cluster
+        left = spot.leave(r, lost or r.instance_name, leaving) if leaving is not None else []
         preempted = RunPreempted(
             instance=lost,
             why=why[:300],
@@ -178,7 +190,7 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot
             next_instance=r.instance_name,
             retry_in_s=wait,
         )
-        return [*drafts, preempted, *enter(r, Stage.PROVISION)]
+        return [*drafts, preempted, *left, *enter(r, Stage.PROVISION)]
 
     if not ctx.ledger.update_run(run.run_id, again).state.is_terminal():
         ctx.dispatcher.send(Stage.PROVISION, run.run_id, after=task_id, countdown=wait)

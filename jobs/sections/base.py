@@ -182,7 +182,7 @@ ShellScript = Annotated[str, StringConstraints(min_length=1), AfterValidator(_sh
 """A POSIX shell script (one line or many, up to 16 KiB, no NUL), checked with `sh -n` when a job file is
 validated (see CHECK_SCRIPTS)."""
 
-PodType = Literal["INTERRUPTABLE", "ON_DEMAND"]
+PodType = Literal["ON_DEMAND", "INTERRUPTABLE", "auto"]
 CloudType = Literal["ALL", "COMMUNITY", "SECURE"]
 DEFAULT_IMAGE = DEFAULT_NODE_IMAGE
 
@@ -260,8 +260,18 @@ class RemoteSection(SectionBase):
     """Keys shared by the providers that rent a GPU machine (RunPod, vast.ai)."""
 
     pod_type: PodType = Field(
-        "INTERRUPTABLE",
-        description="INTERRUPTABLE: a spot/bid machine that may be preempted; ON_DEMAND: not.",
+        "ON_DEMAND",
+        description="ON_DEMAND: a machine that is not preempted; INTERRUPTABLE: a spot machine, rented by "
+        "bid, that may be (replaced up to max_preemptions times); auto: spot first, then on demand once "
+        "spot has no machine or preempted the run more than max_preemptions times.",
+    )
+    max_preemptions: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="Spot machines lost under the run that are replaced on spot: beyond this many, an "
+        "INTERRUPTABLE run fails INSTANCE_LOST and an auto run goes on on demand (the fleet's own "
+        "FLEET_MAX_PREEMPTIONS bounds replacements of any kind). Not for ON_DEMAND.",
     )
     cloud_type: CloudType = Field(
         "SECURE", description="SECURE: datacenter hosts only; COMMUNITY: community hosts only; ALL: either."
@@ -304,6 +314,13 @@ class RemoteSection(SectionBase):
         "config asks for it): axolotl on two or more GPUs only. A config of your own: the training "
         "config's `deepspeed:` key.",
     )
+
+    def renting(self, spot_left: str | None) -> Self:
+        """This section as it rents now: `auto` is spot (INTERRUPTABLE) until the run left spot (`spot_left`
+        says why), then ON_DEMAND; the other pod types are themselves."""
+        if self.pod_type != "auto":
+            return self
+        return self.model_copy(update={"pod_type": "INTERRUPTABLE" if spot_left is None else "ON_DEMAND"})
 
     @classmethod
     def chosen(cls, shared: dict[str, object], min_gpu_ram_in_gb: int | None) -> Self:

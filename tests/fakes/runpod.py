@@ -130,6 +130,7 @@ class FakeRunPod(FakeCloud):
     def __init__(self, api_key: str = "test-key", **kwargs: Any) -> None:
         super().__init__(api_key, **kwargs)
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
+        self.spot_stock: dict[str, int] = {}  # spot's own pool, where set (else the type's stock)
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
         self.templates: dict[str, Template] = dict(TEMPLATES)
         self.images = ImageRegistry()  # what a pod may run (tests.fakes.node_images); any other fails
@@ -183,6 +184,11 @@ class FakeRunPod(FakeCloud):
     def set_stock(self, gpu_type_id: str, gpus: int) -> None:
         """Script capacity: creates asking for more than `gpus` of this type fail with NO_CAPACITY."""
         self.stock[gpu_type_id] = gpus
+
+    def set_spot_stock(self, gpu_type_id: str, gpus: int) -> None:
+        """Script spot capacity: spot creates asking for more than `gpus` of this type fail with
+        NO_CAPACITY (RunPod's spot and on-demand machines are separate pools); on-demand ones go on."""
+        self.spot_stock[gpu_type_id] = gpus
 
     def add_network_volume(self, volume_id: str, data_center: str = "EU-RO-1") -> None:
         """Give the account a network volume, which pods may then be created with (`networkVolumeId`).
@@ -239,9 +245,16 @@ class FakeRunPod(FakeCloud):
     def vendor_control(self, request: Request) -> Response | None:
         """`POST /_fake/network-volumes {"id": ..., "dataCenterId": ...}`: `add_network_volume`, for a fake
         served on its own (`python -m tests.fakes serve runpod`); `GET /_fake/proxy`: `proxy.settings()`;
-        `POST /_fake/images {"name": ..., "like": ...}`: `register_image`."""
+        `POST /_fake/images {"name": ..., "like": ...}`: `register_image`; `POST /_fake/spot-stock {"gpu":
+        ..., "gpus": N}`: `set_spot_stock`."""
         if request.path == "/_fake/proxy" and request.method == "GET":
             return Response(200, self.proxy.settings())
+        if request.path == "/_fake/spot-stock" and request.method == "POST":
+            body = request.json() or {}
+            if not isinstance(body, dict) or not isinstance(body.get("gpus"), int) or not body.get("gpu"):
+                return Response(400, {"error": 'expected {"gpu": ..., "gpus": N}'})
+            self.set_spot_stock(str(body["gpu"]), body["gpus"])
+            return Response(200, {"spot_stock": dict(self.spot_stock)})
         if request.path == "/_fake/images" and request.method == "POST":
             return Response(*self.images.register_from(request.json()))
         if request.path != "/_fake/network-volumes" or request.method != "POST":
@@ -405,6 +418,8 @@ class FakeRunPod(FakeCloud):
             raise GraphQLError(f"Invalid gpuTypeId: {gpu_id!r}")
         count = int(spec.get("gpuCount") or 1)
         if count > self.stock.get(gpu_id, 0):
+            raise GraphQLError(NO_CAPACITY)
+        if spot and count > self.spot_stock.get(gpu_id, self.stock.get(gpu_id, 0)):
             raise GraphQLError(NO_CAPACITY)
         cloud = str(spec.get("cloudType") or "ALL")
         on_demand = {"SECURE": row[3], "COMMUNITY": row[4]}.get(cloud, min(row[3], row[4]))

@@ -19,7 +19,7 @@ from providers.registry import FleetSettings
 from providers.runpod.section import RunPodSection
 from state.events import read_run
 from state.models import Instance, InstanceState, Run
-from state.payloads import RunPreempted
+from state.payloads import OfferLeft, RunPreempted
 from state.stages import RunState, Stage
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
@@ -28,7 +28,7 @@ from workers.runner import run_stage
 from workers.stage import Next
 
 pytestmark = pytest.mark.integration
-SECTION = RunPodSection(gpu="NVIDIA RTX A5000")  # INTERRUPTABLE by default
+SECTION = RunPodSection(gpu="NVIDIA RTX A5000", pod_type="INTERRUPTABLE", max_preemptions=5)
 
 
 @pytest.fixture
@@ -64,11 +64,11 @@ def task(task_id: str = "t1", retries: int = 0) -> Any:
     return SimpleNamespace(request=SimpleNamespace(id=task_id, retries=retries), max_retries=12, retry=retry)
 
 
-def training_run(ctx: context.Context, **fields: Any) -> str:
+def training_run(ctx: context.Context, section: RunPodSection = SECTION, **fields: Any) -> str:
     """Run r1 TRAINING on its live pod tf-r1-<attempt>; returns the pod's id at the fake."""
     run = ledger_run(
         "r1",
-        SECTION,
+        section,
         RunState.TRAINING,
         progress={"step": 40, "finished": False},
         ray_jobs={"train": "r1-1-train"},
@@ -76,7 +76,7 @@ def training_run(ctx: context.Context, **fields: Any) -> str:
     )
     run.instance = run.instance_name
     ctx.ledger.create_run(run, [])
-    pod = ctx.provider("runpod").launch(LaunchRequest(run.instance, "r1", SECTION))
+    pod = ctx.provider("runpod").launch(LaunchRequest(run.instance, "r1", run.node_section(0)))
     ctx.ledger.put_instance(
         Instance(name=run.instance, provider="runpod", run_id="r1", state=InstanceState.RUNNING)
     )
@@ -144,3 +144,40 @@ def test_preemptions_beyond_the_limit_fail_the_run_and_end_the_node(
     assert run.state == RunState.FAILED and run.failure_reason == FailureReason.INSTANCE_LOST
     assert "2 lost nodes replaced already" in str(run.failure_message)
     assert fake.state()["instances"] == []
+
+
+def test_an_interruptible_run_replaces_only_max_preemptions_spot_machines(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    section = SECTION.model_copy(update={"max_preemptions": 1})
+    pod = training_run(ctx, section, attempt=2, preemptions=1)  # the job's one replacement is spent
+    assert fake.preempt(pod)
+    run_stage(task(), "r1", Stage.TRAIN, head_gone)
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.FAILED and run.failure_reason == FailureReason.INSTANCE_LOST
+    assert "1 spot machines replaced already (max_preemptions: 1)" in str(run.failure_message)
+    assert fake.state()["instances"] == []
+
+
+def test_an_auto_run_preempted_past_max_preemptions_goes_on_on_demand(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    section = RunPodSection(gpu="NVIDIA RTX A5000", pod_type="auto", max_preemptions=1)
+    pod = training_run(ctx, section, attempt=2, preemptions=1)
+    assert fake.state()["instances"][0]["bid"] is not None  # auto rents spot first
+    assert fake.preempt(pod)
+    run_stage(task(), "r1", Stage.TRAIN, head_gone)
+
+    run = ctx.ledger.get_run("r1")
+    assert run.state == RunState.PROVISIONING and run.attempt == 3 and run.preemptions == 2
+    assert (
+        run.spot_left is not None and "2 spot machines lost, more than max_preemptions (1)" in run.spot_left
+    )
+    section_now = run.node_section(0)
+    assert isinstance(section_now, RunPodSection) and section_now.pod_type == "ON_DEMAND"
+    (left,) = [e.data for _, e in read_run(ctx.redis, "r1") if isinstance(e.data, OfferLeft)]
+    assert (left.offer, left.instance, left.why) == ("spot", "tf-r1-2", run.spot_left)
+    # The replacement is rented on demand: the fake's pod for attempt 3 is not interruptible.
+    ctx.provider("runpod").launch(LaunchRequest(run.instance_name, "r1", section_now))
+    (made,) = fake.state()["instances"]
+    assert made["name"] == "tf-r1-3" and made["bid"] is None

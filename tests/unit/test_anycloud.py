@@ -104,7 +104,13 @@ def test_a_bad_cloud_section_names_its_key_and_line(text: str, where: str, said:
 
 
 def test_the_vendor_sections_it_writes_keep_the_shared_keys() -> None:
-    section = CloudSection(gpu=("A100-80GB",), max_bid_per_gpu=1.5, min_vcpu_count=16, min_gpu_ram_in_gb=70)
+    section = CloudSection(
+        pod_type="INTERRUPTABLE",
+        gpu=("A100-80GB",),
+        max_bid_per_gpu=1.5,
+        min_vcpu_count=16,
+        min_gpu_ram_in_gb=70,
+    )
     runpod = section.on(ProviderName("runpod"), "NVIDIA A100 80GB PCIe", secure=False)
     assert isinstance(runpod, RunPodSection)
     assert (runpod.gpu, runpod.cloud_type, runpod.volume_in_gb) == ("NVIDIA A100 80GB PCIe", "COMMUNITY", 0)
@@ -199,7 +205,9 @@ def clouds(**fail: Exception) -> dict[ProviderName, Catalogue]:
 
 
 def test_every_clouds_offers_are_ranked_together_cheapest_first() -> None:
-    section = CloudSection(gpu=("A100-80GB",), cloud_type="ALL", max_bid_per_gpu=1.0)
+    section = CloudSection(
+        pod_type="INTERRUPTABLE", gpu=("A100-80GB",), cloud_type="ALL", max_bid_per_gpu=1.0
+    )
     made = clouds()
     choice = rank(section, made.__getitem__)  # type: ignore[arg-type]
     keys = [o.key for o in choice.fits]
@@ -219,7 +227,9 @@ def test_every_clouds_offers_are_ranked_together_cheapest_first() -> None:
 
 
 def test_avoid_leaves_out_offers_there_and_the_cloud_that_cannot_say_where() -> None:
-    section = CloudSection(gpu=("A100",), cloud_type="ALL", max_bid_per_gpu=1.0, avoid=("CN",))
+    section = CloudSection(
+        pod_type="INTERRUPTABLE", gpu=("A100",), cloud_type="ALL", max_bid_per_gpu=1.0, avoid=("CN",)
+    )
     choice = rank(section, clouds().__getitem__)  # type: ignore[arg-type]
     assert [o.key for o in choice.fits] == ["vastai:12", "vastai:11"]  # A100 is either size
     assert {r.candidate.offer_id: r.reasons for r in choice.rejected}["13"] == (
@@ -232,7 +242,11 @@ def test_avoid_leaves_out_offers_there_and_the_cloud_that_cannot_say_where() -> 
 
 def test_gpu_memory_holds_on_every_cloud() -> None:
     section = CloudSection(
-        gpu=("RTX-A5000", "A100-80GB"), cloud_type="ALL", max_bid_per_gpu=1.0, min_gpu_ram_in_gb=40
+        pod_type="INTERRUPTABLE",
+        gpu=("RTX-A5000", "A100-80GB"),
+        cloud_type="ALL",
+        max_bid_per_gpu=1.0,
+        min_gpu_ram_in_gb=40,
     )
     choice = rank(section, clouds().__getitem__)  # type: ignore[arg-type]
     assert "runpod:NVIDIA RTX A5000/SECURE" not in [o.key for o in choice.fits] and choice.fits
@@ -241,7 +255,9 @@ def test_gpu_memory_holds_on_every_cloud() -> None:
 
 
 def test_a_cloud_that_cannot_be_asked_says_why_and_the_others_still_are() -> None:
-    section = CloudSection(gpu=("A100-80GB",), cloud_type="ALL", max_bid_per_gpu=1.0)
+    section = CloudSection(
+        pod_type="INTERRUPTABLE", gpu=("A100-80GB",), cloud_type="ALL", max_bid_per_gpu=1.0
+    )
     down = ProviderUnavailable("vast.ai API 503: down")
     made = clouds(
         runpod=CredentialsMissing("RUNPOD_API_KEY is not set: put it in the environment"), vastai=down

@@ -62,7 +62,7 @@ def problems(text):
         return [(p.path, p.message) for p in exc.problems]
     return []
 
-spec = job("acme:\n  rack: r7\n  max_bid_per_gpu: 1.5\n").spec
+spec = job("acme:\n  rack: r7\n  max_bid_per_gpu: 2.5\n").spec
 out["validated"] = [spec.provider, type(spec.section).__name__, spec.section.rack]
 out["misspelled"] = problems("acme:\n  rakc: r7\n")
 out["reserved"] = problems("acme:\n  env:\n    ACME_INSTANCE: other\n")

@@ -29,7 +29,7 @@ def cand(offer_id: str = "o1", **kw: Any) -> Candidate:
 
 
 def test_interruptible_bids_the_minimum_and_ranks_cheapest_first() -> None:
-    section = RunPodSection(gpu_count=2, max_bid_per_gpu=0.5)
+    section = RunPodSection(pod_type="INTERRUPTABLE", gpu_count=2, max_bid_per_gpu=0.5)
     choice = choose(
         section,
         "NVIDIA RTX A5000",
@@ -40,7 +40,9 @@ def test_interruptible_bids_the_minimum_and_ranks_cheapest_first() -> None:
 
 
 def test_every_left_out_offer_says_why() -> None:
-    section = RunPodSection(max_bid_per_gpu=0.5, min_download=500, cloud_type="SECURE")
+    section = RunPodSection(
+        pod_type="INTERRUPTABLE", max_bid_per_gpu=0.5, min_download=500, cloud_type="SECURE"
+    )
     choice = choose(
         section,
         "nvidia_rtx_a5000",  # vast.ai's spelling matches too
@@ -77,6 +79,28 @@ def test_on_demand_uses_the_list_price_under_the_cap() -> None:
     assert "on-demand $0.450/GPU/h is above max_bid_per_gpu $0.400" in choice.rejected[0].reasons
 
 
+def test_auto_prices_spot_first_then_on_demand_and_says_both_when_neither_fits() -> None:
+    section = RunPodSection(pod_type="auto", max_bid_per_gpu=0.4)
+    offers = [
+        cand("spot", min_bid_per_gpu=0.2, on_demand_per_hour=0.3),
+        cand("no-spot", min_bid_per_gpu=None, on_demand_per_hour=0.35),
+        cand("neither", min_bid_per_gpu=0.45, on_demand_per_hour=0.9),
+    ]
+    choice = choose(section, "NVIDIA RTX A5000", offers)
+    assert [(p.candidate.offer_id, p.bid_per_gpu) for p in choice.fits] == [("spot", 0.2), ("no-spot", None)]
+    (left,) = choice.rejected
+    assert left.reasons == (
+        "minimum bid $0.450/GPU/h is above max_bid_per_gpu $0.400; "
+        "on-demand $0.900/GPU/h is above max_bid_per_gpu $0.400",
+    )
+    # A run rents spot until it left spot, then on demand (Run.node_section reads this).
+    assert (section.renting(None).pod_type, section.renting("no spot").pod_type) == (
+        "INTERRUPTABLE",
+        "ON_DEMAND",
+    )
+    assert RunPodSection(pod_type="INTERRUPTABLE").renting("no spot").pod_type == "INTERRUPTABLE"
+
+
 def test_vendor_rules_can_leave_offers_out() -> None:
     choice = choose(RunPodSection(), "NVIDIA RTX A5000", [cand("u")], rules=[lambda c: "unverified host"])
     assert choice.fits == () and choice.rejected[0].reasons == ("unverified host",)
@@ -95,7 +119,7 @@ def test_same_gpu() -> None:
 def test_never_bids_above_the_cap_and_accounts_for_every_offer(
     bids: list[float | None], cap: float, count: int
 ) -> None:
-    section = RunPodSection(max_bid_per_gpu=cap, gpu_count=count)
+    section = RunPodSection(pod_type="INTERRUPTABLE", max_bid_per_gpu=cap, gpu_count=count)
     offers = [cand(f"o{i}", min_bid_per_gpu=b, gpu_count=count) for i, b in enumerate(bids)]
     choice = choose(section, "NVIDIA RTX A5000", offers)
     assert len(choice.fits) + len(choice.rejected) == len(offers)

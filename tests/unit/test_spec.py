@@ -141,7 +141,8 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "one_shot": True,
         "terminate_after": 86400,
         "env": {},
-        "pod_type": "INTERRUPTABLE",
+        "pod_type": "ON_DEMAND",  # the proof of concept's example left INTERRUPTABLE commented out
+        "max_preemptions": 2,  # trainfleet's: spot machines replaced on spot (auto: then on demand)
         "cloud_type": "SECURE",
         "max_bid_per_gpu": 2.0,
         "gpu_count": 1,

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from core.errors import ConfigError, Problem
+from jobs.sections import RemoteSection
 from jobs.spec import JobSpec, LoadedJob, parse_job
 from providers.registry import FleetSettings
 from state.models import Run
@@ -143,3 +144,14 @@ def test_w_and_b_keys_the_builtin_recipe_does_not_read_choose_axolotl_or_are_ref
     (problem,) = problems_of("trainer: builtin\n" + TINY + key + "\nlocal: {}\n")
     assert (problem.path, problem.line) == (key.split(":")[0], 7)
     assert "the builtin recipe does not implement" in problem.message
+
+
+def test_max_preemptions_is_for_spot_machines() -> None:
+    (problem,) = problems_of(TINY + "runpod:\n  max_preemptions: 4\n")
+    assert (problem.path, problem.line) == ("runpod.max_preemptions", 7)
+    assert problem.message.startswith("an on-demand machine is not preempted")
+    for pod_type in ("INTERRUPTABLE", "auto"):
+        section = parse(TINY + f"runpod:\n  pod_type: {pod_type}\n  max_preemptions: 4\n").spec.section
+        assert isinstance(section, RemoteSection) and section.max_preemptions == 4
+    default = parse(TINY + "vastai: {}\n").spec.section
+    assert isinstance(default, RemoteSection) and default.pod_type == "ON_DEMAND"

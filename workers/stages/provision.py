@@ -21,7 +21,7 @@ from state.ledger import Draft
 from state.models import Instance, InstanceState, Run
 from state.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from state.stages import RunState, Stage
-from workers import budget, context, failover, provision_reach, readiness, wandb_plan
+from workers import budget, context, failover, provision_reach, readiness, spot, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
 from workers.node_secrets import node_secrets
@@ -61,6 +61,9 @@ def step(ctx: context.Context, run: Run) -> Next:
         try:
             found = _bring_up(ctx, run, provider, name, k, head if k else None)
         except NoCapacity as exc:
+            if exc.made_nothing and spot.may_leave(run):  # pod_type: auto: the same node, on demand
+                spot.leave_now(ctx.ledger, run.run_id, name, f"no spot machine: {exc}")
+                return Next.poll(Stage.PROVISION, 0)
             if run.placement is None or not exc.made_nothing:
                 raise  # a job on one cloud waits for capacity there (the stage retries)
             failover.move_on(ctx, run, str(exc))  # a `cloud:` job tries its next offer
@@ -133,18 +136,19 @@ def _stopped(ctx: context.Context, run: Run, k: int, found: NodeInstance) -> NoR
     One that stopped before it came up was outbid, or its cloud could not start it: an image that cannot be
     pulled, a container that exits at once (RunPod stops such a pod and says neither). An on-demand machine
     is never outbid, and a second spot machine stopping before it came up is unlikely to be chance: the run
-    fails, saying what to check, rather than renting the same failure again (up to max_preemptions)."""
+    fails, saying what to check, rather than renting the same failure again (up to max_preemptions); a
+    `pod_type: auto` run goes on on demand instead (workers.spot)."""
     why = f"instance {found.name}: {found.message}"
     record = ctx.ledger.get_instance(found.name)
     if record is not None and record.state == InstanceState.RUNNING:
         raise NodeLost(why)
     section = run.node_section(k)
-    spot = isinstance(section, RemoteSection) and section.pod_type == "INTERRUPTABLE"
-    if spot and run.boot_losses == 0:
+    on_spot = isinstance(section, RemoteSection) and section.pod_type == "INTERRUPTABLE"
+    if on_spot and (run.boot_losses == 0 or spot.may_leave(run)):  # auto: the next one on demand
         raise NodeLost(f"{why}, before it came up", at_boot=True)
-    which = "the second spot machine to stop" if spot else "an on-demand machine, never outbid, stopped"
+    which = "the second spot machine to stop" if on_spot else "an on-demand machine, never outbid, stopped"
     check = "that its image exists and can be pulled (a private image needs registry credentials)"
-    if spot:
+    if on_spot:
         check += ", and that max_bid_per_gpu is not below the market"
     raise StageFailed(
         FailureReason.PROVISIONING_FAILED,
