@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypedDict
 
-from trainer import dist, extras, faults, hub_checkpoints, lines, outputs, precision, samples
+from trainer import dist, extras, faults, hub_checkpoints, lines, outputs, precision, samples, stopnotice
 from trainer.config import TrainJob
 from trainer.data import IGNORE_INDEX
 from trainer.faults import InjectedCrash
@@ -203,6 +203,7 @@ class _Run(RunSetup):
             accumulated = 0.0
             if self.after_step():
                 return  # rolled back: the loop starts again from the restored position
+            self.stop_if_told()
             if self.faults.crash_after(pos.step, rank):
                 raise InjectedCrash(f"{faults.ENV_VAR} asked for a crash after step {pos.step}")
             if pos.step >= self.total:
@@ -315,6 +316,18 @@ class _Run(RunSetup):
             self.tracker.samples(self.pos.step, rows)
         return eval_loss
 
+    def stop_if_told(self) -> None:
+        """On a stop notice (trainer.stopnotice; every worker agrees, one collective), keep a checkpoint at
+        this step unless it was just saved, and wait for the machine to go: the run resumes from it."""
+        why = self.stop.why()
+        if dist.all_true(why is None, self.worker):
+            return
+        started = time.monotonic()
+        if self.saved_at != self.pos.step:
+            self.checkpoint()
+        said = why or "another worker's stop notice"
+        stopnotice.wait_for_the_end(self.pos.step, said, time.monotonic() - started)
+
     def checkpoint(self) -> None:
         """Make the current state the anchor of rollbacks (every rank); rank 0 saves it as step-N under
         work_dir/checkpoints, keeping the newest save_total_limit there; report it to Ray (every rank)."""
@@ -338,4 +351,5 @@ class _Run(RunSetup):
             hub = hub_checkpoints.push(path, self.job)
         reported: dist.CheckpointMetrics = {"step": self.pos.step, "eval_loss": self.pos.eval_loss}
         dist.report(w, reported, checkpoint_dir=path)
+        self.saved_at = self.pos.step
         self.say(lines.Checkpoint(step=self.pos.step, path=str(path), hub=hub))

@@ -22,6 +22,7 @@ from trainer.config import TrainConfig, TrainJob
 from trainer.data import Collator, split
 from trainer.lora import build_optimizer, load_lora_model
 from trainer.snapshot import Position, Snapshot
+from trainer.stopnotice import StopNotice
 from trainer.tracking import Tracker
 from trainer.watchdog import Watchdog
 
@@ -62,6 +63,9 @@ class RunSetup:
         precision.check_node(cfg, self.worker.device)  # what this node lacks, before anything is loaded
         self.tracker = Tracker(job, self.worker.is_main)
         self.faults = faults.from_env(os.environ)
+        self.stop = StopNotice(os.environ)  # the machine is being taken back: keep a checkpoint (recipe)
+        self.stop.install()
+        self.saved_at: int | None = None  # the step of the last checkpoint this process saved
         self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # same LoRA init on every rank

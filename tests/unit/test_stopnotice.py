@@ -1,0 +1,95 @@
+"""A trainer told its machine is going (SIGTERM, or the node's stop notice) keeps a checkpoint at the step it
+reached, within a bound, and waits to be killed; the next start of the same job resumes from that step.
+The real trainer (`python -m trainer train`) in its own process, in one process (no Ray)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.factories import train_config, train_job, trainer_command
+from trainer import progress
+from trainer.progress import NODE_ROOT_ENV
+from trainer.stopnotice import NOTICE_FILE, StopNotice
+
+BOUND_S = 60.0  # from the notice to the checkpoint line: the rest of a step and one save, on a slow CPU
+
+
+def lines_of(text: str) -> list[dict[str, object]]:
+    return list(progress.parse(text))
+
+
+@pytest.mark.parametrize("how", ["sigterm", "notice"])
+def test_a_stopped_trainer_keeps_its_step_and_the_next_one_resumes_there(tmp_path: Path, how: str) -> None:
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / NOTICE_FILE).write_text("a leftover of an earlier container\n")  # older: never obeyed
+    old = time.time() - 3600
+    os.utime(root / NOTICE_FILE, (old, old))
+    config = train_config(
+        max_steps=100_000, eval_steps=None, save_steps=None, logging_steps=1, val_set_size=0
+    )
+    job = train_job(tmp_path, config)
+    argv, env = trainer_command(tmp_path, job, **{NODE_ROOT_ENV: str(root)})
+    out = tmp_path / "out.log"
+    with out.open("w") as sink, (tmp_path / "err.log").open("w") as errors:
+        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=errors, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not any(r.get("kind") == "step" for r in lines_of(out.read_text())):
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err.log").read_text()
+                time.sleep(0.2)
+            told = time.monotonic()
+            if how == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                (root / NOTICE_FILE).write_text("preempted\n")
+            while not any(r.get("kind") == "checkpoint" for r in lines_of(out.read_text())):
+                assert proc.poll() is None, "the trainer ended instead of waiting for its machine to stop"
+                assert time.monotonic() - told < BOUND_S, "no checkpoint within the bound"
+                time.sleep(0.1)
+            time.sleep(0.5)
+            assert proc.poll() is None  # it waits to be killed with the machine: no failed job
+        finally:
+            proc.kill()
+            proc.wait(30)
+    said = lines_of(out.read_text())
+    steps = [int(str(r["step"])) for r in said if r.get("kind") == "step"]
+    (saved,) = [int(str(r["step"])) for r in said if r.get("kind") == "checkpoint"]
+    assert saved == steps[-1] and 0 < saved < 100_000  # the step it reached, not the end
+    why = "SIGTERM" if how == "sigterm" else "the node's stop notice"
+    assert f"trainer: stopping at step {saved} ({why}" in (tmp_path / "err.log").read_text()
+
+    # The same job on the "next machine", with the checkpoint where it was left: it goes on from there.
+    again = tmp_path / "again.log"
+    with again.open("w") as sink:
+        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.DEVNULL, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not any(r.get("kind") == "step" for r in lines_of(again.read_text())):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            proc.kill()
+            proc.wait(30)
+    went_on = lines_of(again.read_text())
+    (resumed,) = [r for r in went_on if r.get("kind") == "resumed"]
+    assert resumed["step"] == saved
+    assert next(r for r in went_on if r.get("kind") == "step")["step"] == saved + 1
+
+
+def test_an_old_notice_or_none_is_no_stop(tmp_path: Path) -> None:
+    assert StopNotice({}).why() is None
+    notice = StopNotice({NODE_ROOT_ENV: str(tmp_path)})
+    assert notice.why() is None
+    (tmp_path / NOTICE_FILE).write_text("")
+    old = time.time() - 60
+    os.utime(tmp_path / NOTICE_FILE, (old, old))
+    assert notice.why() is None
+    (tmp_path / NOTICE_FILE).touch()
+    assert notice.why() == f"the node's stop notice ({tmp_path / NOTICE_FILE})"
