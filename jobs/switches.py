@@ -6,6 +6,7 @@ job's shape cannot honour is refused with its key and line, never accepted and l
   something to shard (two GPUs or more); a config that names its own `deepspeed:` says it once, not twice.
 - `log_eval: true` asks for the eval samples table, which needs an eval set and at least one row.
 - `max_preemptions` counts spot machines lost: it means nothing for `pod_type: ON_DEMAND`.
+- a fork of axolotl (`axolotl_git`) is for axolotl jobs, and replaces the release `axolotl_version` names.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ if TYPE_CHECKING:
 
 def switch_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
     """What the section's switches ask and the job cannot do, as problems at the switch's key."""
-    found: list[tuple[str, str]] = [*_deepspeed(spec), *_log_eval(spec), *_preemptions(spec)]
+    found: list[tuple[str, str]] = [
+        *_deepspeed(spec),
+        *_log_eval(spec),
+        *_preemptions(spec),
+        *_fork(spec),
+    ]
     problems = []
     for key, message in found:
         where = join_path(spec.provider.value, key)
@@ -66,6 +72,25 @@ def _preemptions(spec: JobSpec) -> list[tuple[str, str]]:
     if on_demand and "max_preemptions" in section.model_fields_set:
         why = "an on-demand machine is not preempted; set pod_type: INTERRUPTABLE or auto, or drop it"
         return [("max_preemptions", why)]
+    return []
+
+
+def _fork(spec: JobSpec) -> list[tuple[str, str]]:
+    if spec.section.axolotl_fork() is None:
+        return []
+    if isinstance(spec.train, TrainConfig):
+        return [
+            (
+                "axolotl_git",
+                "installs a fork of axolotl, which the builtin recipe does not run: set trainer: axolotl",
+            )
+        ]
+    if spec.train.axolotl_version:
+        why = (
+            f"installs a fork of axolotl, and the config asks for its release {spec.train.axolotl_version} "
+            "(axolotl_version): keep one of the two"
+        )
+        return [("axolotl_git", why)]
     return []
 
 

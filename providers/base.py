@@ -138,11 +138,25 @@ class NodeSoftware:
     trainer: TrainerName = "builtin"
     axolotl_version: str | None = None
     """The axolotl release (an axolotl job's `axolotl_version`, else the fleet's setting)."""
+    axolotl_source: str | None = None
+    """A fork installed instead of a release: pip's `git+URL`, with `@branch` or `@commit` when known."""
 
     @classmethod
-    def of(cls, train: FleetKeys, axolotl_version: str) -> NodeSoftware:
-        """What a job's nodes run: axolotl at the job's release (else `axolotl_version`), or the builtin's."""
+    def of(
+        cls,
+        train: FleetKeys,
+        axolotl_version: str,
+        fork: tuple[str, str | None] | None = None,
+        commit: str | None = None,
+    ) -> NodeSoftware:
+        """What a job's nodes run: axolotl at the job's release (else `axolotl_version`), or the fork the
+        section names (`fork`: SectionBase.axolotl_fork) at the `commit` the run's first node got, else
+        at its branch; or the builtin's."""
         if isinstance(train, AxolotlConfig):
+            if fork is not None:
+                url, branch = fork
+                ref = commit or branch
+                return cls("axolotl", None, url + (f"@{ref}" if ref else ""))
             return cls("axolotl", train.axolotl_version or axolotl_version)
         return cls()
 

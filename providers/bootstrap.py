@@ -194,11 +194,12 @@ def _bare(line: str) -> str:
     return line.split("#", 1)[0].strip()
 
 
-def axolotl_pins(version: str) -> tuple[str, ...]:
-    """An axolotl node's software: axolotl at `version` and the fleet's Ray. Nothing else is pinned: axolotl
-    pins its own torch, transformers and peft, and the image's build of them is what it was tested with."""
+def axolotl_pins(version: str | None, source: str | None = None) -> tuple[str, ...]:
+    """An axolotl node's software: axolotl at `version`, or from the fork `source` (`git+URL[@ref]`, a
+    PEP 508 direct reference), and the fleet's Ray. Nothing else is pinned: axolotl pins its own torch,
+    transformers and peft, and the image's build of them is what it was tested with."""
     ray = next(pin for pin in node_pins() if pin.startswith("ray"))
-    return (f"axolotl=={version}", ray)
+    return (f"axolotl@{source}" if source else f"axolotl=={version}", ray)
 
 
 def node_setup_env(software: NodeSoftware | None = None, tls: bool = False) -> dict[str, str]:
@@ -207,8 +208,10 @@ def node_setup_env(software: NodeSoftware | None = None, tls: bool = False) -> d
     (`access_lines`; `tls`: JupyterLab behind the node's TLS front). An axolotl node keeps its image's
     Python (axolotl's images are built for theirs)."""
     env = {ACCESS_ENV: "\n".join(access_lines(tls)), SETUP_ENV: packed(nodesetup)}
-    if software is not None and software.trainer == "axolotl" and software.axolotl_version:
-        return {**env, nodesetup.PINS_ENV: " ".join(axolotl_pins(software.axolotl_version))}
+    if software is not None and software.trainer == "axolotl":
+        pins = axolotl_pins(software.axolotl_version, software.axolotl_source)
+        if software.axolotl_version or software.axolotl_source:
+            return {**env, nodesetup.PINS_ENV: " ".join(pins)}
     return {
         **env,
         nodesetup.PINS_ENV: " ".join(node_pins()),

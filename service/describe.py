@@ -137,8 +137,13 @@ RUN_VIEWS = TypeAdapter(list[RunView])
 
 
 def trainer_of(run: Run) -> str:
-    """`builtin`, or `axolotl 0.19.0` (the release its nodes train with)."""
+    """`builtin`, or `axolotl 0.19.0` (the release its nodes train with), or `axolotl URL@commit` (a fork)."""
     train = run.spec.train
+    fork = run.spec.section.axolotl_fork()
+    if isinstance(train, AxolotlConfig) and fork is not None:  # its fork, at the commit its nodes install
+        url, branch = fork
+        at = run.progress.axolotl_commit or branch or "its default branch"
+        return f"axolotl {url.removeprefix('git+')}@{at}"
     if isinstance(train, AxolotlConfig):
         return f"axolotl {train.axolotl_version}" if train.axolotl_version else "axolotl"
     return "builtin"

@@ -65,7 +65,7 @@ class JobPlan(BaseModel):
 def plan_job(world: World, job: LoadedJob) -> JobPlan:
     """The plan of a validated job; asks the job's provider for its offers (never raises FleetError)."""
     settings, spec, train, section = world.settings, job.spec, job.spec.train, job.spec.section
-    software = NodeSoftware.of(train, settings.axolotl_version)
+    software = NodeSoftware.of(train, settings.axolotl_version, section.axolotl_fork())
     axolotl = software.trainer == "axolotl"
     local = isinstance(section, LocalSection)
     if local:

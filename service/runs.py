@@ -262,7 +262,8 @@ def submit(
     if run_dir not in output_dir.parents and output_dir != run_dir:
         raise ValueError("output_dir escapes the run directory")  # validated earlier; belt and braces
     try:
-        if isinstance(spec.train, AxolotlConfig) and spec.train.axolotl_version is None:
+        fork = spec.section.axolotl_fork()
+        if isinstance(spec.train, AxolotlConfig) and spec.train.axolotl_version is None and fork is None:
             # The run trains with the release the fleet names now, even if the setting changes later.
             pinned = spec.train.model_copy(update={"axolotl_version": fleet.settings.axolotl_version})
             spec = spec.model_copy(update={"train": pinned})

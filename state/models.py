@@ -123,6 +123,11 @@ class RunProgress(StepFields):
         default_factory=list,
         description="A `cloud:` job's offers, one per attempt that rented (or tried to), the latest last.",
     )
+    axolotl_commit: str | None = Field(
+        None,
+        description="The commit of the section's axolotl fork the run's first node installed (provision's "
+        "readiness check); every later node installs it.",
+    )
 
     @property
     def pushed(self) -> bool:

@@ -51,6 +51,7 @@ class Checked(TypedDict):
     bf16: bool
     cpu_standin: bool
     setup: dict[str, Any] | None
+    axolotl_source: dict[str, str] | None
     problems: list[str]
 
 
@@ -119,6 +120,23 @@ def _axolotl(wanted: str, versions: dict[str, str], missing: dict[str, str]) -> 
     return []
 
 
+def _axolotl_source() -> dict[str, str] | None:
+    """Where axolotl was installed from when it came from git (a fork): its URL, the ref asked for and
+    the commit got, as pip recorded them (direct_url.json); None for a release (or no axolotl)."""
+    try:
+        text = importlib.metadata.distribution("axolotl").read_text("direct_url.json")
+        found = json.loads(text) if text else None
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    vcs = found.get("vcs_info")
+    if not isinstance(vcs, dict) or vcs.get("vcs") != "git":
+        return None
+    said = {"url": found.get("url"), "commit": vcs.get("commit_id"), "ref": vcs.get("requested_revision")}
+    return {k: str(v) for k, v in said.items() if v}
+
+
 def check(
     gpus: int, python: str | None, ray: str | None, environ: dict[str, str], axolotl: str | None = None
 ) -> Checked:
@@ -153,6 +171,7 @@ def check(
         bf16=bf16,
         cpu_standin=standin,
         setup=_setup(environ),
+        axolotl_source=_axolotl_source() if axolotl else None,
         problems=problems,
     )
 

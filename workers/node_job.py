@@ -80,8 +80,10 @@ def without_secrets(config: AnyTrainConfig, source: str) -> AnyTrainConfig:
 
 
 def node_software(ctx: context.Context, run: Run) -> NodeSoftware:
-    """What the run's nodes must run: axolotl at the run's release (pinned at submit), or the builtin's."""
-    return NodeSoftware.of(run.spec.train, ctx.settings.axolotl_version)
+    """What the run's nodes must run: axolotl at the run's release (pinned at submit), or the section's fork
+    at the commit its first node installed (once the readiness check said which), or the builtin's."""
+    fork, commit = run.spec.section.axolotl_fork(), run.progress.axolotl_commit
+    return NodeSoftware.of(run.spec.train, ctx.settings.axolotl_version, fork, commit)
 
 
 def shown_job(ctx: context.Context, run: Run) -> str | None:

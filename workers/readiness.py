@@ -20,6 +20,7 @@ import sys
 from core.errors import FailureReason, StageFailed
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobStatus, NodeClient, NodeTimeouts
+from providers.onnode.nodesetup import split_source
 from state.keys import node_check_key
 from state.ledger import Draft
 from state.models import Run
@@ -40,7 +41,7 @@ def entrypoint(gpus: int, software: NodeSoftware | None = None) -> str:
     axolotl node keeps its image's Python and must have axolotl at the run's release."""
     ray = importlib.metadata.version("ray")
     argv = ["python", "-m", "trainer", "check", f"--gpus={gpus}", f"--ray={ray}"]
-    if software is not None and software.trainer == "axolotl":
+    if software is not None and software.trainer == "axolotl":  # a fork: any version (its source is checked)
         return shlex.join([*argv, f"--axolotl={software.axolotl_version or 'any'}"])
     return shlex.join([*argv, f"--python={FLEET_PYTHON}"])
 
@@ -65,9 +66,9 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
         why = f"its readiness check {info.status}: {info.message}".rstrip(": ")
         raise _broken(head, f"{why}\n{logs[-1500:]}")
     record = found[-1]
+    problems = [str(p) for p in record.get("problems") or []] + _fork_problems(run, ctx, record)
     setup = record.get("setup")
     said = node_record(EventType.NODE_SETUP, setup) if isinstance(setup, dict) else None
-    problems = [str(p) for p in record.get("problems") or []]
     if problems:
         if isinstance(said, NodeSetup):
             ctx.ledger.update_run(run.run_id, lambda r: [said])
@@ -82,13 +83,32 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     return _ready(ctx, run, head, check, [said] if isinstance(said, NodeSetup) else [])
 
 
+def _fork_problems(run: Run, ctx: context.Context, record: dict[str, object]) -> list[str]:
+    """What is wrong with the node's axolotl when the section names a fork: not installed from it (its
+    URL, and the branch or the run's pinned commit)."""
+    wanted = node_software(ctx, run).axolotl_source
+    if wanted is None:
+        return []
+    url, ref = split_source(wanted)
+    got = record.get("axolotl_source")
+    got = got if isinstance(got, dict) else {}
+    if got.get("url") != url or (ref is not None and ref not in (got.get("ref"), got.get("commit"))):
+        said = f"{got.get('url')} at {got.get('commit')}" if got else "not from git"
+        return [f"axolotl on the node is {said}, the job asks for the fork {wanted}"]
+    return []
+
+
 def _ready(
     ctx: context.Context, run: Run, head: str, check: NodeCheck, drafts: list[Draft], remembered: bool = False
 ) -> Next:
-    """The node passed (or, `remembered`, one with its software did): on to prepare."""
+    """The node passed (or, `remembered`, one with its software did): on to prepare. The first node of a
+    run that installs a fork of axolotl pins the commit it got, for every later node."""
     ctx.ledger.update_instance(head, check=check)
+    commit = (check.axolotl_source or {}).get("commit")
 
     def go(r: Run) -> list[Draft]:
+        if commit and r.spec.section.axolotl_fork() is not None and r.progress.axolotl_commit is None:
+            r.progress.axolotl_commit = commit
         ready = NodeReady(instance=head, check=check, remembered=remembered)
         return [*drafts, ready, *enter_next(r, Stage.PROVISION)]
 

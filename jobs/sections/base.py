@@ -222,6 +222,11 @@ class SectionBase(BaseModel):
         provider gives the head its own shape (jobs.sections.head)."""
         return self
 
+    def axolotl_fork(self) -> tuple[str, str | None] | None:
+        """A fork of axolotl the nodes install instead of its release: (pip's `git+` URL, the branch or
+        None for the repository's default), or None (the release: the config's axolotl_version)."""
+        return None
+
     def start_advice(self) -> str | None:
         """What the user should check when the machine never came up, beyond what the fleet saw (a
         provider whose own start command stands in for the fleet's); None when there is nothing more."""

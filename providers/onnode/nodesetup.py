@@ -41,12 +41,61 @@ LOG = "node-setup.log"
 VENVS = ("/opt/trainfleet/venv", "~/.trainfleet/venv")
 ANY_VERSION = ("torch",)  # the image's build (CUDA) is kept whatever its version
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)$")
+DIRECT = re.compile(r"^([A-Za-z0-9_.-]+)@(git\+\S+)$")  # `name@git+URL[@ref]`: a fork (axolotl_git)
+
+
+def split_source(source: str) -> tuple[str, str | None]:
+    """`git+URL[@ref]` -> (URL, ref), as pip records them in direct_url.json (`url`, `requested_revision`)."""
+    url = source[len("git+") :] if source.startswith("git+") else source
+    head, _, last = url.rpartition("/")
+    if "@" in last:
+        last, _, ref = last.partition("@")
+        return f"{head}/{last}", ref
+    return url, None
+
+
+def installed_from(name: str) -> dict[str, object] | None:
+    """What pip recorded of where `name` came from (its direct_url.json: `url`, `vcs_info`); None when it
+    is not installed, {} when it came from an index."""
+    try:
+        text = metadata.distribution(name).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def from_source(name: str, source: str) -> bool:
+    """Whether `name` is installed from the git `source` (its URL, and its ref when it names one: the
+    branch asked for, or the commit got)."""
+    url, ref = split_source(source)
+    found = installed_from(name) or {}
+    vcs = found.get("vcs_info")
+    vcs = vcs if isinstance(vcs, dict) else {}
+    if found.get("url") != url or vcs.get("vcs") != "git":
+        return False
+    return ref is None or ref in (vcs.get("requested_revision"), vcs.get("commit_id"))
+
+
+def _requirement(pin: str) -> str:
+    """A pin as pip reads it: a direct reference with the spaces PEP 508 allows (`name @ url`), which pip
+    needs to tell it from a path (the pins travel space-separated, so they come without)."""
+    direct = DIRECT.match(pin)
+    return f"{direct.group(1)} @ {direct.group(2)}" if direct else pin
 
 
 def missing(pins: list[str]) -> list[str]:
-    """The pins this interpreter does not satisfy (not installed, or another version)."""
+    """The pins this interpreter does not satisfy (not installed, or another version or source)."""
     out = []
     for pin in pins:
+        direct = DIRECT.match(pin)
+        if direct is not None:
+            if not from_source(direct.group(1), direct.group(2)):
+                out.append(pin)
+            continue
         match = PIN.match(pin)
         if match is None:
             raise ValueError(f"not a pin: {pin!r}")
@@ -131,10 +180,11 @@ def install(pins: list[str], env: dict[str, str], root: str) -> tuple[str, list[
             job.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
         except subprocess.CalledProcessError:
             job.uv("venv", "--system-site-packages", "--python", sys.executable, venv)
+    asked = [_requirement(pin) for pin in todo]
     if os.path.exists(os.path.join(venv, "bin", "pip")):
-        job.run([python, "-m", "pip", "install", "-q", *job.cache, *job.pip_args, *todo])
+        job.run([python, "-m", "pip", "install", "-q", *job.cache, *job.pip_args, *asked])
     else:  # a uv venv has no pip
-        job.uv("pip", "install", "--python", python, *job.pip_args, *todo)
+        job.uv("pip", "install", "--python", python, *job.pip_args, *asked)
     return os.path.join(venv, "bin"), todo
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from jobs.clouds import Capability
 from jobs.sections.base import AbsolutePath, RemoteSection, Text, Token, matching
@@ -117,26 +117,41 @@ class RunPodSection(RemoteSection):
     )
     axolotl_git: GitUrl | None = Field(
         None,
-        description="Git URL of an axolotl fork to install (the proof of concept's): refused, not yet "
-        "supported.",
+        description="Git URL of an axolotl fork the pods install with pip instead of axolotl's release "
+        "(the proof of concept's key; trainer: axolotl only). The readiness check reports the commit "
+        "installed, and the run's later pods install that same commit.",
     )
     axolotl_git_branch: Token | None = Field(
-        None, description="Branch of `axolotl_git` to install: refused, not yet supported."
+        None, description="Branch of `axolotl_git` to install (unset: the repository's default branch)."
     )
     axolotl_root: AbsolutePath | None = Field(
         None, description="Where axolotl is checked out in the pod: refused, not yet supported."
     )
 
-    @field_validator("axolotl_git", "axolotl_git_branch", "axolotl_root")
+    @field_validator("axolotl_root")
     @classmethod
-    def _no_axolotl_from_git_yet(cls, value: str | None) -> str | None:
+    def _no_axolotl_checkout_yet(cls, value: str | None) -> str | None:
         if value is not None:
             raise ValueError(
-                "is not supported yet: the node installs axolotl's release from PyPI (the config's "
-                "axolotl_version, else the fleet's), not a git checkout; drop this key, or set "
-                "axolotl_version"
+                "is not supported yet: the node installs axolotl (its release, or the fork axolotl_git "
+                "names) with pip, not into a checkout you place; drop this key"
             )
         return value
+
+    @model_validator(mode="after")
+    def _branch_of_a_fork(self) -> RunPodSection:
+        if self.axolotl_git_branch is not None and self.axolotl_git is None:
+            raise ValueError("axolotl_git_branch names a branch of axolotl_git, which is not set")
+        return self
+
+    def axolotl_fork(self) -> tuple[str, str | None] | None:
+        if self.axolotl_git is None:
+            return None
+        url = self.axolotl_git
+        if url.startswith("git@"):  # git@host:org/repo -> ssh://git@host/org/repo, as pip wants it
+            host, _, path = url[len("git@") :].partition(":")
+            url = f"ssh://git@{host}/{path}"
+        return f"git+{url}", self.axolotl_git_branch
 
     head: HeadShape | None = Field(
         None,

@@ -25,6 +25,9 @@ class NodeCheck(BaseModel):
     gpu_names: list[str] = Field(default_factory=list)
     bf16: bool = False
     cpu_standin: bool = Field(False, description="A test fake's node standing in for GPUs on the CPU.")
+    axolotl_source: dict[str, str] | None = Field(
+        None, description="Where a fork of axolotl came from: its git url, the ref asked for, the commit got."
+    )
 
 
 class NodeSetup(NodeRecord):

@@ -25,8 +25,6 @@ from trainer.config import TrainConfig, TrainJob
 
 CODE = ("bot", "broker", "core", "fleet", "jobs", "providers", "service", "state", "trainer", "workers")
 REFUSED: dict[tuple[str, str], object] = {
-    ("runpod", "axolotl_git"): "https://github.com/utensil/axolotl",
-    ("runpod", "axolotl_git_branch"): "large_dataset",
     ("runpod", "axolotl_root"): "/content/axolotl",
 }
 """(model, field) -> a value: accepted by its type, refused because the fleet cannot honour it yet."""

@@ -114,24 +114,9 @@ def test_the_spec_keeps_its_trainer_through_the_ledger() -> None:
     assert isinstance(JobSpec.model_validate(old).train, TrainConfig)
 
 
-def without_the_fork(path: Path, tmp_path: Path) -> Path:
-    """The proof of concept's config less the axolotl fork it installed (axolotl_git, axolotl_git_branch),
-    which the fleet refuses until a node can install one (test_keys_read.REFUSED); every other key as is."""
-    text = path.read_text(encoding="utf-8")
-    kept = [ln for ln in text.splitlines(keepends=True) if not ln.lstrip().startswith("axolotl_git")]
-    assert len(kept) == len(text.splitlines()) - 2
-    copy = tmp_path / path.name
-    copy.write_text("".join(kept), encoding="utf-8")
-    return copy
-
-
 @pytest.mark.parametrize("path", REAL_CONFIGS, ids=lambda p: p.stem)
-def test_every_real_axolotl_config_validates_unchanged_and_goes_to_axolotl(
-    path: Path, tmp_path: Path
-) -> None:
+def test_every_real_axolotl_config_validates_unchanged_and_goes_to_axolotl(path: Path) -> None:
     # A rented GPU machine: what these configs are written for.
-    if path.stem == "minotaur":
-        path = without_the_fork(path, tmp_path)
     job = load_job(path, default_provider="runpod", overrides=WRITTEN_FOR.get(path.stem))
     assert isinstance(job.spec.train, AxolotlConfig) and job.choice is not None
     assert job.choice.forced_by and job.warnings == []
@@ -139,14 +124,8 @@ def test_every_real_axolotl_config_validates_unchanged_and_goes_to_axolotl(
     assert "optimizer" in kept or "adapter" in kept
 
 
-def test_the_proof_of_concepts_config_keeps_its_runpod_section(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as refused:
-        load_job(REAL / "minotaur.yml", default_provider="local")
-    assert [(p.path, p.line) for p in refused.value.problems] == [
-        ("runpod.axolotl_git", 9),
-        ("runpod.axolotl_git_branch", 10),
-    ]
-    job = load_job(without_the_fork(REAL / "minotaur.yml", tmp_path), default_provider="local")
+def test_the_proof_of_concepts_config_keeps_its_runpod_section() -> None:
+    job = load_job(REAL / "minotaur.yml", default_provider="local")
     assert job.spec.provider.value == "runpod" and job.spec.gpu_count == 1
     assert job.choice is not None
     # adapter: qlora, optimizer: paged_lion_8bit and its precision keys are the builtin recipe's too now
