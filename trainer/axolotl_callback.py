@@ -9,7 +9,8 @@ the W&B run axolotl opened. The loss watchdog (axolotl's `loss_watchdog_threshol
 `loss_watchdog_patience`, default 3; any NaN or infinite logged loss as well) runs on every rank, since
 every rank sees the same logged loss and all must stop together; it stops training and records why in the
 result file, so that trainer.axolotl_run fails the run instead of passing a broken adapter on. At the end
-the final metrics go there too.
+the final metrics go there too. Told the machine is going (trainer.stopnotice: SIGTERM, the node's stop
+notice), every process saves a checkpoint at that step, then waits to be killed with the machine.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer import lines, samples, tracking
+from trainer import lines, samples, stopnotice, tracking
 from trainer.axolotl_run import RESULT_ENV, RESULT_FILE
 from trainer.config import TrainJob
 from trainer.data import Example
 from trainer.progress import ENV_VAR
+from trainer.stopnotice import StopNotice
 
 DEFAULT_TABLE_SIZE = 4
 DEFAULT_MAX_NEW_TOKENS = 48
@@ -62,6 +65,8 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
         self.max_new_tokens = int(cfg.get("eval_max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
         self.sharded = bool(cfg.get("fsdp") or cfg.get("fsdp_config") or cfg.get("deepspeed"))
         self.state: dict[str, Any] = {"started": False}
+        self.stop = StopNotice(os.environ)  # the machine is going: a checkpoint at this step (on_step_end)
+        self.stopping: tuple[str, float] | None = None  # why, and since when
 
     @classmethod
     def from_env(cls, trainer: Any, cfg: Mapping[str, Any], environ: Mapping[str, str]) -> FleetCallback:
@@ -73,6 +78,7 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
         return cls(trainer, cfg, job, result)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.stop.install()  # in axolotl's own process, while it trains (restored at on_train_end)
         if not state.is_world_process_zero:
             return
         started = lines.Started(
@@ -159,12 +165,23 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
         device = next(model.parameters()).device
         return samples.generate(model, self.trainer.processing_class, examples, self.max_new_tokens, device)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Told the machine is going (trainer.stopnotice; every process agrees): save at this step."""
+        why = self.stop.why()
+        if self.stopping is None and _anywhere(why is not None):
+            self.stopping = (why or "another process's stop notice", time.monotonic())
+            control.should_save = True
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             lines.emit(lines.Checkpoint(step=state.global_step, path=str(path)))
+        if self.stopping is not None:  # kept: wait to be killed with the machine (trainer.stopnotice)
+            why, since = self.stopping
+            stopnotice.wait_for_the_end(state.global_step, why, time.monotonic() - since)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.stop.restore()
         if not state.is_world_process_zero:
             return
         history = list(state.log_history)
@@ -211,3 +228,19 @@ def _size(dataset: Any) -> int | None:
 
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
+
+
+def _anywhere(flag: bool) -> bool:
+    """Whether `flag` holds in any process of the run (one collective when torch.distributed runs, so every
+    process saves at the same step); `flag` itself in a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    import torch
+
+    value = torch.tensor([1.0 if flag else 0.0])
+    if dist.get_backend() == "nccl":
+        value = value.cuda()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)

@@ -74,11 +74,14 @@ def run(job: TrainJob, model_path: Path, *, base_dir: Path | None = None, under_
     """
     state = _Run(job, model_path, base_dir, under_ray)
     state.tracker.start()
+    state.stop.install()
     try:
         metrics = state.train()
     except BaseException as exc:
         state.tracker.finish(failure=f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        state.stop.restore()
     state.tracker.finish()
     return metrics
 

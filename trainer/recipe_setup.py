@@ -50,7 +50,7 @@ class RunSetup:
     def __init__(self, job: TrainJob, model_path: Path, base_dir: Path | None, under_ray: bool) -> None:
         import torch
         from torch.utils.data import DataLoader, DistributedSampler
-        from transformers import AutoTokenizer, get_scheduler
+        from transformers import get_scheduler
         from transformers.utils import logging as hf_logging
 
         self.started = time.monotonic()
@@ -64,21 +64,12 @@ class RunSetup:
         self.tracker = Tracker(job, self.worker.is_main)
         self.faults = faults.from_env(os.environ)
         self.stop = StopNotice(os.environ)  # the machine is being taken back: keep a checkpoint (recipe)
-        self.stop.install()
         self.saved_at: int | None = None  # the step of the last checkpoint this process saved
         self.nan_done: set[int] = set()  # steps whose injected NaN has fired (once per process)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)  # same LoRA init on every rank
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        added = extras.add_tokens(self.tokenizer, cfg)  # special_tokens, tokens: before the data is read
-        extras.require_trainable(added, cfg)
-        pad_id = self.tokenizer.pad_token_id
-        self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
-        found, _, _ = prepared.examples(
-            cfg, self.tokenizer, base_dir, prepared.cache_root(job), store=self.worker.is_main
-        )
-        self.data = split(found, cfg.val_set_size, cfg.seed)
+        added = self.read_data(model_path, base_dir)
         precision.apply_tf32(cfg)
         self.precision = precision.decide(cfg, self.worker.device)
         self.scaler = self.precision.grad_scaler()  # fp16 only
@@ -129,6 +120,22 @@ class RunSetup:
             self.pos = self.restore(self.resumed.snapshot)
         self.anchor = self.capture()  # what a rollback goes back to: the last checkpoint, else this
         self.window: list[float] = []  # micro-batch-averaged losses of the steps since the last STEP line
+
+    def read_data(self, model_path: Path, base_dir: Path | None) -> extras.AddedTokens:
+        """The tokenizer (with the job's added tokens, which it returns), the collator, and the data
+        tokenized and split (from the node's cache when a run of the same data kept it: trainer.prepared)."""
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        added = extras.add_tokens(self.tokenizer, cfg)  # special_tokens, tokens: before the data is read
+        extras.require_trainable(added, cfg)
+        pad_id = self.tokenizer.pad_token_id
+        self.collate = Collator(self.tokenizer.eos_token_id if pad_id is None else pad_id)
+        root = prepared.cache_root(self.job)
+        found, _, _ = prepared.examples(cfg, self.tokenizer, base_dir, root, store=self.worker.is_main)
+        self.data = split(found, cfg.val_set_size, cfg.seed)
+        return added
 
     def choose_batch_size(self, cfg: TrainConfig, shard_size: int) -> TrainConfig:
         """`cfg` with auto_find_batch_size's micro batch and accumulation (a resumed run keeps its own)."""

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from trainer.progress import NODE_ROOT_ENV
 
@@ -36,11 +37,19 @@ class StopNotice:
         self.path = Path(root) / NOTICE_FILE if root else None
         self.since = time.time()
         self.signalled = False
+        self._before: Any = None
 
     def install(self) -> None:
-        """Catch SIGTERM in this process, when this is its main thread (elsewhere only the file tells)."""
+        """Catch SIGTERM in this process while it trains, when this is its main thread (elsewhere only the
+        file tells); `restore` puts the handler before it back."""
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_term)
+            self._before = signal.signal(signal.SIGTERM, self._on_term)
+
+    def restore(self) -> None:
+        """Training is over: SIGTERM does what it did before `install`."""
+        if self._before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._before)
+            self._before = None
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = True

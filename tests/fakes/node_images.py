@@ -126,7 +126,8 @@ class NodeImage:
         """Run the node's software setup as its start script would (providers.onnode.nodesetup, from the
         instance's environment, with this image's Python), before its Ray starts: it writes what it did to
         the node's root, which the readiness check reports (`node.setup`). A fake node reaches no package
-        index, so what its image lacks stays missing (and the readiness check says so)."""
+        index and no git host (a fork of axolotl, `axolotl_git`, is not cloned: git may use files only), so
+        what its image lacks stays missing (and the readiness check says so)."""
         program = env.get(SETUP_ENV)
         if not program:
             return
@@ -138,6 +139,7 @@ class NodeImage:
                 "FLEET_NODE_ROOT": str(root),
                 nodesetup.PIP_ARGS_ENV: "--no-index",
                 nodesetup.VENV_ENV: str(root / "venv"),
+                "GIT_ALLOW_PROTOCOL": "file",  # nothing from the network (--no-index does not stop git)
             }
         )
         loader = SETUP_LOADER

@@ -93,3 +93,33 @@ def test_an_old_notice_or_none_is_no_stop(tmp_path: Path) -> None:
     assert notice.why() is None
     (tmp_path / NOTICE_FILE).touch()
     assert notice.why() == f"the node's stop notice ({tmp_path / NOTICE_FILE})"
+
+
+def test_axolotls_trainer_saves_at_the_step_it_was_told_and_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet's callback inside axolotl's HF Trainer: the notice makes that step save (HF's own
+    checkpoint-N), and once saved the process waits for its machine rather than ending the job."""
+    from types import SimpleNamespace
+
+    from trainer import stopnotice
+    from trainer.axolotl_callback import FleetCallback
+
+    monkeypatch.setenv(NODE_ROOT_ENV, str(tmp_path))
+    monkeypatch.setattr(stopnotice, "WAIT_S", 0.0)
+    callback = FleetCallback(None, {}, None, tmp_path / "result.json")
+    args = SimpleNamespace(output_dir=str(tmp_path / "out"))
+    state = SimpleNamespace(global_step=7, is_world_process_zero=True)
+    control = SimpleNamespace(should_save=False)
+    callback.on_step_end(args, state, control)
+    assert control.should_save is False  # no notice, no save
+    (tmp_path / NOTICE_FILE).write_text("preempted\n")
+    callback.on_step_end(args, state, control)
+    assert control.should_save is True
+    with pytest.raises(SystemExit, match="told to stop at step 7"):
+        callback.on_save(args, state, control)
+    said = capsys.readouterr()
+    assert (
+        '"kind":"checkpoint"' in said.out
+        and "trainer: stopping at step 7 (the node's stop notice" in said.err
+    )
