@@ -30,6 +30,7 @@ TRAINING_MODULES = frozenset(
         "integration/test_e2e_entry.py",
         "integration/test_e2e_hub.py",
         "integration/test_e2e_multinode.py",
+        "integration/test_e2e_prepare.py",
         "integration/test_e2e_preemption.py",
         "integration/test_hub_checkpoints.py",
         "integration/test_node_ready.py",

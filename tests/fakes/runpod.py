@@ -245,16 +245,9 @@ class FakeRunPod(FakeCloud):
     def vendor_control(self, request: Request) -> Response | None:
         """`POST /_fake/network-volumes {"id": ..., "dataCenterId": ...}`: `add_network_volume`, for a fake
         served on its own (`python -m tests.fakes serve runpod`); `GET /_fake/proxy`: `proxy.settings()`;
-        `POST /_fake/images {"name": ..., "like": ...}`: `register_image`; `POST /_fake/spot-stock {"gpu":
-        ..., "gpus": N}`: `set_spot_stock`."""
+        `POST /_fake/images {"name": ..., "like": ...}`: `register_image`."""
         if request.path == "/_fake/proxy" and request.method == "GET":
             return Response(200, self.proxy.settings())
-        if request.path == "/_fake/spot-stock" and request.method == "POST":
-            body = request.json() or {}
-            if not isinstance(body, dict) or not isinstance(body.get("gpus"), int) or not body.get("gpu"):
-                return Response(400, {"error": 'expected {"gpu": ..., "gpus": N}'})
-            self.set_spot_stock(str(body["gpu"]), body["gpus"])
-            return Response(200, {"spot_stock": dict(self.spot_stock)})
         if request.path == "/_fake/images" and request.method == "POST":
             return Response(*self.images.register_from(request.json()))
         if request.path != "/_fake/network-volumes" or request.method != "POST":

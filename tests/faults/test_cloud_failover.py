@@ -29,7 +29,10 @@ from tests.faults.direct import DirectFleet, up
 
 pytestmark = pytest.mark.faults
 
-CLOUD_SECTION = "cloud:\n  gpu: RTX-A5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+CLOUD_SECTION = (
+    "cloud:\n  gpu: RTX-A5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+    "  pod_type: INTERRUPTABLE\n"
+)
 READY_TIMEOUT_S = 3.0
 
 

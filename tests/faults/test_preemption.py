@@ -25,10 +25,13 @@ from tests.integration.fleetproc import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.faults_full]
 SECTIONS = {
-    "runpod": "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  pod_type: INTERRUPTABLE\n",
+    "runpod": (
+        "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  pod_type: INTERRUPTABLE\n"
+        "  max_preemptions: 5\n"  # three preemptions, more than the default two
+    ),
     "vastai": (
         "vastai:\n  gpu: RTX_A5000\n  max_bid_per_gpu: 0.5\n  cloud_type: ALL\n  pod_type: INTERRUPTABLE\n"
-        "  min_vcpu_count: 8\n  min_memory_in_gb: 29\n"
+        "  max_preemptions: 5\n  min_vcpu_count: 8\n  min_memory_in_gb: 29\n"
     ),
 }
 # Checkpoints every 10 of the 180 steps, each pushed to the hub, so that a new node goes on from there.

@@ -31,7 +31,10 @@ from tests.integration.fleetproc import wait_until as wait
 
 pytestmark = pytest.mark.integration
 
-CLOUD = "cloud:\n  gpu: rtx a5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+CLOUD = (
+    "cloud:\n  gpu: rtx a5000\n  cloud_type: ALL\n  max_bid_per_gpu: 0.5\n  one_shot: true\n"
+    "  pod_type: INTERRUPTABLE\n"
+)
 
 
 @pytest.fixture

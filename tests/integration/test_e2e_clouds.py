@@ -127,36 +127,3 @@ def test_a_vastai_job_runs_on_the_fakes_node_and_gives_it_back(
     assert pushed["repo_id"] == repo["id"] == "tester/tiny-vast" and pushed["commit"] == repo["head"]
     assert "adapter_model.safetensors" in {f["path"] for f in repo["files"]}
     assert secret_hits(home, HF_TOKEN) == [] and HF_TOKEN not in json.dumps(fake_state(fake_vastai))
-
-
-def test_an_auto_job_with_no_spot_machine_goes_on_on_demand(
-    home: Path, fake_runpod: str, tmp_path: Path
-) -> None:
-    """`pod_type: auto` asks for spot first; RunPod has no spot A5000 (its spot pool is empty, its on-demand
-    one is not): the run says why it left spot (offer.left), rents the same node on demand, and trains."""
-    body = json.dumps({"gpu": "NVIDIA RTX A5000", "gpus": 0}).encode()
-    urllib.request.urlopen(
-        urllib.request.Request(f"{fake_runpod}/_fake/spot-stock", data=body), timeout=10
-    ).close()
-    section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.5\n  pod_type: auto\n"
-    job = job_for(tmp_path, section)
-    env = fleet_env(home, RUNPOD_API_BASE_URL=fake_runpod, RUNPOD_API_KEY=API_KEY)
-
-    done = fleet(env, "run", str(job), "--json", timeout=420)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    view = json.loads(done.stdout)
-    assert view["state"] == "SUCCEEDED"
-    evs = events_of(home, view["run_id"])
-    kinds = [e["type"] for e in evs]
-    (left,) = [e["data"] for e in evs if e["type"] == "offer.left"]
-    assert left["offer"] == "spot" and left["instance"] == f"tf-{view['run_id']}-1"
-    assert left["why"].startswith("no spot machine: ") and left["why"].endswith(
-        "going on on demand (pod_type: auto)"
-    )
-    (requested,) = [e["data"] for e in evs if e["type"] == "instance.requested"]
-    assert requested["price_per_hour"] == 0.27  # the fake's on-demand A5000 on a secure host, not a bid
-    assert kinds.index("offer.left") < kinds.index("instance.requested") < kinds.index("run.succeeded")
-    state = fake_state(fake_runpod)
-    assert state["instances"] == [] and state["requests"]["create"] == 2  # the refused spot one, then this
-    status = json.loads(fleet(env, "status", view["run_id"], "--json").stdout)
-    assert status["spot_left"] == left["why"]

@@ -58,7 +58,7 @@ def test_a_spot_pod_stopped_before_it_came_up_is_replaced_once_then_the_run_fail
     """A spot pod stopped before it came up may have been outbid: one replacement; the second pod to stop
     so fails the run (before: up to max_preemptions pods rented, each failing alike)."""
     with FakeRunPod(api_key=API_KEY, home=tmp_path / "fake", nodes="stub") as fake:
-        view, evs = run_image(fake, home, tmp_path, "")
+        view, evs = run_image(fake, home, tmp_path, "  pod_type: INTERRUPTABLE\n")
         assert rented(fake) == ["terminated", "terminated"]
     assert view["state"] == "FAILED" and view["failure_reason"] == "PROVISIONING_FAILED", view
     message = view["failure_message"]

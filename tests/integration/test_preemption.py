@@ -181,3 +181,25 @@ def test_an_auto_run_preempted_past_max_preemptions_goes_on_on_demand(
     ctx.provider("runpod").launch(LaunchRequest(run.instance_name, "r1", section_now))
     (made,) = fake.state()["instances"]
     assert made["name"] == "tf-r1-3" and made["bid"] is None
+
+
+def test_an_auto_run_with_no_spot_machine_rents_the_same_node_on_demand(
+    ctx: context.Context, fake: FakeRunPod
+) -> None:
+    """`pod_type: auto` asks for spot first; RunPod has no spot A5000 (its spot pool is empty, its on-demand
+    one is not): the run says why it left spot (offer.left) and rents the same node, tf-r1-1, on demand."""
+    from workers.stages import provision
+
+    fake.set_spot_stock("NVIDIA RTX A5000", 0)
+    section = RunPodSection(gpu="NVIDIA RTX A5000", pod_type="auto", max_bid_per_gpu=0.5)
+    ctx.ledger.create_run(ledger_run("r1", section), [])
+    provision.step(ctx, ctx.ledger.get_run("r1"))  # the spot create finds no machine
+    run = ctx.ledger.get_run("r1")
+    assert run.spot_left is not None and run.spot_left.startswith("no spot machine: ")
+    assert fake.state()["instances"] == [] and fake.state()["requests"]["create"] == 1
+    provision.step(ctx, run)
+    (pod,) = fake.state()["instances"]
+    assert (pod["name"], pod["bid"], pod["price_per_hour"]) == ("tf-r1-1", None, 0.27)  # on demand, secure
+    (left,) = [e.data for _, e in read_run(ctx.redis, "r1") if isinstance(e.data, OfferLeft)]
+    assert (left.offer, left.instance, left.why) == ("spot", "tf-r1-1", run.spot_left)
+    assert left.why.endswith("going on on demand (pod_type: auto)")

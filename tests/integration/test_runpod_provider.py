@@ -41,12 +41,14 @@ def provider_for(fake: FakeRunPod, tmp_path: Path, key: str = KEY) -> RunPodProv
     return RunPodProvider(context)
 
 
-SECTION = RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5)
+SECTION = RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.5, pod_type="INTERRUPTABLE")
 
 
 def test_offers_fit_the_section_cheapest_first_and_say_why_not(fake: FakeRunPod, tmp_path: Path) -> None:
     choice = provider_for(fake, tmp_path).choose(
-        RunPodSection(gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.12, cloud_type="ALL")
+        RunPodSection(
+            gpu="NVIDIA RTX A5000", max_bid_per_gpu=0.12, cloud_type="ALL", pod_type="INTERRUPTABLE"
+        )
     )
     assert [p.candidate.offer_id for p in choice.fits] == ["NVIDIA RTX A5000/COMMUNITY"]
     assert choice.fits[0].bid_per_gpu == 0.11
@@ -273,6 +275,7 @@ def test_fleet_offers_shows_fits_and_why_not(fake: FakeRunPod, tmp_path: Path) -
 
     job = tmp_path / "job.yml"
     section = "runpod:\n  gpu: NVIDIA RTX A5000\n  max_bid_per_gpu: 0.12\n  cloud_type: ALL\n"
+    section += "  pod_type: INTERRUPTABLE\n"
     one_per_gpu = EXAMPLE_YAML.read_text().replace("ray_num_workers: 2\n", "")  # (two need two GPUs)
     job.write_text(one_per_gpu.replace("local:\n  one_shot: true\n", section))
     copy_example_data(tmp_path)

@@ -42,12 +42,16 @@ def provider_for(fake: FakeVastAI, tmp_path: Path, key: str = KEY) -> VastAIProv
     return VastAIProvider(context)
 
 
-SECTION = VastAISection(gpu="RTX_A5000", cloud_type="ALL", max_bid_per_gpu=0.5)  # offer 1001, bid 0.09
+SECTION = VastAISection(
+    gpu="RTX_A5000", cloud_type="ALL", max_bid_per_gpu=0.5, pod_type="INTERRUPTABLE"
+)  # 1001: 0.09
 
 
 def test_offers_fit_the_section_cheapest_first_and_say_why_not(fake: FakeVastAI, tmp_path: Path) -> None:
     provider = provider_for(fake, tmp_path)
-    loose = VastAISection(gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
+    loose = VastAISection(
+        gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5, pod_type="INTERRUPTABLE"
+    )
     assert [p.candidate.offer_id for p in provider.choose(loose).fits] == ["1005", "1004"]
 
     capped = provider.choose(loose.model_copy(update={"max_bid_per_gpu": 0.16}))
@@ -85,7 +89,9 @@ def test_the_reliability_and_datacenter_filters_filter_and_a_misspelled_one_fail
 
 
 def test_a_bid_is_per_gpu_in_the_fleet_and_per_machine_at_vastai(fake: FakeVastAI, tmp_path: Path) -> None:
-    section = VastAISection(gpu="RTX_A6000", gpu_count=2, max_bid_per_gpu=0.25)  # 1003: min_bid 0.40/machine
+    section = VastAISection(
+        gpu="RTX_A6000", gpu_count=2, max_bid_per_gpu=0.25, pod_type="INTERRUPTABLE"
+    )  # 1003: min_bid 0.40/machine
     provider = provider_for(fake, tmp_path)
     (fit,) = provider.choose(section).fits
     assert (fit.bid_per_gpu, fit.price_per_hour) == (0.2, 0.4)
@@ -114,7 +120,9 @@ def test_launch_bids_within_the_cap(fake: FakeVastAI, tmp_path: Path) -> None:
 def test_a_launch_for_a_chosen_offer_rents_that_one_or_none(fake: FakeVastAI, tmp_path: Path) -> None:
     """A `cloud:` job's create is for the offer chosen among the clouds, not the cheapest one now."""
     provider = provider_for(fake, tmp_path)
-    loose = VastAISection(gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
+    loose = VastAISection(
+        gpu="RTX 4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5, pod_type="INTERRUPTABLE"
+    )
     inst = provider.launch(LaunchRequest("tf-r1-1", "r1", loose, offer="1004"))  # 1005 is cheaper
     (row,) = fake.state()["instances"]
     assert fake.instances[str(row["id"])].extra["offer"] == 1004 and inst.price_per_hour == 0.17

@@ -24,7 +24,7 @@ def lines_of(text: str) -> list[dict[str, object]]:
     return list(progress.parse(text))
 
 
-@pytest.mark.parametrize("how", ["sigterm", "notice"])
+@pytest.mark.parametrize("how", ["sigterm"])  # the notice file: test_sigterm_and_the_notice_file_say_the_same
 def test_a_stopped_trainer_keeps_its_step_and_the_next_one_resumes_there(tmp_path: Path, how: str) -> None:
     root = tmp_path / "node"
     root.mkdir()
@@ -123,3 +123,23 @@ def test_axolotls_trainer_saves_at_the_step_it_was_told_and_waits(
         '"kind":"checkpoint"' in said.out
         and "trainer: stopping at step 7 (the node's stop notice" in said.err
     )
+
+
+def test_sigterm_and_the_notice_file_say_the_same_and_the_handler_goes_back(tmp_path: Path) -> None:
+    """While it trains, SIGTERM is the trainer's notice (caught, not the end of the process); after, the
+    handler before it is back. The notice file is the same notice, for processes no signal reaches."""
+    before = signal.getsignal(signal.SIGTERM)
+    notice = StopNotice({NODE_ROOT_ENV: str(tmp_path)})
+    notice.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while notice.why() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert notice.why() == "SIGTERM"
+    finally:
+        notice.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+    by_file = StopNotice({NODE_ROOT_ENV: str(tmp_path)})
+    (tmp_path / NOTICE_FILE).write_text("preempted\n")
+    assert by_file.why() == f"the node's stop notice ({tmp_path / NOTICE_FILE})"
