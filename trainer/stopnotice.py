@@ -8,8 +8,9 @@ set), written by whatever learns of the stop first (the node's start script on S
 A notice older than this trainer is a leftover of an earlier container on the same volume, never obeyed.
 
 The builtin recipe asks after every optimizer step (every worker agrees: a collective): on a stop it saves
-a checkpoint at that step, says so, and then waits to be killed rather than ending the Ray job, so the
-fleet sees a lost node (and replaces it, resuming from the checkpoint), not a failed run.
+a checkpoint at that step, says so, and then waits (WAIT_S) to be killed with its machine rather than
+ending the Ray job at once, so the fleet sees a lost node (and replaces it, resuming from the checkpoint),
+not a failed run; a machine that stays (a local node, a stopped Ray job) sees the trainer end after it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 from trainer.progress import NODE_ROOT_ENV
 
 NOTICE_FILE = "stop-notice"
-WAIT_S = 3600.0  # how long a stopped trainer waits for its machine to go (it is killed long before)
+# How long a stopped trainer waits for its machine to go before it ends itself: longer than a container's
+# stop takes (docker's grace is 10 s), short enough that a trainer whose machine stays (a local node, a
+# `ray job stop`) does not linger.
+WAIT_S = 20.0
 
 
 class StopNotice:
@@ -68,7 +72,7 @@ class StopNotice:
 
 
 def wait_for_the_end(step: int, why: str, saved_in_s: float) -> None:
-    """Say what was kept, then wait to be killed with the machine (never end the job: see the module)."""
+    """Say what was kept, then wait (WAIT_S) to be killed with the machine, and end (see the module)."""
     print(
         f"trainer: stopping at step {step} ({why}): checkpoint step-{step} saved in {saved_in_s:.1f} s; "
         "waiting for the machine to stop",
