@@ -208,10 +208,10 @@ def node_setup_env(software: NodeSoftware | None = None, tls: bool = False) -> d
     (`access_lines`; `tls`: JupyterLab behind the node's TLS front). An axolotl node keeps its image's
     Python (axolotl's images are built for theirs)."""
     env = {ACCESS_ENV: "\n".join(access_lines(tls)), SETUP_ENV: packed(nodesetup)}
-    if software is not None and software.trainer == "axolotl":
+    axolotl = software is not None and software.trainer == "axolotl"
+    if axolotl and software is not None and (software.axolotl_version or software.axolotl_source):
         pins = axolotl_pins(software.axolotl_version, software.axolotl_source)
-        if software.axolotl_version or software.axolotl_source:
-            return {**env, nodesetup.PINS_ENV: " ".join(pins)}
+        return {**env, nodesetup.PINS_ENV: " ".join(pins)}
     return {
         **env,
         nodesetup.PINS_ENV: " ".join(node_pins()),

@@ -112,19 +112,29 @@ def reasons_against(section: RemoteSection, gpu: str, c: Candidate) -> list[str]
 def price(section: RemoteSection, c: Candidate) -> Priced | str:
     """The rental the section would make of `c`, or the reason it cannot be made within the cap."""
     cap = section.max_bid_per_gpu
-    if section.pod_type == "auto":  # spot first (a run leaves it later: RemoteSection.renting)
-        spot = price(section.renting(None), c)
-        if isinstance(spot, Priced):
-            return spot
-        demand = price(section.renting("no spot"), c)
-        return demand if isinstance(demand, Priced) else f"{spot}; {demand}"
     if section.pod_type == "INTERRUPTABLE":
-        if c.min_bid_per_gpu is None:
-            return "no interruptible rental offered; pod_type is INTERRUPTABLE"
-        if c.min_bid_per_gpu > cap:
-            return f"minimum bid ${c.min_bid_per_gpu:.3f}/GPU/h is above max_bid_per_gpu ${cap:.3f}"
-        bid = c.min_bid_per_gpu
-        return Priced(c, round(bid * c.gpu_count, 6), bid)
+        return _by_bid(c, cap)
+    if section.pod_type == "ON_DEMAND":
+        return _on_demand(c, cap)
+    spot = _by_bid(c, cap)  # auto: spot first (a run leaves it later: RemoteSection.renting)
+    if isinstance(spot, Priced):
+        return spot
+    demand = _on_demand(c, cap)
+    return demand if isinstance(demand, Priced) else f"{spot}; {demand}"
+
+
+def _by_bid(c: Candidate, cap: float) -> Priced | str:
+    """A spot rental of `c` at its minimum bid, or why there is none within `cap` per GPU."""
+    if c.min_bid_per_gpu is None:
+        return "no interruptible rental offered; pod_type is INTERRUPTABLE"
+    if c.min_bid_per_gpu > cap:
+        return f"minimum bid ${c.min_bid_per_gpu:.3f}/GPU/h is above max_bid_per_gpu ${cap:.3f}"
+    bid = c.min_bid_per_gpu
+    return Priced(c, round(bid * c.gpu_count, 6), bid)
+
+
+def _on_demand(c: Candidate, cap: float) -> Priced | str:
+    """An on-demand rental of `c` at its list price, or why there is none within `cap` per GPU."""
     if c.on_demand_per_hour is None:
         return "not rentable on demand; pod_type is ON_DEMAND"
     per_gpu = c.on_demand_per_hour / max(c.gpu_count, 1)

@@ -152,23 +152,34 @@ def command(config_file: Path, use_ray: bool, verb: str = "train") -> list[str]:
     ]
 
 
-def preprocess(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
-    """Tokenize `job`'s datasets with axolotl's `preprocess` into dataset_prepared_path (the node's cache)
-    and stop: prepared.json and a FINISHED line whose metrics count the prepared rows. Raises
-    TrainingFailed when axolotl fails."""
+def _launch(
+    job: TrainJob, model_path: Path, base_dir: Path, verb: str, use_ray: bool
+) -> tuple[int, dict[str, Any], Path]:
+    """Write the node's axolotl config to `<work_dir>/axolotl.yml` and run axolotl's `verb` on it in a
+    child process (its output straight to this job's log); its exit code, the config, and the result file
+    the fleet's plugin writes (an earlier attempt's removed first)."""
     import torch
-
-    from trainer import prepared
 
     work = Path(job.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     config_file, result_file = work / CONFIG_FILE, work / RESULT_FILE
     config = node_config(job, model_path, base_dir, torch.cuda.is_available())
     config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    result_file.unlink(missing_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    verb = command(config_file, use_ray=False, verb="preprocess")
-    code = subprocess.call(verb, cwd=base_dir, env=child_env(job, result_file, dict(os.environ)))
+    argv = command(config_file, use_ray, verb)
+    code = subprocess.call(argv, cwd=base_dir, env=child_env(job, result_file, dict(os.environ)))
+    return code, config, result_file
+
+
+def preprocess(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
+    """Tokenize `job`'s datasets with axolotl's `preprocess` into dataset_prepared_path (the node's cache)
+    and stop: prepared.json and a FINISHED line whose metrics count the prepared rows. Raises
+    TrainingFailed when axolotl fails."""
+    from trainer import prepared
+
+    code, config, _ = _launch(job, model_path, base_dir, "preprocess", use_ray=False)
     if code != 0:
         raise TrainingFailed(f"axolotl preprocess exited with code {code} (its log above says why)")
     where = Path(config["dataset_prepared_path"])
@@ -191,22 +202,7 @@ def prepared_rows(where: Path) -> int:
 def run(job: TrainJob, model_path: Path, base_dir: Path) -> dict[str, Any]:
     """Train `job` with axolotl and finish its output directory; return the final metrics. Raises
     TrainingFailed when axolotl fails, the loss watchdog stopped it, or the fleet's plugin did not run."""
-    import torch
-
-    config = _axolotl(job)
-    work = Path(job.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    config_file, result_file = work / CONFIG_FILE, work / RESULT_FILE
-    config_file.write_text(
-        yaml.safe_dump(node_config(job, model_path, base_dir, torch.cuda.is_available()), sort_keys=False),
-        encoding="utf-8",
-    )
-    result_file.unlink(missing_ok=True)  # an earlier attempt's
-    sys.stdout.flush()
-    sys.stderr.flush()
-    code = subprocess.call(
-        command(config_file, config.use_ray), cwd=base_dir, env=child_env(job, result_file, dict(os.environ))
-    )
+    code, _, result_file = _launch(job, model_path, base_dir, "train", use_ray=_axolotl(job).use_ray)
     result = read_result(result_file)
     if (trip := result.get("watchdog")) is not None:
         raise TrainingFailed(describe_trip(trip))

@@ -152,16 +152,16 @@ def replace_node(ctx: context.Context, run: Run, why: str, task_id: str, at_boot
         message = f"{why}; {done} lost nodes replaced already (FLEET_MAX_PREEMPTIONS={done})"
         teardown(ctx, run, RunState.FAILED, FailureReason.INSTANCE_LOST, message, keep=False)
         return
-    allowed = spot.max_preemptions(run)
+    allowed, may_leave = spot.max_preemptions(run), spot.may_leave(run)
     spent = allowed is not None and done >= allowed
-    if spent and not spot.may_leave(run):  # INTERRUPTABLE: as many spot machines as the job allows
+    if spent and not may_leave:  # INTERRUPTABLE: as many spot machines as the job allows
         message = f"{why}; {done} spot machines replaced already (max_preemptions: {allowed})"
         teardown(ctx, run, RunState.FAILED, FailureReason.INSTANCE_LOST, message, keep=False)
         return
     leaving = None
-    if spot.may_leave(run) and spent:
+    if may_leave and spent:
         leaving = f"{why}; {done + 1} spot machines lost, more than max_preemptions ({allowed})"
-    elif spot.may_leave(run) and at_boot and run.boot_losses >= 1:
+    elif may_leave and at_boot and run.boot_losses >= 1:
         leaving = f"{why}; a second spot machine stopped before it came up"
     try:  # a preempted node may still bill (vast.ai bills a stopped instance's disk): end it
         drafts = terminate_instance(ctx, run)

@@ -66,7 +66,7 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
         why = f"its readiness check {info.status}: {info.message}".rstrip(": ")
         raise _broken(head, f"{why}\n{logs[-1500:]}")
     record = found[-1]
-    problems = [str(p) for p in record.get("problems") or []] + _fork_problems(run, ctx, record)
+    problems = [str(p) for p in record.get("problems") or []] + _fork_problems(ctx, run, record)
     setup = record.get("setup")
     said = node_record(EventType.NODE_SETUP, setup) if isinstance(setup, dict) else None
     if problems:
@@ -83,7 +83,7 @@ def check_node(ctx: context.Context, run: Run, head: str, endpoint: NodeEndpoint
     return _ready(ctx, run, head, check, [said] if isinstance(said, NodeSetup) else [])
 
 
-def _fork_problems(run: Run, ctx: context.Context, record: dict[str, object]) -> list[str]:
+def _fork_problems(ctx: context.Context, run: Run, record: dict[str, object]) -> list[str]:
     """What is wrong with the node's axolotl when the section names a fork: not installed from it (its
     URL, and the branch or the run's pinned commit)."""
     wanted = node_software(ctx, run).axolotl_source

@@ -159,11 +159,11 @@ def test_the_readiness_check_refuses_a_node_not_on_the_fork(tmp_path: Path) -> N
     run = SimpleNamespace(spec=job.spec, progress=SimpleNamespace(axolotl_commit=None))
     ctx: Any = SimpleNamespace(settings=SimpleNamespace(axolotl_version="0.19.0"))
     on_it = {"axolotl_source": {"url": URL[4:], "commit": "abc", "ref": "large_dataset"}}
-    assert readiness._fork_problems(run, ctx, on_it) == []  # type: ignore[arg-type]
-    (why,) = readiness._fork_problems(run, ctx, {"axolotl_source": None})  # type: ignore[arg-type]
+    assert readiness._fork_problems(ctx, run, on_it) == []  # type: ignore[arg-type]
+    (why,) = readiness._fork_problems(ctx, run, {"axolotl_source": None})  # type: ignore[arg-type]
     assert why == f"axolotl on the node is not from git, the job asks for the fork {URL}@large_dataset"
     run.progress.axolotl_commit = "def"  # pinned by the first node: a later one on abc is not the run's
-    (why,) = readiness._fork_problems(run, ctx, on_it)  # type: ignore[arg-type]
+    (why,) = readiness._fork_problems(ctx, run, on_it)  # type: ignore[arg-type]
     assert why.endswith(f"at abc, the job asks for the fork {URL}@def")
 
 

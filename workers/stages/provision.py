@@ -14,7 +14,6 @@ from broker.app import app
 from core.crashpoints import CrashPoint, crash_point
 from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
 from jobs.paths import node_paths
-from jobs.sections.base import RemoteSection
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.cluster import cluster_nodes, node_summary
 from state.ledger import Draft
@@ -72,7 +71,7 @@ def step(ctx: context.Context, run: Run) -> Next:
             nodes[name] = found
     for name, found in nodes.items():
         if found.state == NodeState.STOPPED:
-            _stopped(ctx, run, names.index(name), found)
+            _stopped(ctx, run, found)
         if found.state == NodeState.FAILED:
             raise StageFailed(FailureReason.PROVISIONING_FAILED, f"instance {name}: {found.message}")
     up = [name for name in names if name in nodes and nodes[name].state == NodeState.RUNNING]
@@ -131,19 +130,18 @@ def _give_up(
     raise StageFailed(FailureReason.NODE_TIMEOUT, why)
 
 
-def _stopped(ctx: context.Context, run: Run, k: int, found: NodeInstance) -> NoReturn:
-    """Node `k` stopped while the run waited for it. One that had come up was preempted: it is replaced.
-    One that stopped before it came up was outbid, or its cloud could not start it: an image that cannot be
-    pulled, a container that exits at once (RunPod stops such a pod and says neither). An on-demand machine
-    is never outbid, and a second spot machine stopping before it came up is unlikely to be chance: the run
-    fails, saying what to check, rather than renting the same failure again (up to max_preemptions); a
-    `pod_type: auto` run goes on on demand instead (workers.spot)."""
+def _stopped(ctx: context.Context, run: Run, found: NodeInstance) -> NoReturn:
+    """A node of the run (`found`) stopped while the run waited for it. One that had come up was preempted:
+    it is replaced. One that stopped before it came up was outbid, or its cloud could not start it: an image
+    that cannot be pulled, a container that exits at once (RunPod stops such a pod and says neither). An
+    on-demand machine is never outbid, and a second spot machine stopping before it came up is unlikely to
+    be chance: the run fails, saying what to check, rather than renting the same failure again (up to
+    max_preemptions); a `pod_type: auto` run goes on on demand instead (workers.spot)."""
     why = f"instance {found.name}: {found.message}"
     record = ctx.ledger.get_instance(found.name)
     if record is not None and record.state == InstanceState.RUNNING:
         raise NodeLost(why)
-    section = run.node_section(k)
-    on_spot = isinstance(section, RemoteSection) and section.pod_type == "INTERRUPTABLE"
+    on_spot = spot.on_spot(run)
     if on_spot and (run.boot_losses == 0 or spot.may_leave(run)):  # auto: the next one on demand
         raise NodeLost(f"{why}, before it came up", at_boot=True)
     which = "the second spot machine to stop" if on_spot else "an on-demand machine, never outbid, stopped"
