@@ -25,6 +25,7 @@ from core import envnames
 from jobs.sections import ProviderName
 from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV, NodeSoftware
 from providers.onnode import failsafe, nodesetup, tlsfront
+from trainer import stopnotice
 from trainer.progress import NODE_ROOT_ENV
 
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
@@ -81,6 +82,11 @@ NODE_PINS = Path(trainer.__file__).with_name("node-pins.txt")
 HEAD_ADDRESS_ENV = failsafe.HEAD_ENV  # a worker node joins the Ray head at this host:port
 GCS_PORT = 6379  # the head's Ray GCS (Ray's default), where worker nodes join
 JOIN_RETRY_S = 5
+# After SIGTERM, how long the start script keeps Ray for the trainer to keep its checkpoint (it ends Ray as
+# soon as the trainer says it did); a vendor's own grace (RunPod's: 5 s) usually ends the machine first.
+STOP_GRACE_S = 60
+# The stop notice's file: the container's own, not under FLEET_NODE_ROOT (a volume other pods may mount).
+NODE_NOTICE = "/tmp/trainfleet-stop-notice"
 
 
 def head_argv(tls: bool = False) -> list[str]:
@@ -288,12 +294,35 @@ def start_script(
     if private_host:
         lines.append(f'NODE_IP="$(getent hosts "{private_host}" | awk \'{{print $1; exit}}\')" || NODE_IP=""')
         node_ip = ' ${NODE_IP:+"--node-ip-address=$NODE_IP"}'
+    lines += stop_notice_lines()
     if worker:
         join = shlex.join(worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
-        lines.append(f"while true; do {join} || true; sleep {JOIN_RETRY_S}; done")
+        again = f'[ -n "$STOPPING" ] || sleep {JOIN_RETRY_S}'
+        lines.append(f'while [ -z "$STOPPING" ]; do fleet_ray {join} || true; {again}; done')
     else:
-        lines.append("exec " + shlex.join(head_argv(tls)) + node_ip)
+        lines.append("fleet_ray " + shlex.join(head_argv(tls)) + node_ip)
     return "\n".join(lines)
+
+
+def stop_notice_lines() -> list[str]:
+    """Ray in the background under a shell that outlives it, so that SIGTERM (a container's stop: what a
+    vendor sends before it takes a machine back) reaches a trap rather than Ray: the trap writes the node's
+    stop notice ($FLEET_STOP_NOTICE, NODE_NOTICE unless set: trainer.stopnotice), which the trainer sees at
+    its next step, and leaves Ray running until the trainer says its checkpoint is kept (the notice's
+    `.saved`) or STOP_GRACE_S pass, then ends it, so the container ends. `fleet_ray ARGV` runs Ray so and
+    returns its exit status; `STOPPING` is set once told."""
+    notice = stopnotice.NOTICE_ENV
+    saved = f'S="${notice}{stopnotice.SAVED_SUFFIX}"; rm -f "$S"'
+    told = f'echo SIGTERM >"${notice}" || true'
+    waiting = f'[ $i -lt {STOP_GRACE_S} ] && kill -0 $RAY && [ ! -e "$S" ]'
+    waits = f"i=0; while {waiting}; do sleep 1; i=$((i+1)); done"
+    return [
+        f'export {notice}="${{{notice}:-{NODE_NOTICE}}}"; RAY=; STOPPING=',
+        f"fleet_stop() {{ STOPPING=1; {saved}; {told}; ({waits}; kill $RAY) 2>/dev/null & }}",
+        "trap fleet_stop TERM",
+        'fleet_ray() { "$@" & RAY=$!; rc=0; while kill -0 $RAY 2>/dev/null;'
+        " do wait $RAY && rc=0 || rc=$?; done; return $rc; }",
+    ]
 
 
 def container_command(

@@ -68,6 +68,16 @@ class Unreached(BaseModel):
     endpoint: str = Field(description="The URL called (it names the node; never a credential).")
 
 
+class StopSeen(BaseModel):
+    """A train Ray job that ended after its trainer was told its machine is going (a STOPPED line), and
+    when the train stage first saw it ended: the machine's loss is awaited from then (train.GONE_WAIT_S)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: str
+    at: float = Field(description="Epoch seconds.")
+
+
 class Placement(BaseModel):
     """Where a `cloud:` job's attempt was rented (provision's choice among the clouds), and, once the run
     moved on from it, why."""
@@ -122,6 +132,9 @@ class RunProgress(StepFields):
     placements: list[Placement] = Field(
         default_factory=list,
         description="A `cloud:` job's offers, one per attempt that rented (or tried to), the latest last.",
+    )
+    stop_seen: StopSeen | None = Field(
+        None, description="The latest train job that ended on its machine's stop notice (train)."
     )
     axolotl_commit: str | None = Field(
         None,

@@ -177,8 +177,13 @@ class FleetCallback(TrainerCallback):  # type: ignore[misc]  # transformers is u
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             lines.emit(lines.Checkpoint(step=state.global_step, path=str(path)))
         if self.stopping is not None:  # kept: wait to be killed with the machine (trainer.stopnotice)
+            pushing = getattr(self.trainer, "push_in_progress", None)  # HF pushes in the background
+            if pushing is not None:
+                pushing.wait_until_done()  # the checkpoint on the hub before the node is told it may go
             why, since = self.stopping
-            stopnotice.wait_for_the_end(state.global_step, why, time.monotonic() - since)
+            stopnotice.wait_for_the_end(
+                self.stop, state.global_step, why, time.monotonic() - since, state.is_world_process_zero
+            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.stop.restore()

@@ -131,6 +131,16 @@ class Resumed(Line):
     source: str | None = Field(None, description="Where the checkpoint was: local or ray.")
 
 
+class Stopped(Line):
+    """The machine is going (a stop notice): a checkpoint at `step` is kept, and the trainer waits to
+    be killed with its machine (trainer.stopnotice)."""
+
+    kind = Kind.STOPPED
+    step: int
+    why: str = Field(description="SIGTERM, or the node's stop notice.")
+    saved_in_s: float = Field(description="From the notice seen to the checkpoint kept.")
+
+
 class Rollback(Line):
     """The loss watchdog tripped: back to an earlier step with a lower learning rate."""
 

@@ -41,6 +41,7 @@ class Kind(StrEnum):
     PUSHED = "pushed"  # the results are on the HF Hub (trainer.push)
     PENDING = "pending"  # Ray cannot place the training workers yet (trainer.placement)
     WANDB = "wandb"  # W&B could not be opened; the trainer trains on without it
+    STOPPED = "stopped"  # told its machine is going, the trainer kept a checkpoint (trainer.stopnotice)
 
 
 def emit(kind: Kind, **data: Any) -> None:

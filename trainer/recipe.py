@@ -329,7 +329,9 @@ class _Run(RunSetup):
         if self.saved_at != self.pos.step:
             self.checkpoint()
         said = why or "another worker's stop notice"
-        stopnotice.wait_for_the_end(self.pos.step, said, time.monotonic() - started)
+        stopnotice.wait_for_the_end(
+            self.stop, self.pos.step, said, time.monotonic() - started, self.worker.is_main
+        )
 
     def checkpoint(self) -> None:
         """Make the current state the anchor of rollbacks (every rank); rank 0 saves it as step-N under

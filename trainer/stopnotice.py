@@ -2,10 +2,15 @@
 stopped), and the trainer has a short while to keep what it did.
 
 Two ways in, one meaning: SIGTERM to the trainer's own process (a container's stop reaches it, or `ray job
-stop`), which only the main thread can catch, and the node's notice file, `$FLEET_NODE_ROOT/stop-notice`,
-which any process of the run can see (Ray Train's workers run in actors, where no signal handler can be
-set), written by whatever learns of the stop first (the node's start script on SIGTERM, a vendor's notice).
-A notice older than this trainer is a leftover of an earlier container on the same volume, never obeyed.
+stop`), which only the main thread can catch, and the node's notice file, `$FLEET_STOP_NOTICE`, which any
+process of the run can see (Ray Train's workers run in actors, where no signal handler can be set), written
+by whatever learns of the stop first (the node's start script on SIGTERM, a vendor's notice). The file is
+the machine's own (a rented node's start script puts it in the container's /tmp), never on a volume that
+another machine may mount, whose stop is not this one's; one older than this trainer is a leftover of an
+earlier start of the same container, never obeyed. Once the checkpoint is kept, the trainer says so in a
+STOPPED line and in the notice's `.saved` file, which the node's start script waits for before it ends Ray
+(providers.bootstrap: a machine whose stop gives it more time than the save took goes at once, not after
+its whole grace).
 
 The builtin recipe asks after every optimizer step (every worker agrees: a collective): on a stop it saves
 a checkpoint at that step, says so, and then waits (WAIT_S) to be killed with its machine rather than
@@ -15,6 +20,7 @@ not a failed run; a machine that stays (a local node, a stopped Ray job) sees th
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -24,9 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from trainer.progress import NODE_ROOT_ENV
+from trainer import lines
 
-NOTICE_FILE = "stop-notice"
+NOTICE_ENV = "FLEET_STOP_NOTICE"  # the notice file's path, in the node's environment
+SAVED_SUFFIX = ".saved"  # the trainer's answer beside it: its checkpoint is kept (the start script's cue)
 # How long a stopped trainer waits for its machine to go before it ends itself: longer than a container's
 # stop takes (docker's grace is 10 s), short enough that a trainer whose machine stays (a local node, a
 # `ray job stop`) does not linger.
@@ -37,8 +44,8 @@ class StopNotice:
     """Whether this trainer was told to stop (module docstring)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        root = environ.get(NODE_ROOT_ENV)
-        self.path = Path(root) / NOTICE_FILE if root else None
+        path = environ.get(NOTICE_ENV)
+        self.path = Path(path) if path else None
         self.since = time.time()
         self.signalled = False
         self._before: Any = None
@@ -70,9 +77,22 @@ class StopNotice:
             return None
         return f"the node's stop notice ({self.path})" if written >= self.since - 1.0 else None
 
+    def saved(self) -> None:
+        """Tell the node the checkpoint is kept (the notice's `.saved` file)."""
+        if self.path is not None:
+            saved = self.path.with_name(self.path.name + SAVED_SUFFIX)
+            with contextlib.suppress(OSError):  # where it cannot be written the node only loses the early end
+                saved.write_text(f"{time.time():.3f}\n", encoding="utf-8")
 
-def wait_for_the_end(step: int, why: str, saved_in_s: float) -> None:
-    """Say what was kept, then wait (WAIT_S) to be killed with the machine, and end (see the module)."""
+
+def wait_for_the_end(notice: StopNotice, step: int, why: str, saved_in_s: float, main: bool) -> None:
+    """Say what was kept (a STOPPED line from the `main` process; every process tells the node, whose
+    start script then ends Ray), then wait (WAIT_S) to be killed with the machine, and end (see the
+    module)."""
+    if main:
+        lines.emit(lines.Stopped(step=step, why=why, saved_in_s=round(saved_in_s, 3)))
+        sys.stdout.flush()
+    notice.saved()
     print(
         f"trainer: stopping at step {step} ({why}): checkpoint step-{step} saved in {saved_in_s:.1f} s; "
         "waiting for the machine to stop",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from providers.bootstrap import stop_notice_lines
 from providers.local.environment import LOOPBACK_ONLY, SYSTEM_PATH, head_env, kept_env, software_key
 from providers.local.ports import port_block
 from providers.local.sandbox import Sandbox, python_paths
@@ -108,14 +109,18 @@ class LocalHeads:
         python: Path | None = None,
         sandbox: Sandbox | None = None,
         shared: tuple[Path, ...] = (),
+        as_rented: bool = False,
     ) -> None:
         """`sandbox`: the walls of every head started here (None: none, a fake cloud's stand-in for a
         rented machine); `shared`: the directories its nodes may write besides their own root (the model
-        cache)."""
+        cache). `as_rented` (a fake cloud's nodes): each node's Ray runs under the shell a rented node's
+        start script runs it under (providers.bootstrap.stop_notice_lines), so that a SIGTERM to that
+        shell (`notify`) is a container's stop, as a vendor sends it."""
         self.nodes_dir = nodes_dir
         self.python = python or node_python()
         self.sandbox = sandbox
         self.shared = shared
+        self.as_rented = as_rented
 
     def node_dir(self, name: str) -> Path:
         return self.nodes_dir / name
@@ -284,6 +289,9 @@ class LocalHeads:
         }
         if not joinable:  # see LOOPBACK_ONLY: a head no node joins (Ray refuses a join in that mode)
             own.update(LOOPBACK_ONLY)
+        if self.as_rented:  # FLEET_NODE_ROOT is in the node's `env`, as its start script exports it
+            script = "\n".join(["set -eu", *stop_notice_lines(), 'fleet_ray "$@"'])
+            argv = ["/bin/sh", "-c", script, "sh", *argv]
         if self.sandbox is not None:
             own.update(self.sandbox.env(root), **{NODE_ROOT_ENV: str(root)})
             argv = self.sandbox.wrap(
@@ -328,6 +336,19 @@ class LocalHeads:
             return abs(proc.create_time() - meta.created_at) < 5 and time.time() - meta.created_at < 10
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
+
+    def notify(self, name: str, grace_s: float) -> bool:
+        """A container's stop: SIGTERM to the node's first process alone (under `as_rented`, the shell whose
+        trap tells the trainer), then up to `grace_s` for it to end; whether it did. `stop` kills the rest."""
+        meta = self.read(name)
+        if meta is None or not meta.pid:
+            return False
+        try:
+            first = psutil.Process(meta.pid)
+            first.send_signal(signal.SIGTERM)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return True
+        return wait_gone([first], grace_s)
 
     def stop(self, name: str, grace_s: float = 0.5) -> None:
         """End every process of the head (SIGTERM, then SIGKILL after a grace period); idempotent. Most

@@ -33,6 +33,7 @@ from state.payloads.node import (
     TrainRollback,
     TrainStarted,
     TrainStep,
+    TrainStopped,
     TrainSubmitted,
     WandbUnavailable,
 )
@@ -191,6 +192,7 @@ __all__ = [
     "TrainRollback",
     "TrainStarted",
     "TrainStep",
+    "TrainStopped",
     "TrainSubmitted",
     "WandbRun",
     "WandbUnavailable",

@@ -58,6 +58,7 @@ class EventType(StrEnum):
     TRAIN_BATCH_SIZE = "train.batch_size"
     TRAIN_PENDING = "train.pending"  # Ray cannot place the training workers yet: the demand, the nodes
     TRAIN_RESTARTED = "train.restarted"
+    TRAIN_STOPPED = "train.stopped"  # told its machine is going, the trainer kept a checkpoint at a step
     FINALIZE_PUSHED = "finalize.pushed"
     FINALIZE_PULLED = "finalize.pulled"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"

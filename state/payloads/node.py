@@ -116,6 +116,10 @@ class TrainPending(lines.Pending, NodeRecord):
     type = EventType.TRAIN_PENDING
 
 
+class TrainStopped(lines.Stopped, NodeRecord):
+    type = EventType.TRAIN_STOPPED
+
+
 class TrainRestarted(Payload):
     type = EventType.TRAIN_RESTARTED
     restart: int

@@ -189,6 +189,9 @@ class FakeCloud(Served):
     """Base for a fake vendor API. Use as a context manager, or `start()` / `stop()`."""
 
     vendor = "fake"
+    # What a preempted machine gets before it is killed (a container's stop: SIGTERM first): the vendor's
+    # documented notice; 0 where there is none. `preempt` gives it; a test may set it longer.
+    stop_notice_s = 0.0
 
     def __init__(
         self,
@@ -243,13 +246,28 @@ class FakeCloud(Served):
             }
 
     def preempt(self, instance_id: str) -> bool:
-        """Mark an interruptible instance as lost and stop its node; False if unknown or on-demand."""
+        """Take an interruptible instance back; False if unknown or on-demand. With the vendor's
+        `stop_notice_s`, as a container's stop: SIGTERM to its node's first process, that long before the
+        rest is killed (in the background: the call returns at once), and only then is the instance shown
+        lost; without, at once."""
         with self.lock:
             inst = self.instances.get(str(instance_id))
             if inst is None or not inst.interruptible or inst.state == "terminated":
                 return False
-            inst.state = "preempted"
-        self.nodes.stop(self.node_name(inst))
+            notice_s = self.stop_notice_s
+            if not notice_s:
+                inst.state = "preempted"
+        if not notice_s:
+            self.nodes.stop(self.node_name(inst))
+            return True
+
+        def taken_back() -> None:
+            self.nodes.stop(self.node_name(inst), notice_s)
+            with self.lock:
+                if inst.state != "terminated":
+                    inst.state = "preempted"
+
+        threading.Thread(target=taken_back, daemon=True, name=f"preempt-{inst.id}").start()
         return True
 
     # -- instance bookkeeping used by vendors ------------------------------------------------------

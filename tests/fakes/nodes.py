@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from providers.local.client import LocalHeads
 from tests.fakes import node_images
 from trainer.progress import MARKER, NODE_ROOT_ENV
+from trainer.stopnotice import NOTICE_ENV
 
 RAY_CPUS_PER_NODE = 1  # the test machine has 2 cores
 TOKEN_ENV = "FLEET_RAY_TOKEN"  # the node's Ray token (goes to the head as its token, not its env)
@@ -75,8 +76,10 @@ class NodeBackend(Protocol):
     def ready_port(self, name: str, token: str | None) -> int | None:
         """The local port published as the node's dashboard once it is up, else None."""
 
-    def stop(self, name: str) -> None:
-        """Stop the node; idempotent."""
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
+        """Stop the node; idempotent. With `notice_s`, as a vendor stops a container: SIGTERM to its first
+        process, and that long for it to end before the rest is killed (a node running no trainer, and so
+        nothing to keep, may ignore it)."""
 
     def stop_all(self) -> None:
         """Stop every node this backend started."""
@@ -115,7 +118,7 @@ class NoNodes:
             return None
         return started[1]
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
         """Forget the node."""
         with self._lock:
             self._started.pop(name, None)
@@ -250,7 +253,7 @@ class StubNodes:
             return None
         return int(started[1].server_address[1])
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
         """Stop the node's stub server."""
         with self._lock:
             started = self._started.pop(name, None)
@@ -281,7 +284,7 @@ class RayNodes:
     `delay_s`, as a container does whose `ray start --address` keeps failing."""
 
     def __init__(self, home: Path, cpus: int = RAY_CPUS_PER_NODE, delay_s: float = 0.2) -> None:
-        self.heads = LocalHeads(home / "nodes")
+        self.heads = LocalHeads(home / "nodes", as_rented=True)  # SIGTERM reaches its start script's trap
         self.roots = home / "node-roots"
         self.cpus = cpus
         self._names: set[str] = set()
@@ -300,6 +303,9 @@ class RayNodes:
         node_env = {k: v for k, v in boot.env.items() if not k.startswith("-") and k != TOKEN_ENV}
         # As the start script does on a rented node, but a root of its own, apart from the fleet's files.
         node_env[NODE_ROOT_ENV] = str(boot.root or self.roots / name)
+        # The machine's own stop notice (its start script's default is the container's /tmp, which every
+        # fake node on this machine would share): never on the root, which a volume shares between nodes.
+        node_env[NOTICE_ENV] = str(self.heads.node_dir(name) / "stop-notice")
         runs = node_images.image(boot.image)  # the image's own Python environment, never the fleet's
         node_env.update(runs.env())
         runs.set_up(boot.env, Path(node_env[NODE_ROOT_ENV]))  # as its start script would, before Ray
@@ -382,11 +388,15 @@ class RayNodes:
             return None
         return meta.ports["dashboard_port"] if ok else None
 
-    def stop(self, name: str) -> None:
-        """Stop the node's processes (and a join still waiting for its head)."""
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
+        """Stop the node's processes (and a join still waiting for its head); with `notice_s`, first a
+        SIGTERM to its start script's shell, which tells the trainer (providers.bootstrap.stop_notice_lines)
+        and ends Ray once the trainer kept its checkpoint, and that long for it."""
         with self._lock:
             self._cancel(name)
         self._stranded.stop(name)
+        if notice_s > 0:
+            self.heads.notify(name, notice_s)
         self.heads.stop(name)
 
     def stop_all(self) -> None:

@@ -325,8 +325,9 @@ class ReplayNodes(StubNodes):
         if old is not None:
             _close_later(old[1])
 
-    def stop(self, name: str) -> None:
-        """Stop the node's server, not waiting for its loop to notice (a fake calls this under its lock)."""
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
+        """Stop the node's server, not waiting for its loop to notice (a fake calls this under its lock);
+        a replay keeps nothing, so `notice_s` changes nothing."""
         with self._lock:
             started = self._started.pop(name, None)
         if started is not None:

@@ -126,6 +126,7 @@ class FakeRunPod(FakeCloud):
     """RunPod's GraphQL API. `stock` maps a GPU type id to how many GPUs one pod may get (0: none)."""
 
     vendor = "runpod"
+    stop_notice_s = 5.0  # RunPod's docs: a spot pod taken back gets SIGTERM, then SIGKILL 5 s later
 
     def __init__(self, api_key: str = "test-key", **kwargs: Any) -> None:
         super().__init__(api_key, **kwargs)

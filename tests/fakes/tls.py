@@ -111,10 +111,10 @@ class Fronted:
             for server in (opened.server, *opened.others):
                 self._loop.call_soon_threadsafe(server.close)
 
-    def stop(self, name: str) -> None:
-        """Stop the node and its front."""
+    def stop(self, name: str, notice_s: float = 0.0) -> None:
+        """Stop the node (`notice_s`: NodeBackend.stop) and its front."""
+        self.inner.stop(name, notice_s)
         self._close(name)
-        self.inner.stop(name)
 
     def stop_all(self) -> None:
         """Stop every node and front."""

@@ -96,6 +96,7 @@ class FakeVastAI(FakeCloud):
     """vast.ai's REST API with a catalog of 8 offers; instance ids are integers."""
 
     vendor = "vastai"
+    stop_notice_s = 0.0  # vast.ai documents no notice: an outbid instance is stopped at once
 
     def __init__(self, api_key: str = "test-key", page_size: int = 25, **kwargs: Any) -> None:
         """`page_size`: the most instances one list request gets (a larger `limit` gets that many)."""

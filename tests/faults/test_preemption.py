@@ -121,3 +121,47 @@ def test_a_run_preempted_at_several_points_resumes_and_succeeds(
             assert later and min(later) > int(event["data"]["step"]), (event["data"], later[:3])
     if plan == "train_first_mid_last":
         assert kinds.count("train.resumed") == len(points)
+
+
+def test_a_spot_pod_told_to_stop_keeps_its_step_and_the_next_node_goes_on_from_it(
+    case: Case, tmp_path: Path
+) -> None:
+    """RunPod's preemption as a container's stop: SIGTERM to the pod's start script, whose trap tells the
+    trainer (the node's stop notice); the trainer keeps a checkpoint at the step it reached and pushes it,
+    and the next node goes on from that step, though the job schedules no checkpoint before its end."""
+    fake = case.stack.enter_context(
+        FakeRunPod(api_key=CANARIES["RUNPOD_API_KEY"], home=tmp_path / "fake", nodes="ray")
+    )
+    # RunPod gives 5 s; here more, so that a loaded machine's slow save does not make the case flaky: what
+    # is under test is the way from SIGTERM to the resume (the save's own time is train.stopped's saved_in_s).
+    fake.stop_notice_s = 30.0
+    fleet = LiveFleet(case, tmp_path / "fleet", [fake], FLEET_PREEMPT_BACKOFF_S="1")
+    job = light_job_file(tmp_path / "job", SECTIONS["runpod"], extra=EXTRA)
+    job.write_text(job.read_text().replace("save_steps: 40", "save_steps: 1000"))
+    fleet.worker()
+    run_id = fleet.enqueue(job)
+    case.expect(run_id, RunState.SUCCEEDED)
+
+    def reached() -> int:
+        return max(
+            (int(e["data"]["step"]) for e in fleet.events(run_id) if e["type"] == "train.step"), default=0
+        )
+
+    wait_until(lambda: reached() >= 15, 300, "step 15", every=0.2)
+    told_at = reached()
+    (live,) = [i for i in fake.state()["instances"] if str(i["name"]).startswith(f"tf-{run_id}-")]
+    assert fake.preempt(str(live["id"])), live
+    case.inject("preemption")
+    wait_until(lambda: fleet.kinds(run_id).count("run.preempted") == 1, 120, "the preemption seen")
+    case.check()
+
+    evs = fleet.events(run_id)
+    kinds = [e["type"] for e in evs]
+    assert "train.restarted" not in kinds and kinds.count("run.succeeded") == 1
+    (resumed,) = [e["data"] for e in evs if e["type"] == "train.resumed"]
+    assert int(resumed["step"]) >= told_at  # the step the stopped trainer reached: no other was saved
+    at = kinds.index("train.resumed")
+    kept = [int(e["data"]["step"]) for e in evs[:at] if e["type"] == "train.checkpoint"]
+    assert kept in ([], [int(resumed["step"])]), kept  # its line may be lost with the node; no other
+    later = [int(e["data"]["step"]) for e in evs[kinds.index("train.resumed") :] if e["type"] == "train.step"]
+    assert later and min(later) > int(resumed["step"])

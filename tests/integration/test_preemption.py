@@ -34,6 +34,7 @@ SECTION = RunPodSection(gpu="NVIDIA RTX A5000", pod_type="INTERRUPTABLE", max_pr
 @pytest.fixture
 def fake(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
     with FakeRunPod(api_key="rp-key", home=fleet_home / "fake", nodes="none", ready_delay_s=0) as fake:
+        fake.stop_notice_s = 0.0  # no trainer to tell (no nodes): a preempted pod is shown EXITED at once
         monkeypatch.setenv("RUNPOD_API_KEY", "rp-key")
         yield fake
 

@@ -33,6 +33,7 @@ SAMPLES: list[lines.Line] = [
     lines.Checkpoint(step=2, path="/n/ck/2", hub="checkpoint-2"),
     lines.Resumed(step=2, total_steps=4, path="/n/ck/2", source="ray"),
     lines.Rollback(step=3, to_step=2, reason="high_loss", loss=9.5, learning_rate=5e-5, rollbacks=1),
+    lines.Stopped(step=17, why="the node's stop notice (/tmp/node/stop-notice)", saved_in_s=0.8),
     lines.BatchSize(
         micro_batch_size=4, gradient_accumulation_steps=2, tried=[lines.Trial(size=8, fits=False)]
     ),

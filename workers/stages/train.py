@@ -6,13 +6,15 @@ in the same transaction as the events it produced, so a line is never relayed tw
 
 from __future__ import annotations
 
+import time
+
 from celery import Task
 
 from broker.app import app
 from core.errors import FailureReason, NodeLost, StageFailed
 from providers.node import JobStatus, NodeClient
 from state.ledger import Draft
-from state.models import Run
+from state.models import Run, StopSeen
 from state.payloads import (
     EventType,
     TrainBatchSize,
@@ -25,6 +27,7 @@ from state.payloads import (
     TrainRollback,
     TrainStarted,
     TrainStep,
+    TrainStopped,
     TrainSubmitted,
     WandbUnavailable,
 )
@@ -38,6 +41,10 @@ from workers.stage import RETRY_POLICY, Next, enter_next
 
 ENTRYPOINT = "python -m trainer train"
 TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change
+# A train job that ended after its trainer was told its machine is going (a STOPPED line) waits this long for
+# the provider to say the machine is gone (the run then goes on on a new one, from the checkpoint kept);
+# a machine still there after it stayed (a local node, a `ray job stop`): the job is run again on it.
+GONE_WAIT_S = 60.0
 
 # The train job's lines that become events: each event's payload is its line's model (trainer.lines).
 RELAYED = (
@@ -50,6 +57,7 @@ RELAYED = (
     TrainRollback,
     TrainBatchSize,
     TrainPending,
+    TrainStopped,
     WandbUnavailable,
 )
 _EVENT_OF = {payload.kind: payload.type for payload in RELAYED}
@@ -91,9 +99,14 @@ def step(ctx: context.Context, run: Run) -> Next:
     if info.status == JobStatus.FAILED and (pending := gave_up(log)) is not None:
         raise StageFailed(FailureReason.RESOURCES_UNAVAILABLE, unplaced(pending))
     crashed = info.status == JobStatus.FAILED and TRAINER_ERROR not in log
-    if crashed and run.num_nodes > 1 and (lost := node_lost(ctx, run)) is not None:
-        # A cluster that lost a node cannot place its workers again: the run goes on a new cluster.
-        raise NodeLost(f"{lost} while training")
+    stopped = told_to_stop(log)
+    if crashed and (run.num_nodes > 1 or stopped is not None) and (lost := node_lost(ctx, run)) is not None:
+        # A cluster that lost a node cannot place its workers again; a machine that was taken back gave its
+        # trainer a notice to keep a checkpoint: either way the run goes on on a new node.
+        kept = f" (its trainer kept step {stopped.step}: {stopped.why})" if stopped is not None else ""
+        raise NodeLost(f"{lost} while training{kept}")
+    if crashed and stopped is not None and seen_stopped(ctx, run, sid) < GONE_WAIT_S:
+        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)  # its machine is going: see it gone
     if crashed and restarts < ctx.settings.train_restarts:
         # Killed or crashed, not refused by the trainer: run it again; it resumes from its newest
         # checkpoint on the node (trainer.resume), not from step 0.
@@ -111,6 +124,26 @@ def step(ctx: context.Context, run: Run) -> Next:
         return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     why = "the trainer reported no result" if info.status == JobStatus.SUCCEEDED else info.message
     raise StageFailed(FailureReason.TRAINING_FAILED, f"train job {info.status}: {why}\n{log[-1500:]}")
+
+
+def told_to_stop(log: str) -> TrainStopped | None:
+    """The trainer's STOPPED line in a job's output: its machine was going, and it kept a checkpoint."""
+    said = [r for r in progress.parse(log) if r["kind"] == progress.Kind.STOPPED]
+    payload = node_record(EventType.TRAIN_STOPPED, said[-1]) if said else None
+    return payload if isinstance(payload, TrainStopped) else None
+
+
+def seen_stopped(ctx: context.Context, run: Run, sid: str) -> float:
+    """How long ago the train stage first saw job `sid` ended on its machine's stop notice (0 now)."""
+    now = time.time()
+
+    def seen(r: Run) -> list[Draft]:
+        if r.progress.stop_seen is None or r.progress.stop_seen.job != sid:
+            r.progress.stop_seen = StopSeen(job=sid, at=now)
+        return []
+
+    run = ctx.ledger.update_run(run.run_id, seen)
+    return now - run.progress.stop_seen.at if run.progress.stop_seen is not None else 0.0
 
 
 def train_env(ctx: context.Context, run: Run) -> dict[str, str]:
