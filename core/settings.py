@@ -175,6 +175,13 @@ class Settings(PolicySettings):
     lost_after_misses: int = Field(
         3, ge=1, le=100, description="Looks in a row without it in the provider's list before a node is LOST."
     )
+    stopped_node_wait_s: float = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="After a trainer told its machine is going kept a checkpoint and ended, how long train "
+        "waits for the provider to say the machine is gone before it runs the job again on it.",
+    )
     max_preemptions: int = Field(
         5, ge=0, le=100, description="Lost (preempted) nodes a run replaces before it fails INSTANCE_LOST."
     )

@@ -70,7 +70,7 @@ class Unreached(BaseModel):
 
 class StopSeen(BaseModel):
     """A train Ray job that ended after its trainer was told its machine is going (a STOPPED line), and
-    when the train stage first saw it ended: the machine's loss is awaited from then (train.GONE_WAIT_S)."""
+    when the train stage first saw it ended: the machine's loss is awaited from then (stopped_node_wait_s)."""
 
     model_config = ConfigDict(extra="forbid")
 

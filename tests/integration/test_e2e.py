@@ -18,7 +18,7 @@ import redis
 from jobs.dataset_check import MAX_ROWS
 from providers.local.client import node_python
 from state.keys import RUNS_INDEX, run_key
-from tests.factories import EXAMPLE_YAML, copy_example_data
+from tests.factories import EXAMPLE_YAML, copy_example_data, light_job_file
 from tests.integration.fleetproc import (
     REPO,
     Worker,
@@ -282,6 +282,43 @@ def test_a_nan_is_rolled_back_and_a_killed_trainer_resumes_from_its_checkpoint(
         (lr_after,) = [e["data"]["learning_rate"] for e in evs[rolled:] if e["type"] == "train.step"][:1]
         assert evs[rolled]["data"]["learning_rate"] < 0.75 * lr_before and lr_after < 0.75 * lr_before
         assert live_heads(home) == []
+    finally:
+        worker.stop()
+
+
+def test_a_trainer_told_to_stop_on_a_machine_that_stays_goes_on_from_its_step(
+    home: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to a local run's trainer (one process: `use_ray: false`), as a container's stop reaches it:
+    it keeps a checkpoint at the step it reached (the job schedules none), says `train.stopped`, and, its
+    machine staying, ends itself a while later. The train stage waits FLEET_STOPPED_NODE_WAIT_S for the
+    machine to go, then runs the job again on it, which goes on from that step."""
+    job = light_job_file(tmp_path / "job")
+    job.write_text(job.read_text().replace("save_steps: 40", "save_steps: 1000"))
+    env = {**fleet_env(home), "FLEET_STOPPED_NODE_WAIT_S": "1"}
+    worker = Worker(env, home / "worker.log")
+    try:
+        (queued,) = fleet_json(env, "enqueue", str(job))
+        run_id = queued["run_id"]
+
+        def reached() -> int:
+            steps = [e["data"]["step"] for e in events_of(home, run_id) if e["type"] == "train.step"]
+            return max(steps, default=0)
+
+        wait_until(lambda: reached() >= 15, 300, "step 15", every=0.2)
+        (driver,) = wait_until(lambda: trainer_drivers(run_id), 30, "the trainer's process")
+        driver.send_signal(signal.SIGTERM)
+        view = wait_for_end(env, run_id)
+        assert view["state"] == "SUCCEEDED", view
+        evs = events_of(home, run_id)
+        kinds = [e["type"] for e in evs]
+        (stopped,) = [e["data"] for e in evs if e["type"] == "train.stopped"]
+        (restarted,) = [e["data"] for e in evs if e["type"] == "train.restarted"]
+        (resumed,) = [e["data"] for e in evs if e["type"] == "train.resumed"]
+        assert stopped["why"] == "SIGTERM" and stopped["step"] >= 15 and stopped["saved_in_s"] >= 0
+        assert kinds.index("train.stopped") < kinds.index("train.restarted") and restarted["restart"] == 1
+        assert resumed["step"] == stopped["step"]  # the step it was told at: no other checkpoint was kept
+        assert "run.preempted" not in kinds and live_heads(home) == []
     finally:
         worker.stop()
 

@@ -5,6 +5,7 @@ a `ray` that records the signals it gets (the trainer's side: tests/unit/test_st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,7 +60,7 @@ class Node:
             "FLEET_NODE_PINS": "",  # the node's software is all there: nothing to install
         }
         script = script.replace(f"-lt {STOP_GRACE_S} ", f"-lt {grace_s} ")
-        self.proc = subprocess.Popen(["sh", "-c", script], env=env)
+        self.proc = subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True)
         wait_for("ray to start", lambda: self.said().count("start") == 1)
 
     def said(self) -> list[str]:
@@ -76,10 +77,10 @@ class Node:
 def nodes() -> Iterator[list[Node]]:
     made: list[Node] = []
     yield made
-    for node in made:
-        if node.proc.poll() is None:
-            node.proc.kill()
-            node.proc.wait(10)
+    for node in made:  # the script's whole group: its `ray` too, which a failed case may have left running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.proc.pid, signal.SIGKILL)
+        node.proc.wait(10)
 
 
 @pytest.mark.parametrize("worker", [False, True], ids=["head", "worker"])

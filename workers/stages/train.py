@@ -41,10 +41,6 @@ from workers.stage import RETRY_POLICY, Next, enter_next
 
 ENTRYPOINT = "python -m trainer train"
 TRAINER_ERROR = "trainer: error:"  # how the trainer says it failed for a reason a rerun cannot change
-# A train job that ended after its trainer was told its machine is going (a STOPPED line) waits this long for
-# the provider to say the machine is gone (the run then goes on on a new one, from the checkpoint kept);
-# a machine still there after it stayed (a local node, a `ray job stop`): the job is run again on it.
-GONE_WAIT_S = 60.0
 
 # The train job's lines that become events: each event's payload is its line's model (trainer.lines).
 RELAYED = (
@@ -105,8 +101,10 @@ def step(ctx: context.Context, run: Run) -> Next:
         # trainer a notice to keep a checkpoint: either way the run goes on on a new node.
         kept = f" (its trainer kept step {stopped.step}: {stopped.why})" if stopped is not None else ""
         raise NodeLost(f"{lost} while training{kept}")
-    if crashed and stopped is not None and seen_stopped(ctx, run, sid) < GONE_WAIT_S:
-        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)  # its machine is going: see it gone
+    if crashed and stopped is not None and seen_stopped(ctx, run, sid) < ctx.settings.stopped_node_wait_s:
+        # Its machine is going: see it gone (then NodeLost, above). One still there after the wait stayed (a
+        # local node, a `ray job stop`): the job runs again on it, from the checkpoint its trainer kept.
+        return Next.poll(Stage.TRAIN, ctx.settings.poll_interval_s)
     if crashed and restarts < ctx.settings.train_restarts:
         # Killed or crashed, not refused by the trainer: run it again; it resumes from its newest
         # checkpoint on the node (trainer.resume), not from step 0.
