@@ -85,7 +85,7 @@ def test_a_template_gives_the_image_and_runs_the_start_script_from_the_environme
     assert pod.extra["imageName"] == "rayproject/ray:2.60.0-py311-gpu"  # the template's, not ours
     assert (
         pod.env["FLEET_BOOTSTRAP"].startswith("set -eu\n")
-        and "exec ray start --head" in pod.env["FLEET_BOOTSTRAP"]
+        and "fleet_ray ray start --head" in pod.env["FLEET_BOOTSTRAP"]
     )
     assert not pod.stuck  # that template runs it: the node boots
     # A template and an image: the image and our start command, as without a template.
