@@ -99,6 +99,13 @@ def axolotl_python(configured: Path | None = None) -> Path:
     return beside if beside.exists() else node_python()
 
 
+def under_start_script(argv: list[str]) -> list[str]:
+    """`ray start` argv run as a rented node's start script runs it, under its SIGTERM trap (providers.
+    bootstrap.stop_notice_lines; the notice's path, FLEET_STOP_NOTICE, comes in the node's environment)."""
+    script = "\n".join(["set -eu", *stop_notice_lines(), 'fleet_ray "$@"'])
+    return ["/bin/sh", "-c", script, "sh", *argv]
+
+
 class LocalHeads:
     """The local Ray heads under one directory. Their processes run `python` (a node environment's
     interpreter, whose bin/ holds its `ray`), not necessarily the fleet's."""
@@ -235,9 +242,8 @@ class LocalHeads:
     ) -> HeadMeta:
         node_dir = self.node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
-        write_private(node_dir / "token", token)
+        token_path = write_private(node_dir / "token", token)
         root = root or node_dir / "root"
-        token_path = node_dir / "token"
         # Unix socket paths are limited to ~107 bytes, so Ray's temp dir is short and under /tmp.
         digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
         # A sandboxed node writes its root, the shared cache and Ray's temp dir (its logs, seen from here).
@@ -289,9 +295,7 @@ class LocalHeads:
         }
         if not joinable:  # see LOOPBACK_ONLY: a head no node joins (Ray refuses a join in that mode)
             own.update(LOOPBACK_ONLY)
-        if self.as_rented:  # FLEET_NODE_ROOT is in the node's `env`, as its start script exports it
-            script = "\n".join(["set -eu", *stop_notice_lines(), 'fleet_ray "$@"'])
-            argv = ["/bin/sh", "-c", script, "sh", *argv]
+        argv = under_start_script(argv) if self.as_rented else argv
         if self.sandbox is not None:
             own.update(self.sandbox.env(root), **{NODE_ROOT_ENV: str(root)})
             argv = self.sandbox.wrap(
