@@ -13,6 +13,7 @@ never an empty answer that would pass a job through.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -93,6 +94,16 @@ class CloudFacts:
     """Whether its offers say where the machine is (a `cloud:` section's `avoid` needs it)."""
     node_env: Reserved | None = None
     """The names it sets in its nodes' environment, which a job may not set (core.envnames)."""
+
+
+def avoided(where: str, avoid: Iterable[str]) -> str | None:
+    """The entry of `avoid` that `where` (a place as a cloud reports it: "Sweden, SE", "EU-RO-1, Europe")
+    names, or None. Whole names only, case aside: one of its comma-separated parts, or a word of one (a
+    country code in a data center's id), so that `RO` avoids EU-RO-1, yet no short code matches inside a
+    longer name (`RO` is not in "Europe")."""
+    parts = [p.strip().lower() for p in where.split(",") if p.strip()]
+    names = set(parts) | {w for p in parts for w in re.split(r"[^0-9a-z]+", p) if w}
+    return next((a for a in avoid if a.strip().lower() in names), None)
 
 
 _DECLARED: dict[str, CloudFacts] | None = None

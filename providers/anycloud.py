@@ -104,8 +104,12 @@ def _short_of_memory(section: CloudSection, c: Candidate) -> str | None:
 
 
 def _avoided(section: CloudSection, c: Candidate) -> str | None:
+    if not section.avoid:
+        return None
     where = c.detail.get("location", "")
-    hit = next((a for a in section.avoid if where and a.lower() in where.lower()), None)
+    if not where:  # an offer that does not say where it is cannot be known to keep out of those places
+        return "it does not say where it is, and the job avoids places (avoid)"
+    hit = clouds.avoided(where, section.avoid)
     return f"in {where}, which the job avoids ({hit})" if hit else None
 
 

@@ -34,6 +34,8 @@ class Candidate:
     upload_mbps: float | None = None
     disk_gb: float | None = None
     detail: dict[str, str] = field(default_factory=dict)
+    """What else the cloud says of it: `location` (where, matched against `avoid`), `data_center` (the one
+    the create call must name), the GPU's display name and memory."""
 
     @property
     def key(self) -> str:
@@ -70,6 +72,7 @@ class Choice:
         return self.fits[0] if self.fits else None
 
 
+DATA_CENTER = "data_center"  # a Candidate.detail key: the data center a create names (RunPod's dataCenterId)
 Rule = Callable[[Candidate], str | None]
 """A vendor-specific check: the reason to leave a candidate out, or None."""
 

@@ -8,7 +8,7 @@ its client), read one, and destroy one.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar, cast
@@ -44,7 +44,7 @@ from providers.base import (
 )
 from providers.listing import SharedListing
 from providers.node import reach
-from providers.offers import Choice, Priced
+from providers.offers import DATA_CENTER, Choice, Priced
 from providers.tokens import NodeTokens
 
 
@@ -190,9 +190,27 @@ class RemoteProvider(Provider, Generic[S, R]):
                 NoCapacity(f"no {self.vendor} offer fits the job (see `fleet offers`) for {wanted}")
             )
         try:
-            return self._create(request, section, best)
+            return self._create_somewhere(request, section, best, fits)
         finally:
             self.listing.changed()  # made, or maybe made: the next look asks the vendor
+
+    def _create_somewhere(
+        self, request: LaunchRequest, section: S, best: Priced, fits: Sequence[Priced]
+    ) -> NodeInstance:
+        """Create from `best`. An offer in a data center the job named (`detail["data_center"]`, any of
+        which will do) that has no machine there moves on to the same offer in the next one that fits; a
+        NoCapacity names every data center tried."""
+        if not best.candidate.detail.get(DATA_CENTER):
+            return self._create(request, section, best)
+        c = best.candidate
+        same = [p for p in fits if (p.candidate.gpu, p.candidate.secure) == (c.gpu, c.secure)]
+        full: list[str] = []
+        for offer in [p for p in same if p.candidate.detail.get(DATA_CENTER)]:
+            try:
+                return self._create(request, section, offer)
+            except NoCapacity as exc:
+                full.append(f"{offer.candidate.detail[DATA_CENTER]}: {exc}")
+        raise made_nothing(NoCapacity(f"no machine in any data center that fits: {'; '.join(full)}"))
 
     def _created_anyway(self, name: str, error: ProviderError) -> NodeInstance:
         """After a failed create call. A clear no (`refused`): raise `error`, marked as having made nothing.

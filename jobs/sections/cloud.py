@@ -109,4 +109,6 @@ class CloudSection(RemoteSection):
         facts = declared_clouds.facts(cloud)
         if facts is None:
             raise ValueError(f"{cloud} rents no GPU machines")
+        if self.avoid and "avoid" in facts.section.model_fields:  # a cloud that keeps out of places itself
+            shared["avoid"] = self.avoid
         return facts.section.chosen({**shared, "gpu": vendor_gpu}, self.min_gpu_ram_in_gb)

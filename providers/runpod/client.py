@@ -19,10 +19,12 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from core.settings import API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S
 from providers.runpod.models import (
+    DataCentersData,
     DeployData,
     GpuTypesData,
     PodsData,
     PodSpec,
+    RunPodDataCenter,
     RunPodGpuType,
     RunPodPod,
     TerminateData,
@@ -38,6 +40,7 @@ GPU_TYPES = (
     "securePrice communityPrice secureSpotPrice communitySpotPrice "
     "lowestPrice(input: $lowest) { minimumBidPrice uninterruptablePrice } } }"
 )
+DATA_CENTERS = "query DataCenters { dataCenters { id name location } }"
 PODS = f"query Pods {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
 ON_DEMAND = (
     "mutation Deploy($input: PodFindAndDeployOnDemandInput!) "
@@ -116,6 +119,9 @@ class RunPodClient:
 
     def gpu_types(self, gpu_count: int) -> list[RunPodGpuType]:
         return self.call(GPU_TYPES, {"lowest": {"gpuCount": gpu_count}}, GpuTypesData).gpu_types or []
+
+    def data_centers(self) -> list[RunPodDataCenter]:
+        return self.call(DATA_CENTERS, None, DataCentersData).data_centers or []
 
     def pods(self) -> list[RunPodPod]:
         myself = self.call(PODS, None, PodsData).myself

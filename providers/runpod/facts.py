@@ -31,7 +31,8 @@ RUNPOD = CloudFacts(
         "RTX-4090": ("NVIDIA GeForce RTX 4090",),
         "RTX-3090": ("NVIDIA GeForce RTX 3090",),
     },
-    location=Capability(False, "RunPod does not say where an offer is, so `avoid` cannot hold there"),
+    # Asked to avoid places, its offers are per data center, each saying where it is (`dataCenters`).
+    location=Capability(True),
     node_env=set_by_the_cloud(
         # the pod the failsafe terminates (and its private host name), with the pod's own key
         names=("RUNPOD_POD_ID", "RUNPOD_API_KEY"),

@@ -39,6 +39,19 @@ class RunPodGpuType(RunPodRecord):
     community_spot_price: float | None = None
 
 
+class RunPodDataCenter(RunPodRecord):
+    """One of RunPod's data centers (`dataCenters`): its id (EU-RO-1), name, and where it is (Europe)."""
+
+    id: str
+    name: str | None = None
+    location: str | None = None
+
+    @property
+    def where(self) -> str:
+        """How the fleet says where it is, and what `avoid` is matched against: "EU-RO-1, Europe"."""
+        return ", ".join(part for part in (self.id, self.location) if part)
+
+
 class RunPodPort(RunPodRecord):
     """A port the pod publishes: on a public IP (`is_ip_public`), or through RunPod's HTTP proxy."""
 
@@ -84,6 +97,12 @@ class GpuTypesData(RunPodRecord):
     """The `data` of the GpuTypes query."""
 
     gpu_types: list[RunPodGpuType] | None = None
+
+
+class DataCentersData(RunPodRecord):
+    """The `data` of the DataCenters query."""
+
+    data_centers: list[RunPodDataCenter] | None = None
 
 
 class PodsData(RunPodRecord):
@@ -132,5 +151,6 @@ class PodSpec(TypedDict, total=False):
     minDownload: int
     minUpload: int
     terminateAfter: str
+    dataCenterId: str
     dockerArgs: str
     bidPerGpu: float

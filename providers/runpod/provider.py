@@ -33,7 +33,7 @@ from core.errors import (
     Unreachable,
 )
 from core.settings import CloudSettings
-from jobs.clouds import CloudFacts
+from jobs.clouds import CloudFacts, avoided
 from jobs.sections import ProviderName, SectionBase
 from providers.base import (
     JUPYTER_PORT,
@@ -56,12 +56,12 @@ from providers.bootstrap import (
     failsafe_env,
     node_setup_env,
 )
-from providers.offers import Candidate, Choice, Priced, choose
+from providers.offers import DATA_CENTER, Candidate, Choice, Priced, Rule, choose
 from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.facts import RUNPOD
-from providers.runpod.models import PodSpec, RunPodPod
+from providers.runpod.models import PodSpec, RunPodDataCenter, RunPodPod
 from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
 from trainer.progress import NODE_ROOT_ENV
@@ -82,6 +82,17 @@ def pod_ports(env: dict[str, str]) -> str:
     if SSH_KEY_ENV in env:
         ports.append(f"{SSH_PORT}/tcp")
     return ",".join(ports)
+
+
+def avoiding(avoid: tuple[str, ...]) -> Rule:
+    """The rule that leaves out an offer in a data center the section avoids."""
+
+    def rule(c: Candidate) -> str | None:
+        where = c.detail.get("location", "")
+        hit = avoided(where, avoid) if where else None
+        return f"in {where}, which the job avoids ({hit})" if hit else None
+
+    return rule
 
 
 def translate(exc: RunPodAPIError) -> ProviderError:
@@ -123,20 +134,24 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: RunPodSection) -> Choice:
-        """Every GPU type in both clouds, filtered and priced by the section, cheapest first."""
+        """Every GPU type in both clouds, filtered and priced by the section, cheapest first; with the
+        section's `data_center` or `avoid`, each in every data center it allows (an offer per place)."""
         try:
             types = self.client.gpu_types(section.gpu_count)
         except RunPodAPIError as exc:
             raise translate(exc) from None
+        places = self._places(section)
         candidates = []
-        for gpu in types:
+        for gpu, place in ((gpu, place) for gpu in types for place in places):
             for secure in (True, False):
                 spot = gpu.secure_spot_price if secure else gpu.community_spot_price
                 price = gpu.secure_price if secure else gpu.community_price
+                where = {} if place is None else {"location": place.where, DATA_CENTER: place.id}
                 candidates.append(
                     Candidate(
                         provider=self.name,
-                        offer_id=f"{gpu.id}/{'SECURE' if secure else 'COMMUNITY'}",
+                        offer_id=f"{gpu.id}/{'SECURE' if secure else 'COMMUNITY'}"
+                        + (f"/{place.id}" if place is not None else ""),
                         gpu=gpu.id,
                         gpu_count=section.gpu_count,
                         on_demand_per_hour=float(price) * section.gpu_count if price else None,
@@ -150,10 +165,30 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
                         detail={
                             "display_name": str(gpu.display_name),
                             "gpu_memory_gb": str(gpu.memory_in_gb),
+                            **where,
                         },
                     )
                 )
-        return choose(section, section.gpu, candidates)
+        return choose(section, section.gpu, candidates, [avoiding(section.avoid)] if section.avoid else [])
+
+    def _places(self, section: RunPodSection) -> list[RunPodDataCenter | None]:
+        """Where the section lets a pod go: None (wherever RunPod puts it) unless it names data centers or
+        avoids some; then its `data_center`s, or else every one of RunPod's (`avoid` leaves some out)."""
+        if not section.data_center and not section.avoid:
+            return [None]
+        try:
+            centers = {c.id: c for c in self.client.data_centers()}
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
+        if not section.data_center:
+            return list(centers.values())
+        unknown = [d for d in section.data_center if d not in centers]
+        if unknown:
+            has = ", ".join(sorted(centers))
+            raise ProvisioningFailed(
+                f"data_center: RunPod has no data center {', '.join(unknown)} (it has {has})"
+            )
+        return [centers[d] for d in section.data_center]
 
     # lifecycle ------------------------------------------------------------------------------------
     def _create(self, request: LaunchRequest, section: RunPodSection, best: Priced) -> NodeInstance:
@@ -193,21 +228,21 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         )
         if section.starts_from_template:  # the template's command runs our script from its environment
             env[BOOTSTRAP_ENV] = command[-1]
-        spec = self._pod_spec(request.name, section, env, token, best.candidate.secure)
+        spec = self._pod_spec(request.name, section, env, token, best.candidate)
         if not section.starts_from_template:
             spec["imageName"] = self.context.image(section.image, request.software)
             spec["dockerArgs"] = shlex.join(command)
         return spec
 
     def _pod_spec(
-        self, name: str, section: RunPodSection, env: dict[str, str], token: str, secure: bool
+        self, name: str, section: RunPodSection, env: dict[str, str], token: str, offer: Candidate
     ) -> PodSpec:
         env = {**env, TOKEN_ENV: token}
         spec: PodSpec = {
             "name": name,
             "gpuTypeId": section.gpu,
             "gpuCount": section.gpu_count,
-            "cloudType": "SECURE" if secure else "COMMUNITY",
+            "cloudType": "SECURE" if offer.secure else "COMMUNITY",
             "containerDiskInGb": section.container_disk_in_gb,
             "volumeInGb": section.volume_in_gb,
             "volumeMountPath": section.volume_mount_path,
@@ -221,6 +256,8 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         if section.network_volume_id:  # mounted at volumeMountPath, in place of a pod volume
             spec["networkVolumeId"] = section.network_volume_id
             del spec["volumeInGb"]
+        if place := offer.detail.get(DATA_CENTER):  # the data center of the offer (`data_center`, `avoid`)
+            spec["dataCenterId"] = place
         if section.num_nodes > 1:  # the cluster's pods reach each other on RunPod's private network
             spec["globalNetwork"] = True
         if section.template_id:

@@ -5,14 +5,26 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
 
 from jobs.clouds import Capability
 from jobs.sections.base import AbsolutePath, RemoteSection, Text, Token, matching
+from jobs.sections.cloud import Avoided
 from jobs.sections.head import HeadShape
 
 # Ray's pattern for an NVIDIA GPU's model token in its name (ray/_private/accelerators/nvidia_gpu.py)
 _RAY_GPU_NAME = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
+
+# RunPod's data center ids: US-GA-1, EU-RO-1, EUR-IS-1, CA-MTL-1 (its `dataCenters` query lists them)
+DataCenterId = Annotated[
+    str,
+    StringConstraints(max_length=16),
+    matching(r"[A-Z]{2,4}-[A-Z]{2,4}-\d{1,3}", "must be a RunPod data center id, such as EU-RO-1 or US-GA-1"),
+]
+DataCenters = Annotated[
+    tuple[DataCenterId, ...],
+    BeforeValidator(lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v),
+]
 
 GitUrl = Annotated[
     str,
@@ -36,6 +48,15 @@ class RunPodSection(RemoteSection):
 
     def cluster_problems(self) -> list[tuple[str, str]]:
         problems = []
+        if self.network_volume_id is not None and (self.data_center or self.avoid):
+            key = "data_center" if self.data_center else "avoid"
+            problems.append(
+                (
+                    key,
+                    "chooses where the pod goes, but a network volume's pods go where the volume is (RunPod "
+                    "places them in its data center): drop it, or use a volume in the data center you want",
+                )
+            )
         if self.num_nodes > 1 and self.network_volume_id is None:
             problems.append(
                 (
@@ -114,6 +135,18 @@ class RunPodSection(RemoteSection):
         None,
         description="A RunPod network volume to mount at volume_mount_path instead of a pod volume; runs "
         "keep their files on it. Needed for num_nodes > 1: every pod of the cluster mounts it.",
+    )
+    data_center: DataCenters = Field(
+        (),
+        max_length=32,
+        description="RunPod data centers to rent in (one id or a list, e.g. EU-RO-1), tried in turn while "
+        "one has no machine; unset: wherever RunPod places the pod.",
+    )
+    avoid: Avoided = Field(
+        (),
+        max_length=64,
+        description="Data centers never to rent in: an id (EU-RO-1), a country code in one (RO), or a "
+        "location as RunPod names it (Europe).",
     )
     axolotl_git: GitUrl | None = Field(
         None,

@@ -70,8 +70,17 @@ _CATALOG = [
     ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 80, 1.64, 1.19, 0.82, 0.60),
     ("NVIDIA GeForce RTX 4090", "RTX 4090", 24, 0.69, 0.34, 0.35, 0.20),
 ]
+# RunPod's data centers as its `dataCenters` query names them: id, name, location
+DATA_CENTERS = [
+    ("US-GA-1", "US-GA-1", "United States"),
+    ("US-TX-3", "US-TX-3", "United States"),
+    ("CA-MTL-1", "CA-MTL-1", "Canada"),
+    ("EU-RO-1", "EU-RO-1", "Europe"),
+    ("EU-SE-1", "EU-SE-1", "Europe"),
+]
 _OPS = {
     "gpuTypes": "search",
+    "dataCenters": "centers",
     "podFindAndDeployOnDemand": "create",
     "podRentInterruptable": "create",
     "podTerminate": "terminate",
@@ -132,6 +141,7 @@ class FakeRunPod(FakeCloud):
         super().__init__(api_key, **kwargs)
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
         self.spot_stock: dict[str, int] = {}  # spot's own pool, where set (else the type's stock)
+        self.center_stock: dict[tuple[str, str], int] = {}  # (data center, GPU type) -> GPUs, where set
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
         self.templates: dict[str, Template] = dict(TEMPLATES)
         self.images = ImageRegistry()  # what a pod may run (tests.fakes.node_images); any other fails
@@ -190,6 +200,11 @@ class FakeRunPod(FakeCloud):
         """Script spot capacity: spot creates asking for more than `gpus` of this type fail with
         NO_CAPACITY (RunPod's spot and on-demand machines are separate pools); on-demand ones go on."""
         self.spot_stock[gpu_type_id] = gpus
+
+    def set_center_stock(self, data_center: str, gpu_type_id: str, gpus: int) -> None:
+        """Script one data center's capacity: creates there (`dataCenterId`) asking for more than `gpus` of
+        this type fail with NO_CAPACITY; elsewhere, and a create that names no data center, go on."""
+        self.center_stock[(data_center, gpu_type_id)] = gpus
 
     def add_network_volume(self, volume_id: str, data_center: str = "EU-RO-1") -> None:
         """Give the account a network volume, which pods may then be created with (`networkVolumeId`).
@@ -362,7 +377,15 @@ class FakeRunPod(FakeCloud):
 
     # -- resolvers ---------------------------------------------------------------------------------
     def _queries(self) -> dict[str, Any]:
-        return {"gpuTypes": self._gpu_types, "myself": self._myself, "pod": self._pod}
+        return {
+            "gpuTypes": self._gpu_types,
+            "myself": self._myself,
+            "pod": self._pod,
+            "dataCenters": lambda _args: [
+                {"id": i, "name": n, "location": where, "storageSupport": True}
+                for i, n, where in DATA_CENTERS
+            ],
+        }
 
     def _mutations(self) -> dict[str, Any]:
         return {
@@ -414,6 +437,11 @@ class FakeRunPod(FakeCloud):
         if count > self.stock.get(gpu_id, 0):
             raise GraphQLError(NO_CAPACITY)
         if spot and count > self.spot_stock.get(gpu_id, self.stock.get(gpu_id, 0)):
+            raise GraphQLError(NO_CAPACITY)
+        center = spec.get("dataCenterId")
+        if center is not None and str(center) not in {c[0] for c in DATA_CENTERS}:
+            raise GraphQLError(f"Invalid dataCenterId: {center!r}")
+        if center is not None and count > self.center_stock.get((str(center), gpu_id), count):
             raise GraphQLError(NO_CAPACITY)
         cloud = str(spec.get("cloudType") or "ALL")
         on_demand = {"SECURE": row[3], "COMMUNITY": row[4]}.get(cloud, min(row[3], row[4]))

@@ -143,7 +143,8 @@ _PRICES = ("securePrice", "communityPrice", "secureSpotPrice", "communitySpotPri
 _TERMS = ("oneWeekPrice", "oneMonthPrice", "threeMonthPrice")
 # Each object type's fields and their types; a type not named here (String, Int, PodStatus...) is a leaf.
 OUTPUTS: dict[str, dict[str, str]] = {
-    "Query": {"gpuTypes": "[GpuType]", "pod": "Pod", "myself": "User"},
+    "Query": {"gpuTypes": "[GpuType]", "pod": "Pod", "myself": "User", "dataCenters": "[DataCenter]"},
+    "DataCenter": {"id": "String", "name": "String", "location": "String", "storageSupport": "Boolean"},
     "Mutation": {
         "podFindAndDeployOnDemand": "Pod",
         "podRentInterruptable": "Pod",

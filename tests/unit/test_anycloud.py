@@ -11,6 +11,7 @@ import pytest
 
 from core.errors import ConfigError, CredentialsMissing, ProviderUnavailable
 from jobs import clouds as cloud_facts
+from jobs.clouds import avoided
 from jobs.gpus import GPU_TYPES, resolve
 from jobs.sections import CloudSection, ProviderName
 from jobs.spec import parse_job
@@ -226,18 +227,35 @@ def test_every_clouds_offers_are_ranked_together_cheapest_first() -> None:
     assert choice.best(["vastai:11"]) is not None and choice.best(["vastai:11"]).key == keys[1]  # type: ignore[union-attr]
 
 
-def test_avoid_leaves_out_offers_there_and_the_cloud_that_cannot_say_where() -> None:
+def test_avoid_leaves_out_offers_there_and_those_that_do_not_say_where() -> None:
     section = CloudSection(
         pod_type="INTERRUPTABLE", gpu=("A100",), cloud_type="ALL", max_bid_per_gpu=1.0, avoid=("CN",)
     )
     choice = rank(section, clouds().__getitem__)  # type: ignore[arg-type]
     assert [o.key for o in choice.fits] == ["vastai:12", "vastai:11"]  # A100 is either size
-    assert {r.candidate.offer_id: r.reasons for r in choice.rejected}["13"] == (
-        "in CN, which the job avoids (CN)",
+    why = {r.candidate.offer_id: r.reasons for r in choice.rejected}
+    assert why["13"] == ("in CN, which the job avoids (CN)",)
+    # These RunPod offers name no data center (the real provider's do, asked to avoid: test_runpod_places)
+    assert why["NVIDIA A100 80GB PCIe/SECURE"] == (
+        "it does not say where it is, and the job avoids places (avoid)",
     )
-    assert choice.unasked == (
-        (ProviderName("runpod"), "RunPod does not say where an offer is, so `avoid` cannot hold there"),
-    )
+    assert choice.unasked == ()
+
+
+@pytest.mark.parametrize(
+    ("where", "avoid", "hit"),
+    [
+        ("China, CN", ("CN",), "CN"),
+        ("EU-RO-1, Europe", ("ro",), "ro"),  # a country code in a data center's id
+        ("EU-RO-1, Europe", ("EU-RO-1",), "EU-RO-1"),
+        ("EU-RO-1, Europe", ("Europe",), "Europe"),
+        ("EU-SE-1, Europe", ("RO",), None),  # not inside "Europe": whole names only
+        ("Sweden, SE", ("den", "Swe"), None),
+        ("United States", ("united states",), "united states"),
+    ],
+)
+def test_avoid_matches_whole_names(where: str, avoid: tuple[str, ...], hit: str | None) -> None:
+    assert avoided(where, avoid) == hit
 
 
 def test_gpu_memory_holds_on_every_cloud() -> None:

@@ -136,3 +136,17 @@ def test_runpods_gpu_ids_get_the_accelerator_type_ray_gives_them(gpu: str) -> No
     assert RunPodSection.accelerator_type(gpu) == NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(
         gpu
     )
+
+
+@pytest.mark.parametrize(("key", "line"), [("data_center: [EU-RO-1]", 8), ("avoid: [Europe]", 8)])
+def test_a_network_volume_decides_where_its_pods_go(key: str, line: int) -> None:
+    problem = refused(RAY + f"runpod:\n  network_volume_id: vol-abc123\n  {key}\n")
+    assert (problem.path, problem.line) == (f"runpod.{key.split(':')[0]}", line)
+    assert "a network volume's pods go where the volume is" in problem.message
+
+
+def test_a_data_center_is_one_id_or_a_list_of_them() -> None:
+    one = spec(RAY + "runpod:\n  data_center: EU-RO-1\n").section
+    assert isinstance(one, RunPodSection) and one.data_center == ("EU-RO-1",)
+    problem = refused(RAY + "runpod:\n  data_center: [EU-RO-1, europe]\n")
+    assert problem.path == "runpod.data_center[1]" and "RunPod data center id" in problem.message
