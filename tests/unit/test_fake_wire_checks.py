@@ -124,6 +124,7 @@ def test_the_runpod_fake_resolves_every_field_its_schema_declares(tmp_path: Path
         "NetworkVolume": fake._myself({})["networkVolumes"][0],
         "GpuType": fake._gpu_types({})[0],
         "LowestPrice": fake._gpu_types({})[0]["lowestPrice"]({}),
+        "DataCenter": fake._queries()["dataCenters"]({})[0],
     }
     for type_name, fields in OUTPUTS.items():
         if type_name in ("Query", "Mutation"):
