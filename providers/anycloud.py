@@ -19,7 +19,7 @@ from jobs import clouds
 from jobs.gpus import GpuType
 from jobs.sections import CloudSection, ProviderName
 from providers.base import Provider
-from providers.offers import Candidate, Priced, Rejected, same_gpu
+from providers.offers import Candidate, Priced, Rejected, in_avoided, same_gpu
 from providers.remote import RemoteProvider
 
 
@@ -106,11 +106,9 @@ def _short_of_memory(section: CloudSection, c: Candidate) -> str | None:
 def _avoided(section: CloudSection, c: Candidate) -> str | None:
     if not section.avoid:
         return None
-    where = c.detail.get("location", "")
-    if not where:  # an offer that does not say where it is cannot be known to keep out of those places
+    if not c.detail.get("location"):  # an offer that does not say where it is may be in those places
         return "it does not say where it is, and the job avoids places (avoid)"
-    hit = clouds.avoided(where, section.avoid)
-    return f"in {where}, which the job avoids ({hit})" if hit else None
+    return in_avoided(c, section.avoid)
 
 
 def rank(section: CloudSection, provide: Provide, fleet_runs: Collection[str] | None = None) -> CloudChoice:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from jobs.clouds import avoided
 from jobs.sections import ProviderName
 from jobs.sections.base import RemoteSection
 
@@ -75,6 +76,14 @@ class Choice:
 DATA_CENTER = "data_center"  # a Candidate.detail key: the data center a create names (RunPod's dataCenterId)
 Rule = Callable[[Candidate], str | None]
 """A vendor-specific check: the reason to leave a candidate out, or None."""
+
+
+def in_avoided(c: Candidate, avoid: Iterable[str]) -> str | None:
+    """Why `c` is left out for being where the job avoids (jobs.clouds.avoided), or None (it says nowhere,
+    or nowhere avoided)."""
+    where = c.detail.get("location", "")
+    hit = avoided(where, avoid) if where else None
+    return f"in {where}, which the job avoids ({hit})" if hit else None
 
 
 def same_gpu(a: str, b: str) -> bool:

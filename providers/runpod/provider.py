@@ -33,7 +33,7 @@ from core.errors import (
     Unreachable,
 )
 from core.settings import CloudSettings
-from jobs.clouds import CloudFacts, avoided
+from jobs.clouds import CloudFacts
 from jobs.sections import ProviderName, SectionBase
 from providers.base import (
     JUPYTER_PORT,
@@ -56,7 +56,7 @@ from providers.bootstrap import (
     failsafe_env,
     node_setup_env,
 )
-from providers.offers import DATA_CENTER, Candidate, Choice, Priced, Rule, choose
+from providers.offers import DATA_CENTER, Candidate, Choice, Priced, Rule, choose, in_avoided
 from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
 from providers.runpod.client import RunPodAPIError, RunPodClient
@@ -82,17 +82,6 @@ def pod_ports(env: dict[str, str]) -> str:
     if SSH_KEY_ENV in env:
         ports.append(f"{SSH_PORT}/tcp")
     return ",".join(ports)
-
-
-def avoiding(avoid: tuple[str, ...]) -> Rule:
-    """The rule that leaves out an offer in a data center the section avoids."""
-
-    def rule(c: Candidate) -> str | None:
-        where = c.detail.get("location", "")
-        hit = avoided(where, avoid) if where else None
-        return f"in {where}, which the job avoids ({hit})" if hit else None
-
-    return rule
 
 
 def translate(exc: RunPodAPIError) -> ProviderError:
@@ -169,7 +158,8 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
                         },
                     )
                 )
-        return choose(section, section.gpu, candidates, [avoiding(section.avoid)] if section.avoid else [])
+        avoiding: list[Rule] = [lambda c: in_avoided(c, section.avoid)] if section.avoid else []
+        return choose(section, section.gpu, candidates, avoiding)
 
     def _places(self, section: RunPodSection) -> list[RunPodDataCenter | None]:
         """Where the section lets a pod go: None (wherever RunPod puts it) unless it names data centers or
