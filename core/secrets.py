@@ -10,6 +10,7 @@ needs one (through `ProviderContext.credential`) calls `get_secret_value()`, whe
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterable
@@ -73,7 +74,10 @@ def load_secrets(env: dict[str, str] | None = None, *, known: Iterable[str] = ()
                 raise ConfigError(
                     str(path), [Problem(str(key), f"unknown credential; known: {', '.join(names)}")]
                 )
-            values[str(key)] = SecretStr(str(value))
+            # A mapping (a cloud's registry logins, by registry) is kept as its JSON text, as the
+            # environment gives it.
+            text = json.dumps(value) if isinstance(value, dict) else str(value)
+            values[str(key)] = SecretStr(text)
     for name in names:
         if environ.get(name):
             values[name] = SecretStr(environ[name])

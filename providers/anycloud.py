@@ -125,6 +125,10 @@ def rank(section: CloudSection, provide: Provide, fleet_runs: Collection[str] | 
             continue
         try:
             provider = provide(cloud)
+            refused = provider.refusal(section)  # the shared keys it cannot honour (a private image)
+            if refused is not None:
+                unasked.append((cloud, refused.why))
+                continue
             for t in section.types:
                 for vendor_gpu in t.vendor_names(cloud):
                     _price(section, provider, t, vendor_gpu, fits, rejected)

@@ -242,6 +242,14 @@ class ProviderContext:
         return value
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a provider cannot run a section as the fleet is set up, and the section's key that asks it."""
+
+    key: str
+    why: str
+
+
 def require_ours(name: str) -> None:
     """Refuse to create an instance whose name the fleet would not recognise as its own."""
     if not name.startswith(INSTANCE_PREFIX):
@@ -262,6 +270,9 @@ class Provider(ABC):
     credential_names: ClassVar[tuple[str, ...]] = ()
     """The credentials it needs (environment variable / secrets-file names), e.g. ("RUNPOD_API_KEY",).
     The fleet's secrets are read under these names, plus the fleet's own (core.secrets.FLEET_CREDENTIALS)."""
+    optional_credentials: ClassVar[tuple[str, ...]] = ()
+    """The credentials it uses where a job needs them and the fleet has them (a private registry's login),
+    read as `credential_names` are; their absence refuses only the jobs that need them (`refusal`)."""
     facts: ClassVar[CloudFacts | None] = None
     """What the job's data and the fleet's checks know of the cloud (providers/<cloud>/facts.py): its GPU
     names, whether its offers say where they are, the names it sets in its nodes' environment; the
@@ -283,6 +294,11 @@ class Provider(ABC):
 
     def unavailable(self) -> str | None:
         """Why this provider cannot run jobs on this machine now (said at submit), or None."""
+        return None
+
+    def refusal(self, section: SectionBase) -> Refusal | None:
+        """Why this provider cannot run a job of `section` as the fleet is set up (a private image with no
+        login for its registry), said at submit and again before it rents; None, the default: it can."""
         return None
 
     def reach_advice(self, cause: Unreachable) -> str | None:

@@ -38,7 +38,12 @@ clouds.declare(FACTS)  # the job's data learns the clouds' GPU names and capabil
 envnames.declare_clouds(tuple(f.node_env for f in FACTS if f.node_env is not None))  # ... and what they set
 
 CREDENTIAL_NAMES: tuple[str, ...] = tuple(
-    dict.fromkeys([*(n for cls in PROVIDERS.values() for n in cls.credential_names), *FLEET_CREDENTIALS])
+    dict.fromkeys(
+        [
+            *(n for cls in PROVIDERS.values() for n in (*cls.credential_names, *cls.optional_credentials)),
+            *FLEET_CREDENTIALS,
+        ]
+    )
 )
 """Every credential the fleet knows: its providers' and its own."""
 

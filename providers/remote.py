@@ -25,6 +25,7 @@ from core.errors import (
     Unreachable,
 )
 from core.settings import CloudSettings
+from jobs.images import registry_of
 from providers.base import (
     INSTANCE_PREFIX,
     JUPYTER_PORT,
@@ -38,6 +39,7 @@ from providers.base import (
     Offer,
     Provider,
     ProviderContext,
+    Refusal,
     SshAccess,
     Unanswered,
     require_ours,
@@ -59,6 +61,12 @@ class RentalSection(Protocol):
 
     @property
     def jupyter(self) -> bool: ...
+
+    @property
+    def image(self) -> str | None: ...
+
+    @property
+    def private_image(self) -> bool: ...
 
 
 S = TypeVar("S", bound=RentalSection)
@@ -165,6 +173,32 @@ class RemoteProvider(Provider, Generic[S, R]):
     def _ssh(self, record: R) -> SshAccess | None:
         """Where the instance publishes its SSH server, if it does (created with the fleet's key)."""
 
+    login_advice: ClassVar[str]
+    """Where the fleet's logins for private images are set on this cloud, for a refusal's message."""
+
+    def registry_login(self, server: str) -> str | None:
+        """What the create call names to pull from registry `server` (RunPod: a registry auth's id; vast.ai:
+        docker login's arguments): never logged, never in an event. None: the fleet has no login there."""
+        return None
+
+    def refusal(self, section: BaseModel) -> Refusal | None:
+        if not getattr(section, "private_image", False):
+            return None
+        try:
+            if self._pull_login(cast(S, section)) is not None:
+                return None
+        except ProvisioningFailed as exc:  # a login the fleet has and cannot read (a malformed secret)
+            return Refusal("private_image", str(exc))
+        image = cast(S, section).image or ""
+        why = f"image {image} is private and the fleet has no {self.vendor} login for {registry_of(image)}"
+        return Refusal("private_image", f"{why}: {self.login_advice}")
+
+    def _pull_login(self, section: S) -> str | None:
+        """The create call's login for the section's private image; None for a public one (or none found)."""
+        if not section.private_image or section.image is None:
+            return None
+        return self.registry_login(registry_of(section.image))
+
     def list_offers(self, section: BaseModel) -> list[Offer]:
         assert isinstance(section, self.section_model)
         return [
@@ -177,6 +211,9 @@ class RemoteProvider(Provider, Generic[S, R]):
             raise ProvisioningFailed(f"{self.name} provider got a {type(request.section).__name__} section")
         section = cast(S, request.section)
         require_ours(request.name)
+        refused = self.refusal(request.section)  # a setting gone since the submit: nothing is rented
+        if refused is not None:
+            raise made_nothing(ProvisioningFailed(f"{refused.key}: {refused.why}"))
         with before_create():
             fits = self.choose(section).fits
         if request.offer is not None:  # the offer chosen among the clouds, or none

@@ -15,12 +15,21 @@ from pydantic import JsonValue, SecretStr
 from broker import app as broker_app
 from broker.dispatch import Dispatcher
 from core import redisurl
-from core.errors import AlreadyExists, ConfigError, CredentialsMissing, FailureReason, OverBudget, Problem
+from core.errors import (
+    AlreadyExists,
+    ConfigError,
+    CredentialsMissing,
+    FailureReason,
+    OverBudget,
+    Problem,
+)
 from core.policy_settings import ANY_NAMESPACE, Submitter
 from core.settings import Settings
 from jobs.sections import CloudSection, ProviderName, rented_clouds
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
+from jobs.yamlsafe import join_path
+from providers.base import Provider, Refusal
 from providers.world import World
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
@@ -136,6 +145,7 @@ def check_submittable(world: World, job: LoadedJob, origin: Origin | None = None
         if unavailable is not None:
             problem = Problem(provider, f"cannot submit: {unavailable}", job.lines.get(provider))
             raise ConfigError(job.source, [problem])
+        _check_refusal(world.provider(provider), job)
     if hub_model_id := job.spec.hub_repo:
         _check_namespace(settings, job, hub_model_id, submitter)
         _check_push(settings, job, hub_model_id, secrets.get("HF_TOKEN"))
@@ -206,15 +216,33 @@ def _check_clouds(world: World, job: LoadedJob, section: CloudSection) -> None:
             f"fleet runs ({', '.join(world.runs)}; FLEET_PROVIDERS)"
         )
         raise ConfigError(job.source, [Problem(where, message, line)])
-    missing = []
+    missing, refused = [], []
     for cloud in runs:
         try:
-            world.provider(cloud.value)
-            return
+            refusal = world.provider(cloud.value).refusal(section)
         except CredentialsMissing as exc:
             missing.append(str(exc).split(":", 1)[0])
+            continue
+        if refusal is None:
+            return
+        refused.append((refusal.key, f"{cloud.value}: {refusal.why}"))
+    if refused:  # the job's own keys: a cloud could run it, were the fleet set up for them
+        _refuse(job, Refusal(refused[0][0], "; ".join(why for _, why in refused)))
     message = f"cannot submit: the fleet has no credential for any cloud it may use: {'; '.join(missing)}"
     raise ConfigError(job.source, [Problem(where, message, line)])
+
+
+def _check_refusal(provider: Provider, job: LoadedJob) -> None:
+    """Refuse a job its provider cannot run as the fleet is set up (Provider.refusal)."""
+    refusal = provider.refusal(job.spec.section)
+    if refusal is not None:
+        _refuse(job, refusal)
+
+
+def _refuse(job: LoadedJob, refusal: Refusal) -> None:
+    """ConfigError at the section's key that asks what the fleet cannot give."""
+    where = join_path(job.spec.provider.value, refusal.key)
+    raise ConfigError(job.source, [Problem(where, f"cannot submit: {refusal.why}", job.lines.get(where))])
 
 
 def _node_shares_files(world: World, provider: ProviderName) -> bool:

@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationInfo,
+    field_validator,
 )
 
 from core import envnames
@@ -301,6 +302,12 @@ class RemoteSection(SectionBase):
         "template: the template's). Any image with python3 works: what it lacks of the node's software is "
         "installed at boot.",
     )
+    private_image: bool = Field(
+        False,
+        description="`image` is in a private registry: pulled with the fleet's login for that registry "
+        "(each cloud's own, in the fleet's settings or secrets: README, A private image), never a credential "
+        "in the job file. A job whose cloud has no login for the image's registry is refused at submit.",
+    )
     entry: ShellScript | None = Field(
         None,
         description="A POSIX shell script (`entry: |` for several lines, up to 16 KiB) that the prepare "
@@ -319,6 +326,16 @@ class RemoteSection(SectionBase):
         "config asks for it): axolotl on two or more GPUs only. A config of your own: the training "
         "config's `deepspeed:` key.",
     )
+
+    @field_validator("private_image")
+    @classmethod
+    def _names_the_image(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and "image" in info.data and info.data["image"] is None:
+            raise ValueError(
+                "says the image is private, and the section names none: set `image` (the fleet's default "
+                "images are public; a cloud's template's image is pulled with the template's own login)"
+            )
+        return value
 
     def renting(self, spot_left: str | None) -> Self:
         """This section as it rents now: `auto` is spot (INTERRUPTABLE) until the run left spot (`spot_left`

@@ -152,5 +152,6 @@ class PodSpec(TypedDict, total=False):
     minUpload: int
     terminateAfter: str
     dataCenterId: str
+    containerRegistryAuthId: str
     dockerArgs: str
     bidPerGpu: float

@@ -111,6 +111,14 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         self.own = context.cloud(self.name, RunPodSettings)
         self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
 
+    login_advice: ClassVar[str] = (
+        "make a container registry auth on RunPod (Settings > Container Registry Auth) and name its id for "
+        "that registry in runpod_registry_auths (FLEET_RUNPOD_REGISTRY_AUTHS)"
+    )
+
+    def registry_login(self, server: str) -> str | None:
+        return self.own.runpod_registry_auths.get(server)
+
     def reach_advice(self, cause: Unreachable) -> str | None:
         return {
             Unreachable.CERTIFICATE: "runpod_proxy_ca_file names the authorities trusted for RunPod's proxy; "
@@ -221,6 +229,8 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         spec = self._pod_spec(request.name, section, env, token, best.candidate)
         if not section.starts_from_template:
             spec["imageName"] = self.context.image(section.image, request.software)
+            if auth := self._pull_login(section):  # RunPod pulls a private image with the account's auth
+                spec["containerRegistryAuthId"] = auth
             spec["dockerArgs"] = shlex.join(command)
         return spec
 

@@ -3,15 +3,19 @@ fleet reaches a pod's Jobs API. Read as the fleet's other settings (core.setting
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from core.settings import CloudSettings
+from jobs.images import SERVER, server_name
 
 DEFAULT_API = "https://api.runpod.io"
 DEFAULT_PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy of a pod's port
+_AUTH_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # the id RunPod gives a saved container registry auth
 
 
 class RunPodSettings(CloudSettings):
@@ -34,3 +38,29 @@ class RunPodSettings(CloudSettings):
         description="The certificate authorities trusted for RunPod's proxy; unset: the system's (a fake's "
         "own in tests).",
     )
+    runpod_registry_auths: dict[str, str] = Field(
+        default_factory=dict,
+        description="The container registry auths of the RunPod account, by registry (a mapping, JSON in "
+        'the environment: {"ghcr.io": "<auth id>"}): a pod of a private image (`private_image: true`) is '
+        "created with the auth of its image's registry. Make one on RunPod (Settings > Container Registry "
+        "Auth, or the API's saveRegistryAuth) with a read-only pull token: the password stays on RunPod.",
+    )
+
+    @field_validator("runpod_registry_auths", mode="before")
+    @classmethod
+    def _auths(cls, value: Any) -> Any:
+        """From the environment: JSON. Each key a registry's name (docker.io for Docker Hub), each value an
+        auth's id."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError as exc:
+                raise ValueError(f"must be a JSON object of registry to auth id ({exc})") from None
+        if not isinstance(value, dict):
+            return value
+        for server, auth in value.items():
+            if not SERVER.match(str(server)):
+                raise ValueError(f"{server!r} is not a registry's name (a host, e.g. ghcr.io)")
+            if not isinstance(auth, str) or not _AUTH_ID.match(auth):
+                raise ValueError(f"{server}: {auth!r} is not a RunPod container registry auth's id")
+        return {server_name(str(k)): v for k, v in value.items()}

@@ -126,10 +126,12 @@ class VastAIClient:
         onstart: str,
         price: float | None,
         ssh: bool = False,
+        login: str | None = None,
     ) -> int:
         """Rent the offer; `price` (USD/h for the whole machine) makes it a bid; `ssh` launches it with SSH,
         direct and through vast.ai's proxy (runtype `ssh_direc ssh_proxy`; without it none is sent, as
-        before). Returns the instance id."""
+        before); `login`, docker login's arguments for a private image (`image_login`). Returns the instance
+        id."""
         made = self._vast.create_instance(
             offer_id,
             image=image,
@@ -140,6 +142,7 @@ class VastAIClient:
             bid_price=price,
             ssh=ssh,
             direct=ssh,
+            login=login,
         )
         return int(made["new_contract"])
 

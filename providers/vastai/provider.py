@@ -30,6 +30,7 @@ from core.errors import (
     NoCapacity,
     ProviderError,
     ProviderUnavailable,
+    ProvisioningFailed,
 )
 from core.settings import CloudSettings
 from jobs.clouds import CloudFacts
@@ -62,7 +63,7 @@ from providers.vastai.client import MB_PER_GB, VastAIClient, offer_query
 from providers.vastai.facts import VASTAI
 from providers.vastai.models import VastInstance, VastOffer, first_number
 from providers.vastai.section import VastAISection
-from providers.vastai.settings import VastAISettings
+from providers.vastai.settings import REGISTRY_LOGINS, VastAISettings, registry_logins
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,12 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     name: ClassVar[ProviderName] = VASTAI.name
     section_model: ClassVar[type[SectionBase]] = VASTAI.section
     credential_names: ClassVar[tuple[str, ...]] = (CREDENTIAL,)
+    optional_credentials: ClassVar[tuple[str, ...]] = (REGISTRY_LOGINS,)
     vendor: ClassVar[str] = "vast.ai"
+    login_advice: ClassVar[str] = (
+        f'put one in {REGISTRY_LOGINS} (a mapping of registry to user:token, e.g. {{"ghcr.io": '
+        '"acme-bot:<a read-only token>"}) in the environment or the fleet\'s secrets file'
+    )
     facts: ClassVar[CloudFacts | None] = VASTAI
     settings_model: ClassVar[type[CloudSettings] | None] = VastAISettings
     record_model: ClassVar[type[BaseModel]] = VastInstance
@@ -176,6 +182,12 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.client = VastAIClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
+
+    def registry_login(self, server: str) -> str | None:
+        try:
+            return registry_logins(self.context.credentials.get(REGISTRY_LOGINS)).get(server)
+        except ValueError as exc:  # a bad secret refuses the jobs that need it, not the cloud
+            raise ProvisioningFailed(str(exc)) from None
 
     # offers ---------------------------------------------------------------------------------------
     def choose(self, section: VastAISection) -> Choice:
@@ -265,6 +277,7 @@ class VastAIProvider(RemoteProvider[VastAISection, VastInstance]):
                 onstart=onstart,
                 price=price,
                 ssh=SSH_KEY_ENV in env,
+                login=self._pull_login(section),
             )
         except requests.RequestException as exc:
             return self._created_anyway(request.name, translate(exc))

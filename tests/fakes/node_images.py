@@ -62,6 +62,7 @@ __all__ = [
     "REAL_GPU_IMAGE",
     "ImageRegistry",
     "NodeImage",
+    "PullLogin",
     "image",
 ]
 
@@ -71,6 +72,7 @@ class ImageRegistry:
     """The images one fake cloud can pull: each name -> the image whose node environment it runs."""
 
     known: dict[str, str] = field(default_factory=lambda: dict(KNOWN_IMAGES))
+    private: dict[str, PullLogin] = field(default_factory=dict)  # image -> the one login that pulls it
 
     def register(self, name: str, like: str = DEFAULT_IMAGE) -> None:
         """Make `name` pullable, its nodes running the environment of the known image `like`."""
@@ -80,6 +82,11 @@ class ImageRegistry:
         if runs is None:
             raise ValueError(f"cannot register {name!r} like {like!r}: no such known image")
         self.known[name] = runs
+
+    def register_private(self, name: str, login: PullLogin, like: str = DEFAULT_IMAGE) -> None:
+        """Make `name` an image of a private repository of `login.server`: pulled only with that login."""
+        self.register(name, like)
+        self.private[name] = login
 
     def register_from(self, body: object) -> tuple[int, dict[str, object]]:
         """`POST /_fake/images {"name": ..., "like": ...}` (`like`: the default image when absent), for a
@@ -96,11 +103,23 @@ class ImageRegistry:
         """The image whose environment a node of `name` runs, or None: the cloud cannot pull `name`."""
         return self.known.get(name) if name else None
 
-    def pull_error(self, name: str | None) -> str | None:
-        """Why pulling `name` fails (None: it does not), in the words of docker's daemon for an image that
-        does not exist (the registry answers "denied" for a repository it has not got)."""
-        if self.runs_as(name) is not None:
-            return None
+    def pull_error(self, name: str | None, login: PullLogin | None = None) -> str | None:
+        """Why pulling `name` with `login` (docker's, on the host: None, anonymous) fails (None: it does not),
+        in the words of docker's daemon: an image that does not exist, or that is private and the login is
+        not its registry's (the registry answers "denied" for a repository it has not got or will not
+        show), or a login its registry refuses."""
+        wanted = self.private.get(name or "")
+        if wanted is None or self.runs_as(name) is None:
+            return None if self.runs_as(name) is not None else self._missing(name)
+        if login is None or login.server not in (None, wanted.server):
+            return self._missing(name)
+        if (login.user, login.token) != (wanted.user, wanted.token):
+            refused = "unauthorized: incorrect username or password"
+            return f'Error response from daemon: Get "https://{wanted.server}/v2/": {refused}'
+        return None
+
+    @staticmethod
+    def _missing(name: str | None) -> str:
         if not name:
             return "Error response from daemon: no image given"
         repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
@@ -108,6 +127,16 @@ class ImageRegistry:
             f"Error response from daemon: pull access denied for {repository}, repository does not exist "
             "or may require 'docker login': denied: requested access to the resource is denied"
         )
+
+
+@dataclass(frozen=True)
+class PullLogin:
+    """A docker login on the host that pulls: the registry it is for (None: a RunPod auth, which names no
+    registry and is tried on the image's own), a user and a token."""
+
+    server: str | None
+    user: str
+    token: str
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any, Self
 from providers.bootstrap import BOOTSTRAP_ENV
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Instance, Request, Response
 from tests.fakes.graphql_lite import GraphQLError, Operation, named_type, parse, project, substitute
-from tests.fakes.node_images import DEFAULT_IMAGE, TEMPLATE_IMAGE, ImageRegistry
+from tests.fakes.node_images import DEFAULT_IMAGE, TEMPLATE_IMAGE, ImageRegistry, PullLogin
 from tests.fakes.nodes import Join
 from tests.fakes.runpod_proxy import RunPodProxy
 from tests.fakes.runpod_schema import OUTPUTS, ValidationFailed, validate
@@ -143,6 +143,7 @@ class FakeRunPod(FakeCloud):
         self.spot_stock: dict[str, int] = {}  # spot's own pool, where set (else the type's stock)
         self.center_stock: dict[tuple[str, str], int] = {}  # (data center, GPU type) -> GPUs, where set
         self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
+        self.registry_auths: dict[str, PullLogin] = {}  # the account's container registry auths, by id
         self.templates: dict[str, Template] = dict(TEMPLATES)
         self.images = ImageRegistry()  # what a pod may run (tests.fakes.node_images); any other fails
         home = self.home if self.home is not None else Path(tempfile.mkdtemp(prefix="fake-runpod-"))
@@ -200,6 +201,13 @@ class FakeRunPod(FakeCloud):
         """Script spot capacity: spot creates asking for more than `gpus` of this type fail with
         NO_CAPACITY (RunPod's spot and on-demand machines are separate pools); on-demand ones go on."""
         self.spot_stock[gpu_type_id] = gpus
+
+    def add_registry_auth(self, user: str, token: str) -> str:
+        """A container registry auth saved on the account (RunPod's saveRegistryAuth): its id. It names no
+        registry: a pod that names it logs in to its own image's."""
+        auth_id = "cr" + secrets.token_hex(8)
+        self.registry_auths[auth_id] = PullLogin(None, user, token)
+        return auth_id
 
     def set_center_stock(self, data_center: str, gpu_type_id: str, gpus: int) -> None:
         """Script one data center's capacity: creates there (`dataCenterId`) asking for more than `gpus` of
@@ -465,7 +473,12 @@ class FakeRunPod(FakeCloud):
             spec.setdefault("imageName", template.image)
             # Its start command runs ours only if it says so (and no dockerArgs replace it): else no Ray.
             stuck = not (template.runs_bootstrap and BOOTSTRAP_ENV in env) and not spec.get("dockerArgs")
-        pull_error = self.images.pull_error(spec.get("imageName"))  # an image no one has: it never boots
+        auth = spec.get("containerRegistryAuthId")
+        if auth is not None and str(auth) not in self.registry_auths:  # (RunPod's words are not known)
+            raise GraphQLError(f"container registry auth {auth} not found")
+        login = self.registry_auths.get(str(auth)) if auth is not None else None
+        # an image no one has, or a private one without its login: it never boots
+        pull_error = self.images.pull_error(spec.get("imageName"), login)
         inst = Instance(
             id=_pod_id(),
             name=str(spec.get("name") or ""),

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from tests.fakes.base import DASHBOARD_PORT, FakeCloud, Handler, Instance, Request, Response
-from tests.fakes.node_images import DEFAULT_IMAGE, ImageRegistry
+from tests.fakes.node_images import DEFAULT_IMAGE, ImageRegistry, PullLogin
 from tests.fakes.nodes import unused_port
 from tests.fakes.vastai_bodies import body_problem
 from tests.fakes.vastai_search import OFFER_KEYS, OFFER_ROWS, BadFilter, check_filters, matches, sort_key
@@ -266,7 +266,8 @@ class FakeVastAI(FakeCloud):
         env, ports = parse_env(body.get("env"))
         runtype = str(body.get("runtype") or "")  # checked with the body (tests.fakes.vastai_bodies)
         count = int(offer["num_gpus"])
-        pull_error = self.images.pull_error(body.get("image"))  # an image no one has: it never boots
+        # an image no one has, or a private one without its login (docker login on the host): it never boots
+        pull_error = self.images.pull_error(body.get("image"), _login(body.get("image_login")))
         inst = Instance(
             id=str(next(self._ids)),
             name=str(body.get("label") or ""),
@@ -364,3 +365,17 @@ class FakeVastAI(FakeCloud):
             "extra_env": [[k, v] for k, v in inst.env.items()],
             "onstart": inst.extra.get("onstart"),
         }
+
+
+def _login(arguments: object) -> PullLogin | None:
+    """The docker login a create's `image_login` gives the host (`-u USER -p TOKEN [SERVER]`, Docker Hub
+    when no server is named), or None: none, or arguments docker login would refuse (so no login)."""
+    if not isinstance(arguments, str) or not arguments.strip():
+        return None
+    words, found = shlex.split(arguments), {}
+    while len(words) >= 2 and words[0] in ("-u", "-p", "--username", "--password"):
+        found[words[0].lstrip("-")[0]] = words[1]
+        words = words[2:]
+    if set(found) != {"u", "p"} or len(words) > 1:
+        return None
+    return PullLogin(words[0].lower() if words else "docker.io", found["u"], found["p"])

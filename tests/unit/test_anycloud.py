@@ -157,6 +157,9 @@ class Catalogue:
         self.name, self.offers, self.fail = name, offers, fail
         self.asked: list[str] = []
 
+    def refusal(self, section: object) -> None:
+        return None  # (a private image's login: tests/integration/test_private_images.py)
+
     def choose(self, section: RunPodSection | VastAISection) -> Choice:
         if self.fail is not None:
             raise self.fail

@@ -153,6 +153,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "min_upload": None,
         "stop_after": 900,
         "image": None,  # the fleet's node_image (rayproject/ray:2.60.0-py311-gpu unless set)
+        "private_image": False,  # trainfleet's: pulled with the fleet's registry login when true
         "entry": None,
         "debug": False,
         "jupyter": False,
