@@ -1,11 +1,13 @@
 """`fleet instances`, `fleet terminate`, `fleet node`, `fleet ssh`, `fleet jupyter`: the
-machines behind the runs, and the ways into one."""
+machines behind the runs, and the ways into one; `fleet volumes`: the storage volumes the fleet made for
+jobs (`network_volume:`), what each costs a month, and `--delete ID`."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -25,6 +27,7 @@ def register(cli: typer.Typer) -> None:
     cli.command()(node)
     cli.command()(ssh)
     cli.command()(jupyter)
+    cli.command()(volumes)
 
 
 def instances(as_json: JsonOpt = False) -> None:
@@ -203,3 +206,39 @@ def _cluster_status(endpoint: NodeEndpoint, wait_s: float = 15.0) -> tuple[str, 
             break
         time.sleep(1.0)
     return status, [_NodeRow(**node_summary(n), state=n.state) for n in listed]
+
+
+def volumes(
+    delete: Annotated[
+        str | None,
+        typer.Option("--delete", metavar="ID", help="Delete this volume (its id), and every file on it."),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The fleet's storage volumes at every provider (id, name, where, size, $/month); they bill by the
+    month, used or not, until deleted."""
+    from service.volumes import delete_volume, fleet_volumes
+
+    world = world_or_exit()
+    try:
+        if delete is not None:
+            if not yes and not typer.confirm(f"Delete volume {delete} and every file on it?"):
+                raise typer.Exit(1)
+            gone = delete_volume(world, delete)
+            out.print(f"deleted {gone.name} ({gone.volume_id}, {gone.provider.value})", highlight=False)
+            return
+        rows = fleet_volumes(world)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps([{**asdict(v), "provider": v.provider.value} for v in rows]))
+        return
+    table = Table()
+    for name in ("id", "name", "provider", "where", "GB", "$/month"):
+        table.add_column(name, no_wrap=name == "id")
+    for v in rows:
+        table.add_row(v.volume_id, v.name, v.provider.value, v.where, str(v.size_gb), f"{v.monthly_usd:.2f}")
+    out.print(table)
+    out.print(f"{len(rows)} volume(s), ${sum(v.monthly_usd for v in rows):.2f} a month", highlight=False)

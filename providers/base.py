@@ -182,6 +182,9 @@ class LaunchRequest:
     local_paths: tuple[Path, ...] = ()
     """The absolute paths of this machine the job's node reads in place (a local model: jobs.paths.node_paths,
     confined at validate); a sandboxed local node is shown them read-only. Rented nodes ignore them."""
+    volume: str | None = None
+    """The id of the storage volume the provision stage found or made for the section (`Provider.volume`),
+    which the node mounts; None: the section asks for none the fleet makes."""
 
     def node_env(
         self, section_env: Mapping[str, str], own: Mapping[str, str] | None = None
@@ -243,6 +246,18 @@ class ProviderContext:
 
 
 @dataclass(frozen=True)
+class Volume:
+    """A storage volume of the fleet's at a provider (a RunPod network volume), and its monthly cost."""
+
+    provider: ProviderName
+    volume_id: str
+    name: str
+    where: str  # its data center
+    size_gb: int
+    monthly_usd: float
+
+
+@dataclass(frozen=True)
 class Refusal:
     """Why a provider cannot run a section as the fleet is set up, and the section's key that asks it."""
 
@@ -300,6 +315,19 @@ class Provider(ABC):
         """Why this provider cannot run a job of `section` as the fleet is set up (a private image with no
         login for its registry), said at submit and again before it rents; None, the default: it can."""
         return None
+
+    def volume(self, section: SectionBase) -> tuple[Volume, bool] | None:
+        """The volume `section` asks the fleet for (SectionBase.asks_volume), found or made now, and whether
+        it was made; the provision stage holds the fleet's lock around it. None: it asks for none."""
+        return None
+
+    def volumes(self) -> list[Volume]:
+        """The fleet's storage volumes here (`fleet volumes`); none by default."""
+        return []
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Delete one of the fleet's volumes and its files (NodeError: not the fleet's, or in use)."""
+        raise NodeError(f"the {self.name} provider has no storage volumes")
 
     def reach_advice(self, cause: Unreachable) -> str | None:
         """What of this cloud's settings decides whether its node's TLS check passes, for a run that gives

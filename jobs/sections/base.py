@@ -223,6 +223,12 @@ class SectionBase(BaseModel):
         provider gives the head its own shape (jobs.sections.head)."""
         return self
 
+    @property
+    def asks_volume(self) -> bool:
+        """Whether the fleet finds or makes a storage volume for the section's nodes (RunPod's
+        `network_volume`): the provision stage asks the provider for it (Provider.volume) first."""
+        return False
+
     def axolotl_fork(self) -> tuple[str, str | None] | None:
         """A fork of axolotl the nodes install instead of its release: (pip's `git+` URL, the branch or
         None for the repository's default), or None (the release: the config's axolotl_version)."""

@@ -1,4 +1,5 @@
-"""RunPod's GraphQL API, wire calls only: every request sends its values as GraphQL variables.
+"""RunPod's GraphQL API, wire calls only: every request sends its values as GraphQL variables; and its REST
+API (v1) for network volumes, which the GraphQL API lists but documents no way to make or delete.
 
 Why not runpod-python for these calls: its f-string queries are not escaped (a `"` in an env value
 breaks the request), it has no interruptible pods, and it reads the API key from a module global. The
@@ -27,6 +28,7 @@ from providers.runpod.models import (
     RunPodDataCenter,
     RunPodGpuType,
     RunPodPod,
+    RunPodVolume,
     TerminateData,
 )
 
@@ -52,6 +54,7 @@ SPOT = (
 )
 TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
 
+DEFAULT_REST_URL = "https://rest.runpod.io/v1"  # RunPod's REST API (network volumes)
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -77,23 +80,21 @@ class RunPodClient:
         api_key: SecretStr,
         base_url: str,
         timeouts: tuple[float, float] = (API_CONNECT_TIMEOUT_S, PROVIDER_API_TIMEOUT_S),
+        rest_url: str = DEFAULT_REST_URL,
     ) -> None:
         self._key = api_key
         self.url = base_url.rstrip("/") + "/graphql"
+        self.rest_url = rest_url.rstrip("/")
         self.connect_timeout_s, self.timeout_s = timeouts  # (connect, read), seconds
         self._session = requests.Session()
 
-    def call(self, query: str, variables: Mapping[str, object] | None, answer: type[M]) -> M:
-        """One GraphQL request; returns its `data` as an `answer`, or raises RunPodAPIError."""
+    def _send(self, method: str, url: str, body: Any = None) -> tuple[requests.Response, Any]:
+        """One request with the account's key: the reply and its JSON (None: none), or RunPodAPIError when
+        no answer came."""
         headers = {"Authorization": f"Bearer {self._key.get_secret_value()}"}
-        # JSON all through; typed Any only because requests' JsonType takes no TypedDict (the pod spec).
-        request: Any = {"query": query, "variables": variables or {}}
         try:
-            reply = self._session.post(
-                self.url,
-                json=request,
-                headers=headers,
-                timeout=(self.connect_timeout_s, self.timeout_s),
+            reply = self._session.request(
+                method, url, json=body, headers=headers, timeout=(self.connect_timeout_s, self.timeout_s)
             )
         except requests.ConnectTimeout:
             raise RunPodAPIError(0, f"no connection within {self.connect_timeout_s:g} s") from None
@@ -102,10 +103,17 @@ class RunPodClient:
         except requests.RequestException as exc:
             raise RunPodAPIError(0, f"connection failed: {type(exc).__name__}") from None
         try:
-            body = reply.json()
+            return reply, reply.json()
         except ValueError:
-            body = {}
-        errors = body.get("errors") if isinstance(body, dict) else None
+            return reply, None
+
+    def call(self, query: str, variables: Mapping[str, object] | None, answer: type[M]) -> M:
+        """One GraphQL request; returns its `data` as an `answer`, or raises RunPodAPIError."""
+        # JSON all through; typed Any only because requests' JsonType takes no TypedDict (the pod spec).
+        request: Any = {"query": query, "variables": variables or {}}
+        reply, body = self._send("POST", self.url, request)
+        body = body if isinstance(body, dict) else {}
+        errors = body.get("errors")
         if reply.status_code != 200 or errors:
             message = str(errors[0].get("message")) if errors else reply.reason or "error"
             retry = reply.headers.get("Retry-After")
@@ -135,6 +143,35 @@ class RunPodClient:
 
     def terminate(self, pod_id: str) -> None:
         self.call(TERMINATE, {"input": {"podId": pod_id}}, TerminateData)
+
+    def rest(self, method: str, path: str, body: Any = None) -> Any:
+        """One REST v1 request (`path` under the REST API's URL); its JSON answer, or RunPodAPIError."""
+        reply, answer = self._send(method, f"{self.rest_url}/{path}", body)
+        if reply.status_code >= 400:
+            said = answer.get("error") or answer.get("message") if isinstance(answer, dict) else None
+            retry = reply.headers.get("Retry-After")
+            message = str(said or reply.reason or "error")
+            raise RunPodAPIError(reply.status_code, message, float(retry) if retry else None)
+        return answer
+
+    def network_volumes(self) -> list[RunPodVolume]:
+        rows = self.rest("GET", "networkvolumes")
+        try:
+            return [RunPodVolume.model_validate(row) for row in rows or []]
+        except (ValidationError, TypeError) as exc:
+            why = _problems(exc) if isinstance(exc, ValidationError) else "not a list"
+            raise RunPodAPIError(200, f"unexpected answer: {why}", unread=True) from None
+
+    def create_network_volume(self, name: str, size_gb: int, data_center: str) -> RunPodVolume:
+        body = {"name": name, "size": size_gb, "dataCenterId": data_center}
+        made = self.rest("POST", "networkvolumes", body)
+        try:
+            return RunPodVolume.model_validate(made)
+        except ValidationError as exc:
+            raise RunPodAPIError(200, f"unexpected answer: {_problems(exc)}", unread=True) from None
+
+    def delete_network_volume(self, volume_id: str) -> None:
+        self.rest("DELETE", f"networkvolumes/{volume_id}")
 
 
 def _made(pod: RunPodPod | None) -> RunPodPod:

@@ -52,6 +52,15 @@ class RunPodDataCenter(RunPodRecord):
         return ", ".join(part for part in (self.id, self.location) if part)
 
 
+class RunPodVolume(RunPodRecord):
+    """A network volume of the account (REST `networkvolumes`): its id, name, size in GB and data center."""
+
+    id: str
+    name: str = ""
+    size: int = 0
+    data_center_id: str = ""
+
+
 class RunPodPort(RunPodRecord):
     """A port the pod publishes: on a public IP (`is_ip_public`), or through RunPod's HTTP proxy."""
 

@@ -43,8 +43,10 @@ from providers.base import (
     NodeInstance,
     NodeState,
     ProviderContext,
+    Refusal,
     SshAccess,
     Unanswered,
+    Volume,
 )
 from providers.bootstrap import (
     BOOTSTRAP_ENV,
@@ -59,6 +61,7 @@ from providers.bootstrap import (
 from providers.offers import DATA_CENTER, Candidate, Choice, Priced, Rule, choose, in_avoided
 from providers.onnode.failsafe import RUNPOD_URL_ENV
 from providers.remote import RemoteProvider, before_create
+from providers.runpod import volumes
 from providers.runpod.client import RunPodAPIError, RunPodClient
 from providers.runpod.facts import RUNPOD
 from providers.runpod.models import PodSpec, RunPodDataCenter, RunPodPod
@@ -109,7 +112,9 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
     def __init__(self, context: ProviderContext) -> None:
         super().__init__(context)
         self.own = context.cloud(self.name, RunPodSettings)
-        self.client = RunPodClient(context.credential(CREDENTIAL), self.api_url, context.api_timeouts)
+        self.client = RunPodClient(
+            context.credential(CREDENTIAL), self.api_url, context.api_timeouts, self.own.runpod_rest_url
+        )
 
     login_advice: ClassVar[str] = (
         "make a container registry auth on RunPod (Settings > Container Registry Auth) and name its id for "
@@ -118,6 +123,36 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
 
     def registry_login(self, server: str) -> str | None:
         return self.own.runpod_registry_auths.get(server)
+
+    def refusal(self, section: BaseModel) -> Refusal | None:
+        ask = section.network_volume if isinstance(section, RunPodSection) else None
+        if ask is not None and ask.size_in_gb > self.own.runpod_max_volume_gb:
+            return Refusal("network_volume.size_in_gb", volumes.too_big(ask, self.own.runpod_max_volume_gb))
+        return super().refusal(section)
+
+    # network volumes ------------------------------------------------------------------------------
+    def volume(self, section: SectionBase) -> tuple[Volume, bool] | None:
+        if not isinstance(section, RunPodSection) or section.network_volume is None:
+            return None
+        try:
+            row, made = volumes.find_or_make(
+                self.client, section.network_volume, self.own.runpod_max_volume_gb
+            )
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
+        return volumes.as_volume(self.name, row), made
+
+    def volumes(self) -> list[Volume]:
+        try:
+            return [volumes.as_volume(self.name, row) for row in volumes.ours(self.client)]
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
+
+    def delete_volume(self, volume_id: str) -> None:
+        try:
+            volumes.delete(self.client, volume_id)
+        except RunPodAPIError as exc:
+            raise translate(exc) from None
 
     def reach_advice(self, cause: Unreachable) -> str | None:
         return {
@@ -211,7 +246,10 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             **node_setup_env(request.software),
             **self._access_env(request, section),  # the fleet's SSH key, JupyterLab's token
         }
-        if section.network_volume_id or section.volume_in_gb > 0:
+        volume = request.volume or section.network_volume_id
+        if section.network_volume is not None and request.volume is None:
+            raise ProvisioningFailed("network_volume: no volume was found or made for the pod")
+        if volume or section.volume_in_gb > 0:
             # Runs (checkpoints, the model cache) live on the volume: they outlast a container restart.
             env[NODE_ROOT_ENV] = posixpath.join(section.volume_mount_path, "trainfleet")
         if request.head is None:
@@ -226,7 +264,7 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         )
         if section.starts_from_template:  # the template's command runs our script from its environment
             env[BOOTSTRAP_ENV] = command[-1]
-        spec = self._pod_spec(request.name, section, env, token, best.candidate)
+        spec = self._pod_spec(request.name, section, env, token, best.candidate, volume)
         if not section.starts_from_template:
             spec["imageName"] = self.context.image(section.image, request.software)
             if auth := self._pull_login(section):  # RunPod pulls a private image with the account's auth
@@ -235,7 +273,13 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
         return spec
 
     def _pod_spec(
-        self, name: str, section: RunPodSection, env: dict[str, str], token: str, offer: Candidate
+        self,
+        name: str,
+        section: RunPodSection,
+        env: dict[str, str],
+        token: str,
+        offer: Candidate,
+        volume: str | None = None,
     ) -> PodSpec:
         env = {**env, TOKEN_ENV: token}
         spec: PodSpec = {
@@ -253,8 +297,8 @@ class RunPodProvider(RemoteProvider[RunPodSection, RunPodPod]):
             "supportPublicIp": True,
             "startSsh": SSH_KEY_ENV in env,  # RunPod's images put PUBLIC_KEY in authorized_keys
         }
-        if section.network_volume_id:  # mounted at volumeMountPath, in place of a pod volume
-            spec["networkVolumeId"] = section.network_volume_id
+        if volume:  # mounted at volumeMountPath, in place of a pod volume
+            spec["networkVolumeId"] = volume
             del spec["volumeInGb"]
         if place := offer.detail.get(DATA_CENTER):  # the data center of the offer (`data_center`, `avoid`)
             spec["dataCenterId"] = place

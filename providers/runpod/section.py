@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar
 
-from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from jobs.clouds import Capability
 from jobs.sections.base import AbsolutePath, RemoteSection, Text, Token, matching
@@ -25,6 +33,40 @@ DataCenters = Annotated[
     tuple[DataCenterId, ...],
     BeforeValidator(lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v),
 ]
+
+VOLUME_PREFIX = "tf-"
+"""The fleet's network volumes are called `tf-<name>`: `fleet volumes` lists and deletes only those."""
+
+
+class NetworkVolumeAsk(BaseModel):
+    """A network volume the fleet makes, or finds, for the job: `tf-<name>` in `data_center`."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: Annotated[
+        str,
+        StringConstraints(max_length=40),
+        matching(r"[a-z0-9][a-z0-9-]*", "must be lower-case letters, digits and -"),
+    ] = Field(
+        "trainfleet",
+        description="The volume's name (RunPod's is tf-<name>): later runs that name it in the same data "
+        "center use the same volume, and find what earlier runs left there (the model cache, prepared "
+        "datasets, their runs' files).",
+    )
+    size_in_gb: int = Field(
+        ge=10,
+        le=4000,
+        description="Its size when the fleet makes it, GB (at most the fleet's runpod_max_volume_gb); one "
+        "already there is used at its own size. Billed by the month until deleted (`fleet volumes`).",
+    )
+    data_center: DataCenterId = Field(
+        description="The data center it is in: RunPod puts the job's pods there, beside it."
+    )
+
+    @property
+    def volume_name(self) -> str:
+        return VOLUME_PREFIX + self.name
+
 
 GitUrl = Annotated[
     str,
@@ -46,9 +88,23 @@ class RunPodSection(RemoteSection):
     )
     """Whether the head may be a CPU-only machine (`head: {gpu_count: 0}`)."""
 
+    @property
+    def volume(self) -> str | None:
+        """The network volume's key in the section (`network_volume_id` or `network_volume`), if any."""
+        if self.network_volume_id is not None:
+            return "network_volume_id"
+        return "network_volume" if self.network_volume is not None else None
+
+    @property
+    def asks_volume(self) -> bool:
+        return self.network_volume is not None
+
     def cluster_problems(self) -> list[tuple[str, str]]:
         problems = []
-        if self.network_volume_id is not None and (self.data_center or self.avoid):
+        if self.network_volume_id is not None and self.network_volume is not None:
+            message = "names a volume, and network_volume asks the fleet for one: keep one of them"
+            problems.append(("network_volume_id", message))
+        if self.volume is not None and (self.data_center or self.avoid):
             key = "data_center" if self.data_center else "avoid"
             problems.append(
                 (
@@ -57,13 +113,13 @@ class RunPodSection(RemoteSection):
                     "places them in its data center): drop it, or use a volume in the data center you want",
                 )
             )
-        if self.num_nodes > 1 and self.network_volume_id is None:
+        if self.num_nodes > 1 and self.volume is None:
             problems.append(
                 (
                     "num_nodes",
-                    f"a run on {self.num_nodes} RunPod pods needs network_volume_id: a network volume that "
-                    "every pod mounts, where the run's checkpoints and results live (one pod cannot reach "
-                    "another's disk)",
+                    f"a run on {self.num_nodes} RunPod pods needs network_volume_id (or network_volume: the "
+                    "fleet makes one): a network volume that every pod mounts, where the run's checkpoints "
+                    "and results live (one pod cannot reach another's disk)",
                 )
             )
         if self.head is not None and self.num_nodes < 2:
@@ -134,7 +190,13 @@ class RunPodSection(RemoteSection):
     network_volume_id: Token | None = Field(
         None,
         description="A RunPod network volume to mount at volume_mount_path instead of a pod volume; runs "
-        "keep their files on it. Needed for num_nodes > 1: every pod of the cluster mounts it.",
+        "keep their files on it. Needed for num_nodes > 1 (or network_volume): every pod of the cluster "
+        "mounts it.",
+    )
+    network_volume: NetworkVolumeAsk | None = Field(
+        None,
+        description="A network volume the fleet makes (`{size_in_gb, data_center}`, and a `name`), or finds "
+        "from an earlier run of that name, mounted as network_volume_id's is.",
     )
     data_center: DataCenters = Field(
         (),

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from core.settings import CloudSettings
 from jobs.images import SERVER, server_name
+from providers.runpod.client import DEFAULT_REST_URL
 
 DEFAULT_API = "https://api.runpod.io"
 DEFAULT_PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy of a pod's port
@@ -26,6 +27,18 @@ class RunPodSettings(CloudSettings):
 
     runpod_api_base_url: str = Field(
         DEFAULT_API, description="RunPod's API (RUNPOD_API_BASE_URL; a fake's URL in tests)."
+    )
+    runpod_rest_url: str = Field(
+        DEFAULT_REST_URL,
+        description="RunPod's REST API, where the fleet makes, lists and deletes network volumes "
+        "(`network_volume:`, `fleet volumes`; a fake's in tests).",
+    )
+    runpod_max_volume_gb: int = Field(
+        500,
+        ge=0,
+        le=4000,
+        description="The largest network volume a job may have the fleet make (`network_volume: "
+        "size_in_gb`): a volume bills by the month, outside any run's cap; 0: jobs make none.",
     )
     runpod_proxy_url: str = Field(
         DEFAULT_PROXY_URL,

@@ -68,6 +68,7 @@ from state.payloads.runs import (
     RunSucceeded,
     StageFinished,
     StageStarted,
+    VolumeReady,
     WandbRun,
     submitter_of,
 )
@@ -194,6 +195,7 @@ __all__ = [
     "TrainStep",
     "TrainStopped",
     "TrainSubmitted",
+    "VolumeReady",
     "WandbRun",
     "WandbUnavailable",
     "submitter_of",

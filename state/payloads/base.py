@@ -30,6 +30,7 @@ class EventType(StrEnum):
     STAGE_FINISHED = "stage.finished"
     OFFER_CHOSEN = "offer.chosen"  # a `cloud:` job's attempt: the cloud and offer it rents, of how many
     OFFER_LEFT = "offer.left"  # ... and why the run moved on from one (no capacity, not ready in time)
+    VOLUME_READY = "volume.ready"  # the network volume the run's nodes mount: made now, or found again
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_ADOPTED = "instance.adopted"
     INSTANCE_READY = "instance.ready"

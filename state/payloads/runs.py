@@ -198,6 +198,20 @@ class OfferLeft(Payload):
 # Instances and nodes
 
 
+class VolumeReady(Payload):
+    """The storage volume a node mounts (`network_volume:`), made for the run or found from an earlier one
+    of its name, and what it costs a month (it bills until `fleet volumes --delete`)."""
+
+    type = EventType.VOLUME_READY
+    instance: str
+    volume_id: str
+    name: str
+    where: str
+    size_gb: int
+    monthly_usd: float
+    made: bool
+
+
 class InstanceRequested(Payload):
     type = EventType.INSTANCE_REQUESTED
     instance: str

@@ -99,7 +99,7 @@ def settings_for(fake: Fake, args: argparse.Namespace) -> dict[str, str]:
     url_env = model.AS_IS.get(field, f"FLEET_{field.upper()}")
     found = {url_env: fake.url} | dict.fromkeys(provider.credential_names, fake.api_key)
     if isinstance(fake, FakeRunPod):  # its pods' ports only through its HTTPS proxy, as RunPod's
-        found |= fake.proxy.settings()
+        found |= fake.proxy.settings() | {"FLEET_RUNPOD_REST_URL": fake.rest_url}
     return found
 
 

@@ -156,7 +156,7 @@ class _HTTPHandler(BaseHTTPRequestHandler):
             body=self.rfile.read(length) if length else b"",
         )
         response = self.server.cloud.dispatch(request)
-        payload = json.dumps(response.body).encode()
+        payload = b"" if response.status == 204 else json.dumps(response.body).encode()  # No Content
         self.send_response(response.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))

@@ -42,6 +42,8 @@ from tests.fakes.node_images import DEFAULT_IMAGE, TEMPLATE_IMAGE, ImageRegistry
 from tests.fakes.nodes import Join
 from tests.fakes.runpod_proxy import RunPodProxy
 from tests.fakes.runpod_schema import OUTPUTS, ValidationFailed, validate
+from tests.fakes.runpod_volumes import PATH as VOLUMES_PATH
+from tests.fakes.runpod_volumes import Volumes
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,9 @@ class FakeRunPod(FakeCloud):
         self.stock: dict[str, int] = {row[0]: 8 for row in _CATALOG}
         self.spot_stock: dict[str, int] = {}  # spot's own pool, where set (else the type's stock)
         self.center_stock: dict[tuple[str, str], int] = {}  # (data center, GPU type) -> GPUs, where set
-        self.network_volumes: dict[str, str] = {}  # the account's network volumes: id -> data center id
+        self.network_volumes = Volumes(
+            frozenset(c[0] for c in DATA_CENTERS)
+        )  # the account's (runpod_volumes)
         self.registry_auths: dict[str, PullLogin] = {}  # the account's container registry auths, by id
         self.templates: dict[str, Template] = dict(TEMPLATES)
         self.images = ImageRegistry()  # what a pod may run (tests.fakes.node_images); any other fails
@@ -218,9 +222,14 @@ class FakeRunPod(FakeCloud):
         """Give the account a network volume, which pods may then be created with (`networkVolumeId`).
         Under `home` it is the directory `volumes/<volume_id>`, shared by every pod that mounts it."""
         with self.lock:
-            self.network_volumes[volume_id] = data_center
+            self.network_volumes.add(volume_id, data_center)
         if self.home is not None:
             self.volume_dir(volume_id).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def rest_url(self) -> str:
+        """Where the fake serves RunPod's REST API (the fleet's runpod_rest_url)."""
+        return f"{self.url}/v1"
 
     def volume_dir(self, volume_id: str) -> Path:
         """Where a network volume's files are (needs `home`)."""
@@ -333,7 +342,10 @@ class FakeRunPod(FakeCloud):
         return Response(200, {"errors": [{"message": message}], "data": None})
 
     def route(self, request: Request) -> tuple[str, Any]:
-        """Parse the GraphQL request; the operation is its first top-level field."""
+        """Parse the GraphQL request; the operation is its first top-level field. The REST API's network
+        volumes (tests.fakes.runpod_volumes) are operation `volumes`."""
+        if request.path.startswith(VOLUMES_PATH):
+            return "volumes", lambda r: self._volumes(r)
         if request.method != "POST" or request.path.rstrip("/") != "/graphql":
             return "other", lambda _r: Response(404, {"errors": [{"message": "Not Found"}]})
         try:
@@ -345,6 +357,12 @@ class FakeRunPod(FakeCloud):
             return "graphql", lambda _r: error
         op = _OPS.get(operation.fields[0].name, "graphql") if operation.fields else "graphql"
         return op, lambda _r: self._execute(operation, variables)
+
+    def _volumes(self, request: Request) -> Response:
+        with self.lock:
+            live = [i for i in self.instances.values() if i.state != "terminated"]
+            mounts = {str(i.extra.get("networkVolumeId")) for i in live}
+            return self.network_volumes.handle(request, lambda volume_id: volume_id in mounts)
 
     def terminate_but_list(self, request: Request, listings: int) -> Response:
         """Terminate for real but keep listing the pod as RUNNING for `listings` list/get calls."""
@@ -531,10 +549,7 @@ class FakeRunPod(FakeCloud):
             shown = self.visible(inst)
             if shown is not None:
                 pods.append(self._render(inst, shown))
-        volumes = [
-            {"id": vid, "name": vid, "size": 100, "dataCenterId": center}
-            for vid, center in self.network_volumes.items()
-        ]
+        volumes = self.network_volumes.rows()
         return {"id": "user-fake", "pubKey": None, "pods": pods, "networkVolumes": volumes}
 
     def _pod(self, args: dict[str, Any]) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from jobs.sections import section_models
 from jobs.sections.head import HeadShape
+from providers.runpod.section import NetworkVolumeAsk
 from tests.factories import REPO_ROOT
 from trainer.config import TrainConfig, TrainJob
 
@@ -32,7 +33,8 @@ REFUSED: dict[tuple[str, str], object] = {
 
 def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {name.value: model for name, model in section_models().items()}
-    return {**found, "head": HeadShape, "builtin": TrainConfig, "TrainJob": TrainJob}
+    volume = {"network_volume": NetworkVolumeAsk}
+    return {**found, "head": HeadShape, **volume, "builtin": TrainConfig, "TrainJob": TrainJob}
 
 
 def fields() -> list[tuple[str, str]]:

@@ -164,6 +164,7 @@ def test_runpod_defaults_are_the_proof_of_concepts() -> None:
         "volume_in_gb": 200,
         "volume_mount_path": "/content",
         "network_volume_id": None,  # trainfleet's: a network volume instead of the pod's own
+        "network_volume": None,  # trainfleet's: a network volume the fleet makes (or finds again)
         "data_center": (),  # trainfleet's (RunPod's dataCenterId): wherever RunPod puts the pod
         "avoid": (),  # trainfleet's: no data center left out
         "axolotl_git": None,

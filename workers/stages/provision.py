@@ -20,7 +20,7 @@ from state.ledger import Draft
 from state.models import Instance, InstanceState, Run
 from state.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
 from state.stages import RunState, Stage
-from workers import budget, context, failover, provision_reach, readiness, spot, wandb_plan
+from workers import budget, context, failover, provision_reach, readiness, spot, storage, wandb_plan
 from workers.ending import instance_lost
 from workers.node_job import node_software
 from workers.node_secrets import node_secrets
@@ -177,16 +177,20 @@ def _bring_up(
             # An earlier create call had no clear answer (a timeout, a 5xx): the vendor may still carry
             # it out. Look it up by name until it has had time to show, rather than create a second one.
             return None
+        section = run.node_section(
+            k
+        )  # the head may have its own shape; a `cloud:` job's, its offer's cloud's
         request = LaunchRequest(
             name,
             run.run_id,
-            run.node_section(k),  # the head may have its own shape; a `cloud:` job's, its offer's cloud's
+            section,
             node_secrets(ctx, run),
             heartbeat_timeout_s=ctx.settings.node_heartbeat_timeout_s,
             head=head,
             software=node_software(ctx, run),
             offer=run.placement.offer if run.placement is not None else None,
             local_paths=node_paths(run.spec.train),
+            volume=storage.volume_for(ctx, run, provider, section, name),
         )
         ctx.ledger.update_instance(name, create_called_at=time.time())
         try:
