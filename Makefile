@@ -16,7 +16,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # $(call PIP,VENV,WHAT): pip install into VENV, tried once more when a download is cut short.
 PIP = $(1)/bin/pip install -q $(PIP_FLAGS) $(2) || $(1)/bin/pip install -q $(PIP_FLAGS) $(2)
 
-.PHONY: setup sandbox-tool fleet-env node-env axolotl-env axolotl-venv control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
+.PHONY: setup sandbox-tool test-tools fleet-env node-env axolotl-env axolotl-venv control-env node-pins lint format typecheck test test-unit test-integration faults check bench demo flower clean
 
 # The four environments at once (pip mostly waits on downloads); the control plane's after the fleet's,
 # since both build the package in this tree. A download cut short is tried again once.
@@ -119,7 +119,18 @@ typecheck:
 # The whole fault suite runs here too, its long cases (faults_full) included: `-m` on the command line
 # overrides pyproject's addopts, which leaves them out of a plain `pytest`. (`make faults` runs the fault
 # suite alone, in one process, and prints its summary.)
-test:
+# What the tests need beside the environments: an OpenSSH server (tests/sshd.py starts its own, on loopback,
+# for the pool machines of providers.ssh). As root with apt it is installed; otherwise this says how.
+test-tools:
+	@[ -x /usr/sbin/sshd ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server; }; } >/dev/null \
+	  && echo "installed openssh-server: the pool tests start their own sshd"; \
+	else \
+	  echo "note: the pool tests start sshd, which is not installed: apt install openssh-server"; \
+	fi
+
+test: test-tools
 	$(BIN)/pytest -q --durations=5 -n 2 tests/unit tests/security
 	$(BIN)/pytest -q --durations=25 -n 2 -m "faults_full or not faults_full" tests/integration tests/faults
 
