@@ -260,6 +260,7 @@ def start_script(
     worker: bool = False,
     private_host: str | None = None,
     tls: bool = False,
+    ray: list[str] | None = None,
 ) -> str:
     """A POSIX shell script: the failsafe of a `vendor` node in the background (first, so that a node
     whose start goes wrong later goes too), token auth on, the node's software set up and its root chosen
@@ -274,7 +275,8 @@ def start_script(
     first Ray job (workers.entry), checked and logged. With `tls` (a node reached by its public address)
     the head's Jobs API, and JupyterLab on a node that runs it, are published only through the node's TLS
     front (providers.onnode.tlsfront), whose certificate and key the script then takes out of the environment,
-    before anything else starts."""
+    before anything else starts. `ray`: the node's `ray start` argv instead of `head_argv`'s or
+    `worker_argv`'s (a pool machine's: ports and a temp dir of its own)."""
     lines = ["set -eu"]
     if vendor is not None:
         lines.append(shlex.join(failsafe_argv(vendor)) + " &")
@@ -296,11 +298,11 @@ def start_script(
         node_ip = ' ${NODE_IP:+"--node-ip-address=$NODE_IP"}'
     lines += stop_notice_lines()
     if worker:
-        join = shlex.join(worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
+        join = shlex.join(ray or worker_argv()) + f' --address="${HEAD_ADDRESS_ENV}"' + node_ip
         again = f'[ -n "$STOPPING" ] || sleep {JOIN_RETRY_S}'
         lines.append(f'while [ -z "$STOPPING" ]; do fleet_ray {join} || true; {again}; done')
     else:
-        lines.append("fleet_ray " + shlex.join(head_argv(tls)) + node_ip)
+        lines.append("fleet_ray " + shlex.join(ray or head_argv(tls)) + node_ip)
     return "\n".join(lines)
 
 

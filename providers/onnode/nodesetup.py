@@ -21,6 +21,8 @@ starts, and the readiness check names what is missing, so the run fails NODE_BRO
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -28,6 +30,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from importlib import metadata
 
 PINS_ENV = "FLEET_NODE_PINS"
@@ -147,6 +150,7 @@ class _Install:
         self.pip_args = env.get(PIP_ARGS_ENV, "").split()
         self.cache = ["--cache-dir", os.path.join(root, "cache", "pip")]
         self.uv_dir = os.path.join(root, "cache", "uv")
+        self.python_version = env.get(PYTHON_ENV, "")
 
     def run(self, argv: list[str]) -> None:
         _run(argv, self.log)
@@ -171,11 +175,39 @@ def install(pins: list[str], env: dict[str, str], root: str) -> tuple[str, list[
     todo = pins if wanted and wanted != here else missing(pins)
     if not todo:
         return os.path.dirname(sys.executable), []
-    if wanted and wanted != here:  # another Python: uv brings it, and everything goes into its venv
-        job.uv("venv", "--python", wanted, venv)
+    with _exclusive(venv + ".lock"):  # two nodes of one home (pool machines) install one at a time
+        return _install_into(venv, python, todo, job, wanted != "" and wanted != here)
+
+
+@contextlib.contextmanager
+def _exclusive(path: str) -> Iterator[None]:
+    """An exclusive lock on the file `path` for the `with` block; none where it cannot be made (the
+    install then goes on unlocked, as it always did)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _install_into(
+    venv: str, python: str, todo: list[str], job: _Install, other_python: bool
+) -> tuple[str, list[str]]:
+    # A venv is made once: making it again would rewrite its pyvenv.cfg under the nodes that run from it
+    # (two nodes of one home), whose new processes would then miss the packages it lets them see.
+    made = os.path.exists(os.path.join(venv, "pyvenv.cfg"))
+    if other_python:  # another Python: uv brings it, and everything goes into its venv
+        if not made:
+            job.uv("venv", "--python", job.python_version, venv)
     elif sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
         venv, python = sys.prefix, sys.executable  # the image's python is a venv already: add to it
-    else:
+    elif not made:
         try:
             job.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
         except subprocess.CalledProcessError:

@@ -10,6 +10,7 @@ bytes travel encrypted under the host key the fleet checked. The tunnel lives as
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import threading
@@ -21,6 +22,18 @@ import paramiko
 from providers.ssh.connect import Connection
 
 CHUNK = 64 * 1024
+
+
+class _QuietRefusals(logging.Filter):
+    """paramiko logs, as an ERROR, every forwarded connection the machine refuses ("Secsh channel N open
+    FAILED"): a node's Jobs API refuses until its head is up, and the readiness poll asks every few
+    seconds. The tunnel drops such a connection, so its client sees the refusal; the log need not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_QuietRefusals())
 
 
 class Tunnel:

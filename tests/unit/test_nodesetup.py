@@ -9,6 +9,8 @@ import base64
 import json
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 import zlib
 from importlib import metadata
@@ -81,6 +83,16 @@ def test_an_image_lacking_a_pin_gets_it_in_a_venv_that_still_sees_the_images_pac
     probe = "import tfprobe, pip; print(tfprobe.VERSION)"
     ran = subprocess.run([result["python"], "-c", probe], capture_output=True, text=True, timeout=60)
     assert ran.stdout.strip() == "1.0", ran.stderr
+    # A second node of the same home finds the venv made: it is not made again under the first one's
+    # processes (a new pyvenv.cfg, written while they start, hides the image's packages from them).
+    made = (tmp_path / "venv" / "pyvenv.cfg").stat()
+    again = subprocess.run(
+        [str(BASE_PYTHON), "-c", loader], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "venv" / "pyvenv.cfg").stat().st_mtime_ns == made.st_mtime_ns
+    log = (tmp_path / "volume" / "trainfleet" / nodesetup.LOG).read_text()
+    assert log.count("-m venv") == 1, log
     # The program that ran is the module, less its docstrings (it travels in the pod's environment), and
     # an image's older python3 can read it (the ones Ray 2.60 supports, from 3.9).
     source = zlib.decompress(base64.b64decode(packed(nodesetup))).decode()
@@ -106,3 +118,22 @@ def test_a_failed_install_is_recorded_and_ray_still_starts_from_the_images_pytho
     assert f"export PATH={bin_dir}:" in done.stdout
     result = json.loads((tmp_path / "root" / "node-setup.json").read_text())
     assert result["installed"] == [] and result["error"].startswith("CalledProcessError")
+
+
+def test_installs_into_one_venv_take_turns(tmp_path: Path) -> None:
+    # Two nodes of one home (pool machines sharing it, or two runs on one) install into one venv: one at a
+    # time, so that no pip reads a half-written site-packages.
+    order: list[str] = []
+
+    def install(who: str) -> None:
+        with nodesetup._exclusive(str(tmp_path / "venv.lock")):
+            order.append(f"{who} in")
+            time.sleep(0.3)
+            order.append(f"{who} out")
+
+    threads = [threading.Thread(target=install, args=(w,)) for w in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
