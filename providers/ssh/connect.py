@@ -107,10 +107,11 @@ class Connection:
             raise AuthFailed(
                 f"{machine.name}: {machine.user} was refused with {machine.key}: {exc}"
             ) from None
+        except HostKeyRefused:  # an unknown host, refused by _Checked: the socket is open still
+            client.close()
+            raise
         except (OSError, paramiko.SSHException) as exc:
             client.close()
-            if isinstance(exc, HostKeyRefused):
-                raise
             raise MachineDown(f"{machine.name}: no SSH connection ({_why(exc)})") from None
         self.client = client
 

@@ -143,7 +143,7 @@ def _launch(ssh: Connection, home: str, exports: str) -> int:
     made = ssh.run(f"umask 077 && mkdir -p {q} && cat > {q}/env", stdin=exports.encode(), timeout_s=30)
     if made.status != 0:
         raise ProvisioningFailed(f"{ssh.machine.name}: cannot write {home}: {made.stderr[-500:]}")
-    shell = 'echo $$ > pid; . ./env; rm -f ./env; exec sh -c "$FLEET_BOOTSTRAP"'
+    shell = f'echo $$ > pid; . ./env; rm -f ./env; exec sh -c "${bootstrap.BOOTSTRAP_ENV}"'
     started = ssh.run(
         f"cd {q} && (setsid sh -c {shlex.quote(shell)} > node.log 2>&1 < /dev/null &)"
         f" && for i in $(seq 50); do [ -s pid ] && break; sleep 0.1; done; cat pid",
