@@ -1,8 +1,10 @@
-"""The providers a job may name, and what the job's data knows of each rented cloud, declared in the
-cloud's own package.
+"""The providers a job may name, and what the job's data knows of each cloud, declared in the cloud's own
+package.
 
 `ProviderName` is open: `local`, `cloud` (a choice among the rented clouds, made per run) and the name of
-every cloud the registry declared. A cloud's package (providers/<cloud>/facts.py) declares a `CloudFacts`:
+every cloud the registry declared: those that rent GPU machines, and `ssh`, the operator's own machines
+(`owned`: never among a `cloud:` section's choices unless it names a pool). A cloud's package
+(providers/<cloud>/facts.py) declares a `CloudFacts`:
 its section model, its names for the GPU types a `cloud:` section may ask for, whether its offers say
 where they are, and the names it sets in its nodes' environment (which core.envnames refuses in a job's
 `env`). The job's data (jobs/) sits below the providers, so it cannot import them: the registry
@@ -25,7 +27,7 @@ from pydantic_core import core_schema
 from core.envnames import Reserved
 
 if TYPE_CHECKING:
-    from jobs.sections.base import RemoteSection
+    from jobs.sections.base import MachineSection
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,13 @@ ProviderName.CLOUD = ProviderName("cloud")
 
 @dataclass(frozen=True)
 class CloudFacts:
-    """One rented cloud's facts (see the module's notes)."""
+    """One cloud's facts (see the module's notes)."""
 
     name: ProviderName
     """The cloud's provider name, as a job file's section key names it."""
-    section: type[RemoteSection]
-    """The model of its section of a job file (providers/<cloud>/section.py)."""
+    section: type[MachineSection]
+    """The model of its section of a job file (providers/<cloud>/section.py); a rented cloud's is a
+    RemoteSection."""
     gpu_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Each GPU type's normal name (jobs.gpus.GPU_TYPES) -> the cloud's own names for it; a type it does
     not rent is absent. A name the cloud gives to several types (one model in two sizes) stands for each."""
@@ -94,6 +97,8 @@ class CloudFacts:
     """Whether its offers say where the machine is (a `cloud:` section's `avoid` needs it)."""
     node_env: Reserved | None = None
     """The names it sets in its nodes' environment, which a job may not set (core.envnames)."""
+    owned: bool = False
+    """The operator's own machines (pools reached over SSH), not rented: no offers to choose among."""
 
 
 def avoided(where: str, avoid: Iterable[str]) -> str | None:
@@ -128,10 +133,10 @@ def facts(cloud: str) -> CloudFacts | None:
 
 
 def rented_clouds() -> tuple[ProviderName, ...]:
-    """The declared clouds, which rent GPU machines and which a `cloud:` section chooses among."""
-    return tuple(ProviderName(name) for name in declared())
+    """The declared clouds that rent GPU machines, which a `cloud:` section chooses among."""
+    return tuple(ProviderName(name) for name, facts in declared().items() if not facts.owned)
 
 
 def provider_names() -> tuple[ProviderName, ...]:
     """Every name a job's provider section may have: `local`, the declared clouds, `cloud`."""
-    return (ProviderName.LOCAL, *rented_clouds(), ProviderName.CLOUD)
+    return (ProviderName.LOCAL, *(ProviderName(name) for name in declared()), ProviderName.CLOUD)

@@ -48,8 +48,8 @@ from jobs.problems import line_of, validate_mapping
 from jobs.secretscan import said_once, scan
 from jobs.sections import (
     LocalSection,
+    MachineSection,
     ProviderName,
-    RemoteSection,
     SectionBase,
     provider_names,
     section_models,
@@ -118,7 +118,7 @@ class JobSpec(BaseModel):
 def _gpus(section: SectionBase) -> int:
     if isinstance(section, LocalSection):
         return section.num_gpus
-    return section.gpu_count if isinstance(section, RemoteSection) else 0
+    return section.gpu_count if isinstance(section, MachineSection) else 0
 
 
 @dataclass(frozen=True)

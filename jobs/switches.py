@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import Problem
 from jobs.problems import line_of
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection, RemoteSection
 from jobs.yamlsafe import join_path
 from trainer.config import AxolotlConfig, TrainConfig
 
@@ -41,7 +41,7 @@ def switch_problems(spec: JobSpec, lines: Mapping[str, int]) -> list[Problem]:
 
 def _deepspeed(spec: JobSpec) -> list[tuple[str, str]]:
     section = spec.section
-    if not isinstance(section, RemoteSection) or not section.deepspeed:
+    if not isinstance(section, MachineSection) or not section.deepspeed:
         return []
     if isinstance(spec.train, TrainConfig):
         why = (

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from core.errors import Problem
 from jobs.problems import line_of
 from jobs.sections import LocalSection, ProviderName, SectionBase
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection, RemoteSection
 from trainer.config import AnyTrainConfig, AxolotlConfig
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ class NodeShape:
 
     provider: ProviderName
     gpus: int
-    cpus: int
+    cpus: int | None
+    """None: not known before the machine is claimed (a pool machine's), so not checked here."""
     nodes: int
     cpus_written: bool
     """False for a local node without `num_cpus`: it gets this machine's CPUs."""
@@ -80,7 +81,7 @@ class NodeShape:
         return f"{self.section}.{'num_cpus' if local else 'min_vcpu_count'}"
 
     def amount(self, resource: str) -> int:
-        return self.gpus if resource == "GPU" else self.cpus
+        return self.gpus if resource == "GPU" else self.cpus or 0
 
     def said(self, resource: str) -> str:
         """`runpod.gpu_count: 1 x num_nodes: 1`: the keys and values that give the nodes' `resource` (in a
@@ -131,9 +132,9 @@ def _rented(
     head: bool = False,
     beside_head: bool = False,
 ) -> NodeShape:
-    assert isinstance(section, RemoteSection)
+    assert isinstance(section, MachineSection)
     gpu, accelerator = section.ray_gpu() or (None, None)
-    cpus = section.min_vcpu_count
+    cpus = section.min_vcpu_count if isinstance(section, RemoteSection) else None
     return NodeShape(provider, section.gpu_count, cpus, nodes, True, gpu, accelerator, head, beside_head)
 
 
@@ -228,7 +229,7 @@ def _ray_fit(
     workers = train.ray_num_workers
     said = []
     for resource in CHECKED:
-        if bundle.get(resource, 0.0) <= 0:
+        if bundle.get(resource, 0.0) <= 0 or (resource == "CPU" and any(s.cpus is None for s in placed)):
             continue
         fits = [int(per_node(bundle, shape, resource)) for shape in placed]
         if not any(fits):

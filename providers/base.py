@@ -2,9 +2,9 @@
 
 A provider rents nodes whose name is the fleet's deterministic instance name `tf-<run>-<attempt>` (a
 cluster's: `tf-<run>-<attempt>-<k>`), so a lookup by name finds what an earlier, interrupted attempt
-created. Every call here is short: none waits
-for a node to come up (the provision stage polls). `terminate` is idempotent. Providers raise only the
-errors of core.errors (ProviderError and its subclasses), translated from their vendor's.
+created. Every call here is short: none waits for a node to come up (the provision stage polls).
+`terminate` is idempotent. Providers raise only the errors of core.errors (ProviderError and its
+subclasses), translated from their vendor's.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+import redis
 from pydantic import BaseModel, SecretStr
 
 from core import envnames
@@ -222,6 +223,7 @@ class ProviderContext:
     local_node_uid: int = 65533  # ... and the uid it runs as when the fleet runs as root
     private_paths: tuple[Path, ...] = ()  # what a local node must not see: settings, secrets, runs
     runs_dir: Path | None = None  # the run directories (a sandboxed local node's root is in its run's)
+    client: redis.Redis[str] | None = None  # the fleet's Redis (pool machines' claims), when it has one
 
     def image(self, section_image: str | None, software: NodeSoftware) -> str:
         """The image a rented node starts: its section's, else the default for what it runs."""
@@ -238,10 +240,8 @@ class ProviderContext:
         """The named credential; CredentialsMissing (naming it, never showing it) when absent."""
         value = self.credentials.get(name)
         if value is None or not value.get_secret_value():
-            raise CredentialsMissing(
-                f"{name} is not set: put it in the environment or in the fleet's secrets file (mode 600), "
-                "never in a job file"
-            )
+            where = "the environment or the fleet's secrets file (mode 600), never in a job file"
+            raise CredentialsMissing(f"{name} is not set: put it in {where}")
         return value
 
 

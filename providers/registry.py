@@ -21,6 +21,7 @@ from jobs.sections import ProviderName, rented_clouds
 from providers.base import Provider, ProviderContext
 from providers.local.provider import LocalProvider
 from providers.runpod.provider import RunPodProvider
+from providers.ssh.provider import SshProvider
 from providers.vastai.provider import VastAIProvider
 
 PROVIDERS: dict[ProviderName, type[Provider]] = {
@@ -29,6 +30,7 @@ PROVIDERS: dict[ProviderName, type[Provider]] = {
         LocalProvider,
         RunPodProvider,
         VastAIProvider,
+        SshProvider,
     )
 }
 """Every provider of the fleet, by name: a new cloud is its package (providers/<cloud>/) and one line here."""

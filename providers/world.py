@@ -106,8 +106,9 @@ def load_fleet_settings(env: dict[str, str] | None = None) -> Settings:
 
 def _context(settings: Settings, secrets: Secrets, client: redis.Redis[str] | None) -> ProviderContext:
     """What providers get: the fleet's home, the credentials, the API URLs, the fleet's SSH public key; with
-    Redis, the shared instance lists (providers.listing) and the nodes' tokens sealed in Redis
-    (providers.sealed), so that any worker, on any machine, can reach a node another made."""
+    Redis, the shared instance lists (providers.listing), the nodes' tokens sealed in Redis
+    (providers.sealed), so that any worker, on any machine, can reach a node another made, and Redis itself
+    (the pool machines' claims)."""
     context = ProviderContext(
         home=settings.home,
         credentials=dict(secrets.values),
@@ -129,7 +130,7 @@ def _context(settings: Settings, secrets: Secrets, client: redis.Redis[str] | No
     configured = context.credentials.get(SEAL_KEY)
     key, source = seal_key(configured.get_secret_value() if configured else None, settings.home)
     local = FileStore(settings.home / "secrets" / "nodes")
-    context = replace(context, node_secrets=SealedStore(client, key, local, source))
+    context = replace(context, node_secrets=SealedStore(client, key, local, source), client=client)
     if settings.provider_list_max_age_s <= 0:
         return context
     return replace(context, listings=ListingCache(RedisListings(client), settings.provider_list_max_age_s))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from core.errors import FleetError
 from jobs.sections import CloudSection, LocalSection, ProviderName
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection
 from jobs.spec import LoadedJob
 from providers.anycloud import providers_of, rank, summary
 from providers.base import NodeSoftware
@@ -109,12 +109,12 @@ def _worst_note(worst: WorstCase, cap: float | None) -> str:
 
 
 def _gpu(section: object) -> str | None:
-    return section.gpu_named() if isinstance(section, RemoteSection) else None
+    return section.gpu_named() if isinstance(section, MachineSection) else None
 
 
 def _head(section: object) -> str | None:
     """The head's own shape, when the section gives it one."""
-    if not isinstance(section, RemoteSection) or not section.has_own_head:
+    if not isinstance(section, MachineSection) or not section.has_own_head:
         return None
     head = section.node_section(0)
     return f"{head.gpu_count} GPU ({head.gpu_named()})" if head.gpu_count else "no GPU"

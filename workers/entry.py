@@ -18,7 +18,7 @@ import shlex
 
 from core.errors import FailureReason, StageFailed
 from jobs.redact import redact_values
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection
 from providers.node import JobInfo, JobStatus, NodeClient
 from state.ledger import Draft
 from state.models import Run
@@ -34,7 +34,7 @@ MESSAGE_TAIL = 1500  # ... and that the failure message of the run keeps
 def script_of(run: Run) -> str | None:
     """The run's `entry` script, or None (none given, or a provider section without the key)."""
     section = run.spec.section
-    return section.entry if isinstance(section, RemoteSection) else None
+    return section.entry if isinstance(section, MachineSection) else None
 
 
 def submission_id(run: Run) -> str:

@@ -17,7 +17,7 @@ from core.errors import ConfigError, Problem
 from jobs import shipping
 from jobs.redact import redact_job, redact_values
 from jobs.secretscan import redacted
-from jobs.sections import RemoteSection
+from jobs.sections import MachineSection
 from providers.base import NodeEndpoint, NodeSoftware
 from providers.node import JobInfo, NodeClient, NodeTimeouts
 from state import nodelogs
@@ -57,7 +57,7 @@ def train_job(ctx: context.Context, run: Run) -> TrainJob:
         prepare_only=section.prepare_ds_only,
         log_eval=section.log_eval,
         debug=section.debug,
-        deepspeed=isinstance(section, RemoteSection) and section.deepspeed,
+        deepspeed=isinstance(section, MachineSection) and section.deepspeed,
         **dirs,
     )
 

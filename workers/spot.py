@@ -9,7 +9,7 @@ An INTERRUPTABLE run never leaves spot: past `max_preemptions` it fails INSTANCE
 
 from __future__ import annotations
 
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection, RemoteSection
 from state.ledger import Draft, Ledger
 from state.models import Run
 from state.payloads import OfferLeft
@@ -43,7 +43,7 @@ def leave(r: Run, instance: str, why: str) -> list[Draft]:
     said = f"{why}; going on on demand (pod_type: auto)"[:300]
     r.spot_left = said
     section = r.node_section(0)
-    gpu = section.gpu_named() if isinstance(section, RemoteSection) else "?"
+    gpu = section.gpu_named() if isinstance(section, MachineSection) else "?"
     return [OfferLeft(attempt=r.attempt, cloud=r.provider, gpu=gpu, offer=SPOT, why=said, instance=instance)]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from jobs.clouds import Capability, ProviderName, declared, provider_names, rented_clouds
-from jobs.sections.base import RemoteSection, SectionBase
+from jobs.sections.base import MachineSection, RemoteSection, SectionBase
 from jobs.sections.cloud import CloudSection
 from jobs.sections.local import LocalSection
 
@@ -24,6 +24,7 @@ __all__ = [
     "Capability",
     "CloudSection",
     "LocalSection",
+    "MachineSection",
     "ProviderName",
     "RemoteSection",
     "SectionBase",

@@ -1,7 +1,8 @@
 """What every provider section of a job file shares: the strict base models and their checked types.
 
-A job file has one provider section (``local:``, ``runpod:`` or ``vastai:``). Each section model derives
-from `SectionBase` (keys every provider has) or `RemoteSection` (keys of rented GPU machines), so a key
+A job file has one provider section (``local:``, ``runpod:``, ``vastai:``, ``ssh:``...). Each section model
+derives from `SectionBase` (keys every provider has), `MachineSection` (keys of a GPU machine reached over
+the network, rented or the operator's own) or `RemoteSection` (keys of a rented one), so a key
 means the same thing everywhere and is validated by the same code. Sections are strict: an unknown key is
 an error that names it, and values are not coerced (``gpu_count: "2"`` is refused), except that `EnvVars`
 values may be given as numbers or booleans.
@@ -268,7 +269,40 @@ class SectionBase(BaseModel):
     )
 
 
-class RemoteSection(SectionBase):
+class MachineSection(SectionBase):
+    """Keys of a GPU machine the fleet reaches over the network and runs the job on: one it rents (RunPod,
+    vast.ai: `RemoteSection`) or one of the operator's own, reached over SSH (a pool's)."""
+
+    gpu_count: int = Field(1, ge=1, le=16, description="GPUs on the machine.")
+    stop_after: Lifetime = Field(
+        900, description="Seconds after which the provider stops the machine; -1 disables it."
+    )
+    entry: ShellScript | None = Field(
+        None,
+        description="A POSIX shell script (`entry: |` for several lines, up to 16 KiB) that the prepare "
+        "stage runs on the node, in the run's working directory with the section's env, before the model "
+        "and data are fetched; a non-zero exit fails the run (ENTRY_FAILED). Checked with `sh -n`.",
+    )
+    deepspeed: bool = Field(
+        False,
+        description="Train with DeepSpeed ZeRO stage 2 (trainer/assets/deepspeed_zero2.json, the shape of "
+        "axolotl's zero2.json: optimizer states and gradients sharded across the GPUs, bf16 when the "
+        "config asks for it): axolotl on two or more GPUs only. A config of your own: the training "
+        "config's `deepspeed:` key.",
+    )
+
+    def gpu_named(self) -> str:
+        """The GPU the section asks for, as its `gpu` key says it ("A100-80GB or H100" for a choice)."""
+        raise NotImplementedError(f"{type(self).__name__} must say its GPU")
+
+    def ray_gpu(self) -> tuple[str, str] | None:
+        """The machine's GPU by the cloud's name and by Ray's (`accelerator_type:<Ray's>`) when both are
+        known before renting, so a worker's pin is checked at submit; None when only the node can tell
+        (the cloud's GPU names are not the driver's) or the machine has no GPU."""
+        return None
+
+
+class RemoteSection(MachineSection):
     """Keys shared by the providers that rent a GPU machine (RunPod, vast.ai)."""
 
     pod_type: PodType = Field(
@@ -291,7 +325,6 @@ class RemoteSection(SectionBase):
     max_bid_per_gpu: float = Field(
         2.0, gt=0, le=100, description="Highest price in USD per GPU per hour (bid for INTERRUPTABLE)."
     )
-    gpu_count: int = Field(1, ge=1, le=16, description="GPUs on the machine.")
     container_disk_in_gb: int = Field(50, ge=10, le=2048, description="Container disk in GB.")
     min_vcpu_count: int = Field(8, ge=1, le=512, description="At least this many vCPUs.")
     min_memory_in_gb: int = Field(29, ge=1, le=4096, description="At least this much system memory in GB.")
@@ -299,9 +332,6 @@ class RemoteSection(SectionBase):
         None, ge=1, le=100_000, description="At least this download speed, Mbps."
     )
     min_upload: int | None = Field(None, ge=1, le=100_000, description="At least this upload speed, Mbps.")
-    stop_after: Lifetime = Field(
-        900, description="Seconds after which the provider stops the machine; -1 disables it."
-    )
     image: Token | None = Field(
         None,
         description="Container image the machine runs; unset: the fleet's node_image (with a cloud's "
@@ -314,23 +344,10 @@ class RemoteSection(SectionBase):
         "(each cloud's own, in the fleet's settings or secrets: README, A private image), never a credential "
         "in the job file. A job whose cloud has no login for the image's registry is refused at submit.",
     )
-    entry: ShellScript | None = Field(
-        None,
-        description="A POSIX shell script (`entry: |` for several lines, up to 16 KiB) that the prepare "
-        "stage runs on the node, in the run's working directory with the section's env, before the model "
-        "and data are fetched; a non-zero exit fails the run (ENTRY_FAILED). Checked with `sh -n`.",
-    )
     jupyter: bool = Field(
         False,
         description="Run JupyterLab on the machine (port 8888) with a fresh token of its own, for a look "
         "inside a node kept for debugging; `fleet jupyter RUN` shows its URL to the run's owner.",
-    )
-    deepspeed: bool = Field(
-        False,
-        description="Train with DeepSpeed ZeRO stage 2 (trainer/assets/deepspeed_zero2.json, the shape of "
-        "axolotl's zero2.json: optimizer states and gradients sharded across the GPUs, bf16 when the "
-        "config asks for it): axolotl on two or more GPUs only. A config of your own: the training "
-        "config's `deepspeed:` key.",
     )
 
     @field_validator("private_image")
@@ -355,13 +372,3 @@ class RemoteSection(SectionBase):
         """The cloud's section for a machine a `cloud:` section chose on it: the shared keys (and `gpu`, the
         cloud's name) as given, the cloud's own keys at their defaults unless the cloud says otherwise."""
         return cls.model_validate(shared)
-
-    def gpu_named(self) -> str:
-        """The GPU the section asks for, as its `gpu` key says it ("A100-80GB or H100" for a choice)."""
-        raise NotImplementedError(f"{type(self).__name__} must say its GPU")
-
-    def ray_gpu(self) -> tuple[str, str] | None:
-        """The machine's GPU by the cloud's name and by Ray's (`accelerator_type:<Ray's>`) when both are
-        known before renting, so a worker's pin is checked at submit; None when only the node can tell
-        (the cloud's GPU names are not the driver's) or the machine has no GPU."""
-        return None

@@ -107,7 +107,7 @@ class CloudSection(RemoteSection):
         if secure is not None:
             shared["cloud_type"] = "SECURE" if secure else "COMMUNITY"
         facts = declared_clouds.facts(cloud)
-        if facts is None:
+        if facts is None or not issubclass(facts.section, RemoteSection):
             raise ValueError(f"{cloud} rents no GPU machines")
         if self.avoid and "avoid" in facts.section.model_fields:  # a cloud that keeps out of places itself
             shared["avoid"] = self.avoid

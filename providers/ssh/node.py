@@ -2,12 +2,12 @@
 
 What runs there is a rented node's start script (providers.bootstrap.start_script): token auth, the node's
 software set up by the same program (providers.onnode.nodesetup: what the machine's python3 lacks of the
-fleet's pins goes into a venv in the user's home, once, under a lock), its root (~/trainfleet unless the
-provider sets one), then Ray in the foreground under the shell that turns SIGTERM into the trainer's stop
-notice. Only the head's argv differs: a pool machine is someone's computer, not a container of its own,
-so every port of Ray's is chosen free on the machine (providers.local.ports, run there) and the head
-listens on the machine's loopback only (the Jobs API is reached through the SSH tunnel), in a temp dir of
-its own.
+fleet's pins goes into a venv in the user's home, once, under a lock), its root (the node's own
+directory, where its runs keep their files), then Ray in the foreground under the shell that turns SIGTERM
+into the trainer's stop notice. Only the head's argv differs: a pool machine is someone's computer, not a
+container of its own, so every port of Ray's is chosen free on the machine (providers.local.ports, run
+there) and the head listens on the machine's loopback only (the Jobs API is reached through the SSH
+tunnel), in a temp dir of its own.
 
 The node's environment (its Ray token, the credentials it needs) goes to the machine on the channel's
 stdin into a file only the user can read, which the node's shell reads and deletes before anything else
@@ -33,6 +33,7 @@ from providers.local.client import PORT_NAMES, WORKER_PORT_NAMES
 from providers.local.environment import LOOPBACK_ONLY
 from providers.ssh.connect import Connection
 from trainer import stopnotice
+from trainer.progress import NODE_ROOT_ENV
 
 NODES = ".trainfleet/nodes"
 """Each node's own files (its log, its shell's pid), under the login user's home."""
@@ -52,6 +53,11 @@ class PoolNode(BaseModel):
     ports: dict[str, int]
     worker_ports: tuple[int, int]
     session: int
+
+    @property
+    def head(self) -> bool:
+        """Whether it is a head (it serves the Jobs API), not a node that joined one."""
+        return "dashboard_port" in self.ports
 
     @property
     def dashboard_port(self) -> int:
@@ -124,6 +130,7 @@ def start_node(
     argv = ray_argv(node, gpus, node_ip or "127.0.0.1", head=join is None)
     own = {
         stopnotice.NOTICE_ENV: f"{home}/stop-notice",  # the machine's /tmp is shared: the node's own notice
+        NODE_ROOT_ENV: f"{home}/root",  # the runs' files, with the node's own: gone with it (unless kept)
         bootstrap.BOOTSTRAP_ENV: bootstrap.start_script(worker=join is not None, ray=argv),
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONUNBUFFERED": "1",
@@ -140,12 +147,12 @@ def _launch(ssh: Connection, home: str, exports: str) -> int:
     """Write the node's environment (stdin, a 0600 file) and start its shell in a session of its own,
     outliving the connection; that session's id."""
     q = shlex.quote(home)
-    made = ssh.run(f"umask 077 && mkdir -p {q} && cat > {q}/env", stdin=exports.encode(), timeout_s=30)
+    made = ssh.run(f"umask 077 && mkdir -p {q}/root && cat > {q}/env", stdin=exports.encode(), timeout_s=30)
     if made.status != 0:
         raise ProvisioningFailed(f"{ssh.machine.name}: cannot write {home}: {made.stderr[-500:]}")
     shell = f'echo $$ > pid; . ./env; rm -f ./env; exec sh -c "${bootstrap.BOOTSTRAP_ENV}"'
     started = ssh.run(
-        f"cd {q} && (setsid sh -c {shlex.quote(shell)} > node.log 2>&1 < /dev/null &)"
+        f"cd {q} && rm -f pid && (setsid sh -c {shlex.quote(shell)} > node.log 2>&1 < /dev/null &)"
         f" && for i in $(seq 50); do [ -s pid ] && break; sleep 0.1; done; cat pid",
         timeout_s=30,
     )

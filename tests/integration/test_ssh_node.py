@@ -62,7 +62,7 @@ def test_a_head_starts_over_ssh_answers_through_the_tunnel_and_leaves_nothing(ss
             command_lines = ssh.run("ps -eo args").stdout
             assert token not in command_lines  # the token came in a file, never on a command line
             assert ssh.run(f"test -e {node.home}/env").status == 1  # ... which the node deleted
-            setup = ssh.run("cat ~/trainfleet/node-setup.json").stdout
+            setup = ssh.run(f"cat {node.home}/root/node-setup.json").stdout
             assert '"python": "' in setup and "/.trainfleet/venv/bin/python" in setup
         finally:
             stop(ssh, node)

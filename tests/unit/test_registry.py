@@ -63,8 +63,8 @@ def test_the_known_credentials_are_every_provider_s_and_the_fleet_s() -> None:
 @pytest.mark.parametrize("name", NAMES, ids=str)
 def test_a_cloud_declares_its_api_url_and_the_setting_that_overrides_it(name: ProviderName) -> None:
     cls = PROVIDERS[name]
-    if not issubclass(cls, RemoteProvider):
-        assert cls.settings_model is None and api_url_setting(cls) is None
+    if not issubclass(cls, RemoteProvider):  # no vendor's API (this machine, the operator's own machines)
+        assert api_url_setting(cls) is None
         return
     assert cls.settings_model is not None
     field = api_url_setting(cls)
@@ -101,9 +101,9 @@ def test_a_settings_key_no_cloud_declares_and_an_unknown_provider_are_errors(tmp
         load_fleet_settings({"FLEET_SETTINGS_FILE": str(tmp_path / "file.yml")})
     none = {"FLEET_SETTINGS_FILE": str(tmp_path / "absent.yml")}
     (tmp_path / "absent.yml").write_text("")
-    with pytest.raises(ConfigError, match="unknown provider 'runpd'; valid: local, runpod, vastai"):
+    with pytest.raises(ConfigError, match="unknown provider 'runpd'; valid: local, runpod, vastai, ssh"):
         load_fleet_settings({**none, "FLEET_PROVIDERS": "local,runpd"})
-    assert fleet_runs(load_fleet_settings(none)) == ("local", "runpod", "vastai")  # unset: all it has
+    assert fleet_runs(load_fleet_settings(none)) == ("local", "runpod", "vastai", "ssh")  # unset: all
     assert fleet_runs(load_fleet_settings({**none, "FLEET_PROVIDERS": "runpod"})) == ("runpod",)
 
 
@@ -141,7 +141,7 @@ def test_every_process_s_entry_declares_the_clouds_to_the_layers_below(module: s
     done = subprocess.run(
         [sys.executable, "-c", f"import {module}; {DECLARED}"], capture_output=True, text=True, check=True
     )
-    assert done.stdout.split() == ["['runpod',", "'vastai']", "2", "True"], done.stdout
+    assert done.stdout.split() == ["['runpod',", "'ssh',", "'vastai']", "2", "True"], done.stdout
 
 
 def test_asking_before_the_registry_declared_the_clouds_is_a_loud_error() -> None:

@@ -126,11 +126,18 @@ def test_an_unknown_default_provider_is_a_config_error() -> None:
         parse(HEAD, default_provider="aws")
 
 
-@pytest.mark.parametrize("name", list(provider_names()))
+@pytest.mark.parametrize("name", [n for n in provider_names() if n != "ssh"])
 def test_an_empty_section_selects_the_provider_with_its_defaults(name: ProviderName) -> None:
     job = parse(HEAD + f"{name.value}:\n")
     assert job.spec.provider == name
     assert job.spec.section == section_models()[name]()
+
+
+def test_an_ssh_section_names_its_pool() -> None:
+    with pytest.raises(ConfigError, match=r"ssh.pool \(line \d+\): required key is missing"):
+        parse(HEAD + "ssh:\n")
+    ssh = section_models()[ProviderName("ssh")]
+    assert parse(HEAD + "ssh: {pool: lab}\n").spec.section == ssh.model_validate({"pool": "lab"})
 
 
 def test_runpod_defaults_are_the_proof_of_concepts() -> None:
