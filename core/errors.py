@@ -128,6 +128,11 @@ class NoCapacity(ProviderError):
     failure = FailureReason.NO_CAPACITY
 
 
+class MachinesHeld(NoCapacity):
+    """Every machine that fits is held by other runs (the operator's pool): the run waits for one for as
+    long as that takes, which is no failure counted against its retries."""
+
+
 class ProvisioningFailed(ProviderError):
     """The instance could not be brought up."""
 

@@ -1,6 +1,7 @@
 """`fleet instances`, `fleet terminate`, `fleet node`, `fleet ssh`, `fleet jupyter`: the
 machines behind the runs, and the ways into one; `fleet volumes`: the storage volumes the fleet made for
-jobs (`network_volume:`), what each costs a month, and `--delete ID`."""
+jobs (`network_volume:`), what each costs a month, and `--delete ID`; `fleet pools`: the operator's own
+machines, and which run holds each."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def register(cli: typer.Typer) -> None:
     cli.command()(ssh)
     cli.command()(jupyter)
     cli.command()(volumes)
+    cli.command()(pools)
 
 
 def instances(as_json: JsonOpt = False) -> None:
@@ -242,3 +244,32 @@ def volumes(
         table.add_row(v.volume_id, v.name, v.provider.value, v.where, str(v.size_gb), f"{v.monthly_usd:.2f}")
     out.print(table)
     out.print(f"{len(rows)} volume(s), ${sum(v.monthly_usd for v in rows):.2f} a month", highlight=False)
+
+
+def pools(as_json: JsonOpt = False) -> None:
+    """The operator's pools (ssh_pools_file): each machine, its GPUs and $/h, and the run that holds it and
+    for how long."""
+    from service.pools import pool_rows
+
+    fleet = connect_or_exit(world_or_exit(), reading=True)
+    try:
+        rows = pool_rows(fleet.world)
+    except FleetError as exc:
+        err.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps([asdict(r) for r in rows]))
+        return
+    table = Table()
+    for name in ("pool", "machine", "user", "GPUs", "labels", "$/h", "held by", "for"):
+        table.add_column(name, no_wrap=name == "machine")
+    for r in rows:
+        gpus = f"{r.gpus} x {r.gpu}" if r.gpus else "none"
+        holder = "-" if r.run_id is None else f"{r.run_id} ({r.instance}{'' if r.node_up else ', starting'})"
+        held = "-" if r.held_s is None else f"{r.held_s / 60:.0f}m"
+        table.add_row(
+            r.pool, r.machine, r.user, gpus, ", ".join(r.labels), f"{r.hourly_usd:.2f}", holder, held
+        )
+    out.print(table)
+    free = sum(1 for r in rows if r.run_id is None)
+    out.print(f"{len(rows)} machine(s), {free} free", highlight=False)

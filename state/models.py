@@ -125,6 +125,9 @@ class RunProgress(StepFields):
     )
     hub: HubPush | None = Field(None, description="The results are on the HF Hub (finalize).")
     pulled: bool = Field(False, description="The results came back from a rented node (finalize).")
+    waiting: str | None = Field(
+        None, description="What provision waits on (every machine that fits held), as last said."
+    )
     unreached: list[Unreached] = Field(
         default_factory=list,
         description="Why the run's starting nodes did not answer, each cause once per instance (provision).",

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from core.errors import (
     AuthFailed,
     ConfigError,
+    MachinesHeld,
     NoCapacity,
     NodeError,
     ProviderUnavailable,
@@ -115,8 +116,7 @@ class SshProvider(Provider):
 
     def unavailable(self) -> str | None:
         try:
-            self.pools()
-            self._claims()
+            self.pools()  # (the claims' Redis: a submit's check may come before it connects)
         except ProvisioningFailed as exc:
             return str(exc)
         return None
@@ -185,16 +185,16 @@ class SshProvider(Provider):
             if len(usable) == len(names):
                 break
         if len(usable) < len(names):
-            want = f"{len(names)} free machine(s) of pool {section.pool} that fit"
-            why = f"no {want}: {'; '.join(passed) or 'none'}"
-            error = (
-                ProvisioningFailed(why)
-                if refused and not any("held by" in p for p in passed)
-                else NoCapacity(why)
-            )
-            raise made_nothing(error)
-        if not claims.claim(usable, names, request.run_id):
-            raise made_nothing(NoCapacity(f"pool {section.pool}: another run claimed a machine meanwhile"))
+            why = f"no {len(names)} free machine(s) of pool {section.pool} that fit: {'; '.join(passed)}"
+            others = sum(1 for m in machines if m.name in held)
+            if others and len(usable) + others >= len(names):  # they come free as their runs end: wait
+                raise made_nothing(MachinesHeld(why))
+            raise made_nothing(ProvisioningFailed(why) if refused and not others else NoCapacity(why))
+        if not claims.claim(usable, names, request.run_id):  # another run was quicker: who holds what now
+            held = claims.held(section.pool)
+            taken = "; ".join(f"{m.name}: held by {held[m.name].run_id}" for m in machines if m.name in held)
+            why = f"no {len(names)} free machine(s) of pool {section.pool} that fit: {taken}"
+            raise made_nothing(MachinesHeld(why))
         return usable[0]
 
     def _reserved(self, pools: Pools, pool: str, name: str) -> Machine:
@@ -336,6 +336,16 @@ class SshProvider(Provider):
 
     def forget(self, name: str) -> None:
         self.tokens.forget(name)
+
+    def holdings(self) -> list[tuple[Machine, Claim | None]]:
+        """Every machine of every pool, with its claim (None: free); `fleet pools`."""
+        pools = self.pools()
+        claims = self._claims()
+        found: list[tuple[Machine, Claim | None]] = []
+        for pool, machines in pools.pools.items():
+            held = claims.held(pool)
+            found += [(machine, held.get(machine.name)) for machine in machines]
+        return found
 
     def list_instances(self) -> list[NodeInstance]:
         if self.claims is None or self.pools_file is None:

@@ -31,6 +31,7 @@ class EventType(StrEnum):
     OFFER_CHOSEN = "offer.chosen"  # a `cloud:` job's attempt: the cloud and offer it rents, of how many
     OFFER_LEFT = "offer.left"  # ... and why the run moved on from one (no capacity, not ready in time)
     VOLUME_READY = "volume.ready"  # the network volume the run's nodes mount: made now, or found again
+    INSTANCE_WAITING = "instance.waiting"  # every machine of its pool that fits is held: the run waits
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_ADOPTED = "instance.adopted"
     INSTANCE_READY = "instance.ready"

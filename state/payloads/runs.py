@@ -212,6 +212,14 @@ class VolumeReady(Payload):
     made: bool
 
 
+class InstanceWaiting(Payload):
+    """Every machine that fits the run is held by other runs (a pool's): it waits for one, in provision,
+    for as long as that takes (or until cancelled); said again only when what it waits on changes."""
+
+    type = EventType.INSTANCE_WAITING
+    why: str = Field(description="The machines and the runs that hold them.")
+
+
 class InstanceRequested(Payload):
     type = EventType.INSTANCE_REQUESTED
     instance: str

@@ -17,9 +17,11 @@ KEY = "tf:test:lock"
 def test_a_renewed_lease_outlives_its_ttl_and_only_its_holder_lets_it_go(
     redis_client: redis.Redis[str],
 ) -> None:
-    held = Lease(redis_client, KEY, 0.6, renew=True, holder="host:1")
+    # A TTL of seconds, as the fleet's are: a renewer thread kept off the CPU a few hundred ms (a loaded
+    # machine) must not lose the lock, as it did with a TTL of 0.6 s.
+    held = Lease(redis_client, KEY, 3.0, renew=True, holder="host:1")
     assert held.acquire() and held.token.startswith("host:1:")
-    time.sleep(1.5)  # two and a half TTLs
+    time.sleep(7.5)  # two and a half TTLs
     other = Lease(redis_client, KEY, 0.6)
     assert not other.acquire(wait_s=0.3)  # still held: renewed
     held.release()

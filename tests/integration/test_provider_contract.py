@@ -1,5 +1,6 @@
-"""The provider contract, run against every provider that exists (local now; the clouds join with their
-fakes). Real processes: a local instance is a real Ray head with token auth."""
+"""The provider contract, run against every provider that exists: local, the clouds with their fakes, the
+operator's own machines as two real sshd (tests/sshd.py). Real processes: every instance is a real Ray
+head with token auth."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ from providers.node import channel
 from providers.registry import PROVIDERS
 from providers.runpod.section import RunPodSection
 from providers.runpod.settings import RunPodSettings
+from providers.ssh.section import SshSection
+from providers.ssh.settings import SshSettings
 from providers.vastai.section import VastAISection
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vastai import FakeVastAI
+from tests.sshd import start_sshd
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +35,23 @@ def section_for(name: ProviderName) -> BaseModel:
         return RunPodSection(gpu="NVIDIA RTX A5000", gpu_count=1, max_bid_per_gpu=0.5)
     if name == ProviderName("vastai"):  # two 1-GPU RTX 4090 offers in the fake, for two instances at once
         return VastAISection(gpu="RTX_4090", cloud_type="ALL", verified_only=False, max_bid_per_gpu=0.5)
+    if name == ProviderName("ssh"):  # a pool of two machines, for two instances at once
+        return SshSection(pool="lab", gpu_count=0)
     return LocalSection(num_cpus=1)
+
+
+def pool_of_two(stack: contextlib.ExitStack, tmp_path: Path) -> SshSettings:
+    """Two sshd as one pool's machines (their host keys pinned), and the settings that name its file."""
+    lines = ""
+    for k in range(2):
+        server = start_sshd(tmp_path / f"sshd{k}")
+        stack.callback(server.stop)
+        lines += (
+            f"      - {{host: 127.0.0.1, port: {server.port}, user: {server.user}, key: {server.key}, "
+            f'host_key: "{server.host_key}"}}\n'
+        )
+    (tmp_path / "pools.yml").write_text("pools:\n  lab:\n    machines:\n" + lines)
+    return SshSettings(ssh_pools_file=tmp_path / "pools.yml", ssh_known_hosts=tmp_path / "none")
 
 
 @pytest.fixture(params=sorted(PROVIDERS), ids=str)
@@ -59,6 +79,11 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
                 credentials={"VAST_API_KEY": SecretStr("contract-key")},
                 urls={"vastai": vast.url},
             )
+        if name == ProviderName("ssh"):
+            client = request.getfixturevalue("redis_client")
+            context = ProviderContext(
+                home=tmp_path, clouds={"ssh": pool_of_two(stack, tmp_path)}, client=client
+            )
         prov = PROVIDERS[name](context)
         yield prov
         for inst in prov.list_instances():
@@ -66,6 +91,8 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provide
 
 
 def wait_running(provider: Provider, name: str, timeout: float = 60) -> None:
+    if provider.name == ProviderName("ssh"):
+        timeout = 300  # the first pool node of a session installs the node's software as the pool's user
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         inst = provider.get(name)

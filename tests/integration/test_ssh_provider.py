@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from core.errors import NoCapacity, ProvisioningFailed
+from core.errors import MachinesHeld, NoCapacity, ProvisioningFailed
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.cluster import cluster_nodes
 from providers.ssh.claims import Claims
@@ -73,7 +73,7 @@ def test_a_run_holds_its_machine_reaches_its_head_and_gives_the_machine_back_cle
     launched = provider.launch(_request("tf-one-1", "solo"))
     assert (launched.state, launched.price_per_hour) == (NodeState.PENDING, 0.25)
     try:
-        with pytest.raises(NoCapacity, match="held by one"):  # a second run waits for the machine
+        with pytest.raises(MachinesHeld, match="held by one"):  # a second run waits for the machine
             provider.launch(_request("tf-two-1", "solo"))
         _wait_running(provider, "tf-one-1")
         endpoint = provider.endpoint("tf-one-1")

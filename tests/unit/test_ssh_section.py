@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
+from core.secrets import Secrets
 from jobs.clouds import provider_names, rented_clouds
-from jobs.spec import LoadedJob, parse_job
+from jobs.spec import LoadedJob, load_job, parse_job
+from providers.registry import FleetSettings
 from providers.ssh import fit
 from providers.ssh.pools import Machine, Pools
 from providers.ssh.section import SshSection
+from providers.world import World
+from service.runs import check_submittable
+from tests.factories import light_job_file
 
 HEAD = "base_model: trainfleet/tiny-llama\ndatasets:\n  - path: tatsu-lab/alpaca\n"
 
@@ -106,3 +111,28 @@ def test_what_the_pools_can_never_give_is_refused_naming_each_machine(
 
 def test_what_the_pools_can_give_is_not_refused_whoever_holds_the_machines() -> None:
     assert fit.refusal(POOLS, SshSection(pool="lab", gpu_count=2, num_nodes=3)) is None
+
+
+def _world(tmp_path: Path, **settings: object) -> World:
+    return World.of(FleetSettings(home=tmp_path / "home", **settings), Secrets({}, tmp_path / "none.yml"))
+
+
+def test_a_fleet_without_pools_or_without_the_machines_refuses_the_job_at_submit_at_its_key(
+    tmp_path: Path,
+) -> None:
+    loaded = load_job(light_job_file(tmp_path / "job", "ssh:\n  pool: lab\n  labels: [nvlink]\n"))
+    with pytest.raises(ConfigError) as caught:
+        check_submittable(_world(tmp_path), loaded)
+    (problem,) = caught.value.problems
+    assert problem.path == "ssh" and "the fleet has no pools: set ssh_pools_file" in problem.message
+    pools = tmp_path / "pools.yml"
+    pools.write_text(
+        "pools:\n  lab:\n    machines:\n      - {host: box, user: me, key: /k, gpus: 1, gpu: L4}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_submittable(_world(tmp_path, ssh_pools_file=pools), loaded)
+    (problem,) = caught.value.problems
+    assert (problem.path, problem.line) == ("ssh.labels", loaded.lines["ssh.labels"])
+    assert "no machine of pool lab fits (box: no label nvlink)" in problem.message
+    pools.write_text(pools.read_text().replace("gpu: L4", "gpu: L4, labels: [nvlink]"))
+    check_submittable(_world(tmp_path, ssh_pools_file=pools), loaded)  # it fits: nothing said

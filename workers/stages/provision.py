@@ -12,13 +12,28 @@ from celery import Task
 
 from broker.app import app
 from core.crashpoints import CrashPoint, crash_point
-from core.errors import FailureReason, FleetError, NoCapacity, NodeLost, ProviderError, StageFailed
+from core.errors import (
+    FailureReason,
+    FleetError,
+    MachinesHeld,
+    NoCapacity,
+    NodeLost,
+    ProviderError,
+    StageFailed,
+)
 from jobs.paths import node_paths
 from providers.base import LaunchRequest, NodeEndpoint, NodeInstance, NodeState, Provider
 from providers.cluster import cluster_nodes, node_summary
 from state.ledger import Draft
 from state.models import Instance, InstanceState, Run
-from state.payloads import InstanceAdopted, InstanceReady, InstanceRequested, NodeJoined, WandbRun
+from state.payloads import (
+    InstanceAdopted,
+    InstanceReady,
+    InstanceRequested,
+    InstanceWaiting,
+    NodeJoined,
+    WandbRun,
+)
 from state.stages import RunState, Stage
 from workers import budget, context, failover, provision_reach, readiness, spot, storage, wandb_plan
 from workers.ending import instance_lost
@@ -26,6 +41,9 @@ from workers.node_job import node_software
 from workers.node_secrets import node_secrets
 from workers.runner import run_stage
 from workers.stage import RETRY_POLICY, Next, enter
+
+POOL_WAIT_S = 10.0
+"""How often a run waiting for a pool's machine looks again (at most)."""
 
 
 def step(ctx: context.Context, run: Run) -> Next:
@@ -59,6 +77,8 @@ def step(ctx: context.Context, run: Run) -> Next:
             break  # the workers join the head: they are asked for once it exists
         try:
             found = _bring_up(ctx, run, provider, name, k, head if k else None)
+        except MachinesHeld as exc:  # the pool's machines are all held: wait for one, said once
+            return _wait(ctx, run, str(exc))
         except NoCapacity as exc:
             if exc.made_nothing and spot.may_leave(run):  # pod_type: auto: the same node, on demand
                 spot.leave_now(ctx.ledger, run.run_id, name, f"no spot machine: {exc}")
@@ -90,6 +110,8 @@ def step(ctx: context.Context, run: Run) -> Next:
     run = provision_reach.note(ctx, run, nodes)  # why a head does not answer: each cause said once
     placed = run.placement
     started = placed.at if placed is not None else run.stage(Stage.PROVISION).started or run.created_at
+    if run.progress.waiting is not None and (record := ctx.ledger.get_instance(head)) is not None:
+        started = max(started, record.create_called_at or started)  # from when a pool's machine was had
     until = started + ctx.settings.node_ready_timeout_s
     given_up = provision_reach.given_up(ctx, run, nodes)
     if given_up is not None or time.time() > until:
@@ -101,6 +123,21 @@ def step(ctx: context.Context, run: Run) -> Next:
         ends = provision_reach.gives_up_at(ctx, run, nodes)
         return Next.wait_nodes(ctx, Stage.PROVISION, looks, min(until, ends or until))
     return Next.poll(Stage.PROVISION, ctx.settings.poll_interval_s)
+
+
+def _wait(ctx: context.Context, run: Run, why: str) -> Next:
+    """Wait in provision for a machine of the run's pool, looking again every few polls; what it waits on
+    is said when it changes (another run holds the machine now)."""
+    if run.progress.waiting != why:
+
+        def note(r: Run) -> list[Draft]:
+            if r.progress.waiting == why:
+                return []
+            r.progress.waiting = why
+            return [InstanceWaiting(why=why)]
+
+        ctx.ledger.update_run(run.run_id, note)
+    return Next.poll(Stage.PROVISION, min(POOL_WAIT_S, 10 * ctx.settings.poll_interval_s))
 
 
 def _give_up(
