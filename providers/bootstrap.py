@@ -24,10 +24,11 @@ import trainer
 from core import envnames
 from jobs.sections import ProviderName
 from providers.base import JUPYTER_PORT, JUPYTER_TOKEN_ENV, SSH_KEY_ENV, NodeSoftware
-from providers.onnode import failsafe, nodesetup, tlsfront
+from providers.onnode import failsafe, nodesetup, poolstop, tlsfront
 from trainer import stopnotice
 from trainer.progress import NODE_ROOT_ENV
 
+POOL = ProviderName("ssh")  # the operator's machines: a node's failsafe ends it (onnode.poolstop)
 JOBS_PORT = 8265  # the Ray dashboard / Jobs API inside the node, published by the provider
 INNER_JOBS_PORT = 8266  # behind the node's TLS front (onnode.tlsfront) the dashboard listens on loopback only
 TLS_CERT_ENV, TLS_KEY_ENV = tlsfront.CERT_ENV, tlsfront.KEY_ENV  # the node's certificate and key (PEM)
@@ -119,12 +120,18 @@ def packed(module: ModuleType) -> str:
     runs on the node before anything of ours is there travels in the vendor's create call (the start
     script in vast.ai's `onstart` or RunPod's `dockerArgs`, the rest in the environment)."""
     tree = ast.parse(inspect.getsource(module))
+    # The node has none of our packages: an import of ours (poolstop's, of the failsafe it runs after) goes.
+    tree.body = [s for s in tree.body if not (isinstance(s, ast.ImportFrom) and _ours(s.module))]
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and _is_docstring(body[0]):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
     tree = ast.fix_missing_locations(_Unannotated().visit(tree))
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+def _ours(module: str | None) -> bool:
+    return (module or "").split(".")[0] in ("providers", "core", "jobs", "trainer")
 
 
 class _Unannotated(ast.NodeTransformer):
@@ -234,7 +241,12 @@ def _is_docstring(statement: ast.stmt) -> bool:
 
 
 def failsafe_argv(vendor: ProviderName) -> list[str]:
-    """The node's failsafe for a node of `vendor`, as argv (`python3 -c`, standard library only)."""
+    """The node's failsafe for a node of `vendor`, as argv (`python3 -c`, standard library only). A pool
+    node's (ssh) runs providers.onnode.poolstop after the failsafe's code, in one namespace."""
+    if vendor == POOL:
+        run = "exec(zlib.decompress(base64.b64decode({!r})),g)"
+        code = ";".join(run.format(p) for p in (packed_failsafe(), packed(poolstop)))
+        return ["python3", "-c", f'import base64,zlib;g={{"__name__":"failsafe"}};{code}', vendor.value]
     loader = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed_failsafe()}")))'
     return ["python3", "-c", loader, vendor.value]
 

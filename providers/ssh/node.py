@@ -31,6 +31,7 @@ from providers import bootstrap
 from providers.local import ports
 from providers.local.client import PORT_NAMES, WORKER_PORT_NAMES
 from providers.local.environment import LOOPBACK_ONLY
+from providers.onnode import failsafe
 from providers.ssh.connect import Connection
 from trainer import stopnotice
 from trainer.progress import NODE_ROOT_ENV
@@ -131,7 +132,8 @@ def start_node(
     own = {
         stopnotice.NOTICE_ENV: f"{home}/stop-notice",  # the machine's /tmp is shared: the node's own notice
         NODE_ROOT_ENV: f"{home}/root",  # the runs' files, with the node's own: gone with it (unless kept)
-        bootstrap.BOOTSTRAP_ENV: bootstrap.start_script(worker=join is not None, ray=argv),
+        bootstrap.BOOTSTRAP_ENV: bootstrap.start_script(bootstrap.POOL, worker=join is not None, ray=argv),
+        failsafe.RAY_TEMP_ENV: node.temp_dir,  # where its failsafe reads the dashboard's log of heartbeats
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONUNBUFFERED": "1",
     }
@@ -166,6 +168,12 @@ def _left(node: PoolNode) -> str:
     the pattern `[/]tmp/...` finds the temp dir but not this command's own shell, whose line holds it)."""
     pattern = shlex.quote(f"[{node.temp_dir[0]}]{node.temp_dir[1:]}")
     return f'{{ pgrep -s {node.session}; pgrep -u "$(id -u)" -f {pattern}; }} | sort -u'
+
+
+def alive(ssh: Connection, node: PoolNode) -> bool:
+    """Whether the node's start shell, its session's leader, still runs: it ends when Ray does (what else
+    of the node is left then, its failsafe among them, is stop's to end)."""
+    return ssh.run(f"kill -0 {node.session}", timeout_s=15).status == 0
 
 
 def running(ssh: Connection, node: PoolNode) -> bool:

@@ -59,7 +59,7 @@ from providers.ssh.claims import Claim, Claims
 from providers.ssh.connect import HostKeyRefused, MachineDown
 from providers.ssh.facts import SSH
 from providers.ssh.links import Links
-from providers.ssh.node import PoolNode, log_tail, running, start_node, stop
+from providers.ssh.node import PoolNode, alive, log_tail, start_node, stop
 from providers.ssh.pools import Machine, Pools, read_pools
 from providers.ssh.section import SshSection
 from providers.ssh.settings import SshSettings
@@ -218,7 +218,12 @@ class SshProvider(Provider):
         else:
             token = self.tokens.ensure(request.name)
             node_ip = address(machine) if section.num_nodes > 1 else None  # alone: loopback only
-        own = {**bootstrap.node_setup_env(request.software), bootstrap.TOKEN_ENV: token}
+        deadline = section.terminate_after if section.terminate_after != -1 else None
+        own = {
+            **bootstrap.node_setup_env(request.software),
+            **bootstrap.failsafe_env(deadline, request.heartbeat_timeout_s),  # the fleet gone: the node ends
+            bootstrap.TOKEN_ENV: token,
+        }
         env = request.node_env(section.env, own)
         try:
             return start_node(ssh, request.name, env, gpus=section.gpu_count, join=join, node_ip=node_ip)
@@ -267,7 +272,7 @@ class SshProvider(Provider):
         assert node is not None
         try:
             ssh = self.links.connection(machine)
-            if not running(ssh, node):
+            if not alive(ssh, node):
                 return self._instance(
                     machine, claim, NodeState.FAILED, f"its node ended: {log_tail(ssh, node)}"
                 )

@@ -5,6 +5,7 @@ host key that changed refused with why."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ import redis
 from core.errors import MachinesHeld, NoCapacity, ProvisioningFailed
 from providers.base import LaunchRequest, NodeState, ProviderContext
 from providers.cluster import cluster_nodes
+from providers.node import ping
+from providers.onnode import failsafe
 from providers.ssh.claims import Claims
 from providers.ssh.connect import Connection
 from providers.ssh.node import running
@@ -84,6 +87,12 @@ def test_a_run_holds_its_machine_reaches_its_head_and_gives_the_machine_back_cle
         assert listed == {"tf-one-1": NodeState.RUNNING}
         node = Claims(redis_client).held("solo")[servers[0].machine().name].node
         assert node is not None
+        # The fleet's calls through the tunnel are heartbeats as a node's failsafe reads them: the log of
+        # the node's dashboard on the machine shows the ping as one.
+        assert ping(endpoint)
+        with Connection(servers[0].machine(), servers[0].known_hosts) as ssh:
+            logged = ssh.run(f"cat {node.temp_dir}/session_latest/logs/dashboard.log").stdout
+        assert any(failsafe.is_heartbeat(line) for line in logged.splitlines()), logged[-2000:]
     finally:
         provider.terminate("tf-one-1")
     assert provider.gone("tf-one-1") and provider.get("tf-one-1") is None
@@ -142,3 +151,24 @@ def test_a_changed_host_key_is_refused_with_why(
         provider.launch(_request("tf-mitm-1", "lab"))
     assert refused.value.made_nothing
     assert Claims(redis_client).held("lab") == {}
+
+
+def test_a_pool_node_the_fleet_stops_hearing_ends_itself(
+    tmp_path: Path, redis_client: redis.Redis[str], servers: list[Sshd]
+) -> None:
+    provider = _provider(tmp_path, redis_client, {"solo": [_machine(servers[0])]})
+    provider.launch(dataclasses.replace(_request("tf-alone-1", "solo"), heartbeat_timeout_s=5.0))
+    node = Claims(redis_client).held("solo")[servers[0].machine().name].node
+    assert node is not None
+    try:
+        deadline = time.monotonic() + 120  # no heartbeat for 5 s: SIGTERM, then SIGKILL after 10 s
+        while (found := provider.get("tf-alone-1")) is not None and found.state != NodeState.FAILED:
+            assert time.monotonic() < deadline, f"the node still runs: {found}"
+            time.sleep(1)
+        with Connection(servers[0].machine(), servers[0].known_hosts) as ssh:
+            assert not running(ssh, node)
+            said = ssh.run(f"cat {node.home}/node.log").stdout
+            assert "no heartbeat" in said and "giving this ssh instance back" in said, said[-2000:]
+    finally:
+        provider.terminate("tf-alone-1")  # the fleet, back: the machine is given back to its pool
+    assert Claims(redis_client).held("solo") == {}

@@ -112,6 +112,6 @@ def test_the_containers_refuse_local_jobs_and_have_git() -> None:
         if name == "redis":
             continue
         allowed = Settings.model_validate({"providers": svc["environment"]["FLEET_PROVIDERS"]}).providers
-        assert allowed == ("runpod", "vastai"), name
+        assert allowed == ("runpod", "vastai", "ssh"), name  # ssh: the pools mounted into every service
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"apt-get install -y --no-install-recommends git\b", dockerfile)

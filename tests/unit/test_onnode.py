@@ -30,8 +30,13 @@ def imports_beyond_stdlib(path: Path) -> list[str]:
 
 def test_the_node_programs_import_the_standard_library_only() -> None:
     programs = sorted(p for p in ONNODE.glob("*.py") if p.name != "__init__.py")
-    assert [p.stem for p in programs] == ["failsafe", "nodesetup", "tlsfront"]
-    assert {p.name: imports_beyond_stdlib(p) for p in programs} == {p.name: [] for p in programs}
+    assert [p.stem for p in programs] == ["failsafe", "nodesetup", "poolstop", "tlsfront"]
+    # poolstop runs in the failsafe's namespace on a pool node: its import of the failsafe, which names what
+    # it uses for the fleet's checks, is left out when it is packed (providers.bootstrap.packed).
+    ours = {"poolstop.py": ["providers.onnode.failsafe"]}
+    assert {p.name: imports_beyond_stdlib(p) for p in programs} == {
+        p.name: ours.get(p.name, []) for p in programs
+    }
 
 
 def test_the_check_sees_an_import_of_ours(tmp_path: Path) -> None:
