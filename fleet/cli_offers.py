@@ -17,7 +17,7 @@ from jobs.gpus import known_names
 from jobs.sections import CloudSection
 from jobs.spec import format_problems, load_job
 from providers.anycloud import CloudChoice, providers_of, rank
-from providers.offers import Choice
+from providers.offers import HELD_BY, Choice
 
 Row = dict[str, Any]
 
@@ -52,9 +52,19 @@ def offers(
             if choice is None:
                 plain = provider.list_offers(section)
                 fits = [
-                    _row(o.provider.value, o.offer_id, o.gpu, o.gpu_count, o.price_per_hour) for o in plain
+                    _row(o.provider.value, o.offer_id, o.gpu, o.gpu_count, o.price_per_hour)
+                    for o in plain
+                    if HELD_BY not in o.detail
                 ]
-                rejected = []
+                rejected = [
+                    {
+                        "cloud": o.provider.value,
+                        "offer": o.offer_id,
+                        "why": [f"held by run {o.detail[HELD_BY]}"],
+                    }
+                    for o in plain
+                    if HELD_BY in o.detail
+                ]
             else:
                 fits, rejected = _rows(choice)
     except ConfigError as exc:
@@ -102,13 +112,14 @@ def _cloud_rows(choice: CloudChoice) -> tuple[list[Row], list[Row], list[Row]]:
         )
         fits.append(row | {"vendor_gpu": o.vendor_gpu, "location": c.detail.get("location")})
     _, rejected = _rows(Choice((), choice.rejected))
-    unasked = [{"cloud": cloud.value, "why": why} for cloud, why in choice.unasked]
+    unasked = [{"cloud": cloud, "why": why} for cloud, why in choice.unasked]
     return fits, rejected, unasked
 
 
 def _print(fits: list[Row], rejected: list[Row], unasked: list[Row], cloud: bool) -> None:
     columns = (["cloud"] if cloud else []) + ["offer", "gpu", "GPUs", "$/h", "bid $/GPU/h"]
-    table = Table(*columns, title="fits, cheapest first")
+    title = "fits: named pools' machines first, then the cheapest" if cloud else "fits, cheapest first"
+    table = Table(*columns, title=title)
     for f in fits:
         bid = f.get("bid_per_gpu")
         cells = [str(f["offer"]), str(f["gpu"]), str(f["gpu_count"]), f"{f['price_per_hour']:.3f}"]

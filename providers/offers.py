@@ -28,9 +28,9 @@ class Candidate:
     gpu_count: int
     on_demand_per_hour: float | None  # the whole machine; None: not rentable on demand
     min_bid_per_gpu: float | None  # None: no interruptible rental
-    vcpus: float
-    memory_gb: float
-    secure: bool  # a datacenter (RunPod SECURE / vast.ai datacenter) host
+    vcpus: float | None  # None: not said (a pool's machine)
+    memory_gb: float | None
+    secure: bool  # a datacenter (RunPod SECURE / vast.ai datacenter) host, or the operator's own
     download_mbps: float | None = None
     upload_mbps: float | None = None
     disk_gb: float | None = None
@@ -74,6 +74,7 @@ class Choice:
 
 
 DATA_CENTER = "data_center"  # a Candidate.detail key: the data center a create names (RunPod's dataCenterId)
+HELD_BY = "held_by"  # a providers.base.Offer.detail key: the run that holds an owned machine now (not free)
 Rule = Callable[[Candidate], str | None]
 """A vendor-specific check: the reason to leave a candidate out, or None."""
 

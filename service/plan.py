@@ -149,7 +149,8 @@ def _price(
         if not ranked.fits:
             return None, f"no offer fits now: {summary(ranked)} (`fleet offers FILE` says why)"
         best = ranked.fits[0]
-        note = f"cheapest of {len(ranked.fits)} fitting offer(s), any cloud: {best.gpu} on {best.cloud}"
+        which = "a named pool's machine" if best.cloud in {o for o, _ in spec.section.pools} else "cheapest"
+        note = f"{which} of {len(ranked.fits)} fitting offer(s), any cloud: {best.gpu} on {best.cloud}"
         return best.priced.price_per_hour, note
     nodes = spec.section.num_nodes
     head = spec.section.node_section(0)

@@ -20,6 +20,7 @@ from core.errors import (
     ConfigError,
     CredentialsMissing,
     FailureReason,
+    FleetError,
     OverBudget,
     Problem,
 )
@@ -29,6 +30,7 @@ from jobs.sections import CloudSection, ProviderName, rented_clouds
 from jobs.shipping import ship_datasets, ship_dir
 from jobs.spec import LoadedJob
 from jobs.yamlsafe import join_path
+from providers.anycloud import pools_to_ask
 from providers.base import Provider, Refusal
 from providers.world import World
 from service.embedded import ensure_redis
@@ -206,13 +208,25 @@ def _check_push(settings: Settings, job: LoadedJob, repo_id: str, token: SecretS
 
 
 def _check_clouds(world: World, job: LoadedJob, section: CloudSection) -> None:
-    """A `cloud:` job needs one cloud it allows that this fleet runs and has the credential of."""
+    """A `cloud:` job needs one cloud it allows that this fleet runs and has the credential of, or a pool;
+    every pool it names must be one that can run it (a pool of the fleet's that has a machine that fits)."""
     where = "cloud.clouds" if "cloud.clouds" in job.lines else "cloud"
     line = job.lines.get(where)
-    runs = [c for c in section.clouds if c.value in world.runs]
-    if not runs:
+    if section.pools and (keeps_out := section.pool_refusal()) is not None:
+        _refuse(job, Refusal(*keeps_out))
+    for owner, pool, why in pools_to_ask(section, world.runs):
+        if why is None:
+            try:
+                refusal = world.provider(owner.value).refusal(section.on_machines(owner, pool))
+            except FleetError as exc:
+                refusal = Refusal("clouds", str(exc))
+            why = refusal.why if refusal is not None else None
+        if why is not None:
+            raise ConfigError(job.source, [Problem(where, f"cannot submit: {owner}:{pool}: {why}", line)])
+    runs = [c for c in section.rented if c.value in world.runs]
+    if not runs and not section.pools:
         message = (
-            f"cannot submit: none of the clouds the job allows ({', '.join(section.clouds)}) is one this "
+            f"cannot submit: none of the clouds the job allows ({', '.join(section.rented)}) is one this "
             f"fleet runs ({', '.join(world.runs)}; FLEET_PROVIDERS)"
         )
         raise ConfigError(job.source, [Problem(where, message, line)])
@@ -228,6 +242,8 @@ def _check_clouds(world: World, job: LoadedJob, section: CloudSection) -> None:
         refused.append((refusal.key, f"{cloud.value}: {refusal.why}"))
     if refused:  # the job's own keys: a cloud could run it, were the fleet set up for them
         _refuse(job, Refusal(refused[0][0], "; ".join(why for _, why in refused)))
+    if section.pools:  # its pools can run it
+        return
     message = f"cannot submit: the fleet has no credential for any cloud it may use: {'; '.join(missing)}"
     raise ConfigError(job.source, [Problem(where, message, line)])
 

@@ -86,7 +86,10 @@ class Placement(BaseModel):
 
     attempt: int
     cloud: ProviderName
-    offer: str = Field(description="The cloud's offer id (a GPU type and cloud type, or the ask's id).")
+    offer: str = Field(
+        description="The cloud's offer id (a GPU type and cloud type, the ask's id; a pool's machine: "
+        "POOL/MACHINE)."
+    )
     gpu: str = Field(description="The GPU type in the fleet's names (jobs.gpus).")
     vendor_gpu: str = Field(description="The cloud's own name for it, as its section is written.")
     secure: bool = Field(description="A datacenter host (the section's cloud_type for this offer).")
@@ -226,7 +229,7 @@ class Run(BaseModel):
         if self.provider == self.spec.provider:
             return self
         section = self.spec.section
-        if isinstance(section, CloudSection) and self.provider in section.clouds:
+        if isinstance(section, CloudSection) and section.allows(self.provider):
             return self  # a `cloud:` job's run is on the cloud its provision chose
         raise ValueError(f"provider {self.provider} is not the job's ({self.spec.provider})")
 
@@ -266,7 +269,7 @@ class Run(BaseModel):
             placed = self.placement
             if placed is None:
                 raise ValueError(f"run {self.run_id}: no offer chosen for attempt {self.attempt} yet")
-            chosen = section.on(placed.cloud, placed.vendor_gpu, placed.secure)
+            chosen = section.on(placed.cloud, placed.vendor_gpu, placed.secure, placed.offer)
         return chosen.renting(self.spot_left) if isinstance(chosen, RemoteSection) else chosen
 
     @property

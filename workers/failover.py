@@ -3,13 +3,16 @@ cheapest fit across the clouds the job allows (providers.anycloud) that the run 
 create finds no capacity, or the node is not ready in time, the run moves on: what the attempt made is
 terminated, the next attempt (its own instance names, tf-<run>-<attempt>, and the same lookup before any
 create) gets the next offer, and an event says why the last was left. After `max_attempts` offers, or with
-nothing left that fits, the run fails NO_CAPACITY naming each offer it tried and why it left it."""
+nothing left that fits, the run fails NO_CAPACITY naming each offer it tried and why it left it. A pool's
+machine (`clouds: [ssh:lab, ...]`) is an offer like a rental's, tried first; one another run claimed
+meanwhile is left like an offer with no capacity. When nothing is left to rent but a pool whose machines
+are all held now, the run waits for one (MachinesHeld: provision waits without counting a retry)."""
 
 from __future__ import annotations
 
 import logging
 
-from core.errors import RETRYABLE, FailureReason, FleetError, StageFailed
+from core.errors import RETRYABLE, FailureReason, FleetError, MachinesHeld, StageFailed
 from jobs.sections import CloudSection
 from providers.anycloud import CloudChoice, providers_of, rank, summary
 from state.ledger import Draft
@@ -56,6 +59,11 @@ def place(ctx: context.Context, run: Run) -> Run:
         passing = [e for e in choice.errors if isinstance(e, RETRYABLE)]
         if passing and not choice.fits:
             raise passing[0]  # a cloud did not answer, and none had anything: ask again later
+        if choice.held:  # nothing (left) to rent, and a pool's machines are held: wait for one
+            pools = ", ".join(choice.held)
+            raise MachinesHeld(
+                f"every machine of {pools} that fits is held by another run, and nothing else fits"
+            )
         raise StageFailed(FailureReason.NO_CAPACITY, f"no offer (left) fits: {summary(choice, left)}")
     c = best.priced.candidate
     placement = Placement(
@@ -73,7 +81,7 @@ def place(ctx: context.Context, run: Run) -> Run:
             return []  # another task chose meanwhile, or the run moved on or ended
         r.progress.placements = [*r.progress.placements, placement]
         r.provider = placement.cloud
-        unasked = [f"{cloud.value}: {why}" for cloud, why in choice.unasked]
+        unasked = [f"{cloud}: {why}" for cloud, why in choice.unasked]
         return [
             OfferChosen(
                 attempt=placement.attempt,

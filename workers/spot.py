@@ -9,6 +9,7 @@ An INTERRUPTABLE run never leaves spot: past `max_preemptions` it fails INSTANCE
 
 from __future__ import annotations
 
+from jobs import clouds
 from jobs.sections.base import MachineSection, RemoteSection
 from state.ledger import Draft, Ledger
 from state.models import Run
@@ -17,23 +18,31 @@ from state.payloads import OfferLeft
 SPOT = "spot"  # the offer an auto run leaves, as its offer.left event names it
 
 
+def _renting(run: Run) -> RemoteSection | None:
+    """The run's section where its machines are rented; None where they are not (`local:`, a pool's
+    machine, which a `cloud:` job may be placed on: nothing bids for it, and nothing preempts it)."""
+    section = run.spec.section
+    owned = (facts := clouds.facts(run.provider)) is not None and facts.owned
+    return section if isinstance(section, RemoteSection) and not owned else None
+
+
 def on_spot(run: Run) -> bool:
     """Whether the run's machines are rented on spot now (INTERRUPTABLE, or auto before it left spot)."""
-    section = run.spec.section
-    return isinstance(section, RemoteSection) and section.renting(run.spot_left).pod_type == "INTERRUPTABLE"
+    section = _renting(run)
+    return section is not None and section.renting(run.spot_left).pod_type == "INTERRUPTABLE"
 
 
 def max_preemptions(run: Run) -> int | None:
     """How many lost spot machines the run replaces on spot (the section's `max_preemptions`); None when
     its machines are not spot now (on demand: only the fleet's FLEET_MAX_PREEMPTIONS bounds them)."""
-    section = run.spec.section
-    return section.max_preemptions if isinstance(section, RemoteSection) and on_spot(run) else None
+    section = _renting(run)
+    return section.max_preemptions if section is not None and on_spot(run) else None
 
 
 def may_leave(run: Run) -> bool:
     """Whether the run is `pod_type: auto` and still on spot: it would go on on demand."""
-    section = run.spec.section
-    return isinstance(section, RemoteSection) and section.pod_type == "auto" and run.spot_left is None
+    section = _renting(run)
+    return section is not None and section.pod_type == "auto" and run.spot_left is None
 
 
 def leave(r: Run, instance: str, why: str) -> list[Draft]:

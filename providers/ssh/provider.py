@@ -53,6 +53,7 @@ from providers.base import (
     require_ours,
 )
 from providers.node import reach
+from providers.offers import HELD_BY
 from providers.remote import made_nothing
 from providers.ssh import fit
 from providers.ssh.claims import Claim, Claims
@@ -70,6 +71,12 @@ NO_POOLS = (
     "the fleet has no pools: set ssh_pools_file (FLEET_SSH_POOLS_FILE) to the file that declares them "
     "(README, Your own machines)"
 )
+
+
+def offer_of(machine: Machine) -> str:
+    """The machine as an offer (`list_offers`; a `cloud:` job's choice, which `launch` then claims):
+    POOL/MACHINE."""
+    return f"{machine.pool}/{machine.name}"
 
 
 def address(machine: Machine) -> str:
@@ -129,13 +136,20 @@ class SshProvider(Provider):
             return Refusal("pool", str(exc))
 
     def list_offers(self, section: BaseModel) -> list[Offer]:
+        """Every machine of the section's pool that fits, the smallest first (a `cloud:` job's offers,
+        POOL/MACHINE); one another run holds says which (detail HELD_BY)."""
         assert isinstance(section, SshSection)
         pools = self.pools()
         if section.pool not in pools.pools:
             return []
-        machines = fit.fitting(pools.machines(section.pool), section)
-        free = self.claims.free(machines) if self.claims is not None else machines
-        return [Offer(self.name, m.name, m.gpu, m.gpus, m.hourly_usd, {"pool": m.pool}) for m in free]
+        held = self.claims.held(section.pool) if self.claims is not None else {}
+        offers = []
+        for m in fit.fitting(pools.machines(section.pool), section):  # the smallest first
+            holder = {HELD_BY: held[m.name].run_id} if m.name in held else {}
+            offers.append(
+                Offer(self.name, offer_of(m), m.gpu, m.gpus, m.hourly_usd, {"pool": m.pool} | holder)
+            )
+        return offers
 
     # -- launch ---------------------------------------------------------------------------------------
 
@@ -167,6 +181,10 @@ class SshProvider(Provider):
             base = request.name.rsplit("-", 1)[0]
             names = [f"{base}-{k}" for k in range(section.num_nodes)]
         machines = fit.fitting(pools.machines(section.pool), section)
+        if request.offer is not None:  # a `cloud:` job's choice: that machine, or none
+            machines = [m for m in machines if offer_of(m) == request.offer]
+            if not machines:
+                raise made_nothing(NoCapacity(f"{request.offer}: no longer a machine of the pool that fits"))
         held = claims.held(section.pool)
         mine = [m for m in machines if m.name in held and held[m.name].instance in names]
         if len(mine) == len(names):  # a retried launch: the machines it claimed before

@@ -56,7 +56,10 @@ def step(ctx: context.Context, run: Run) -> Next:
         if (run := admitted).state.is_terminal():
             return Next.done()
     if run.spec.provider.is_choice:  # a `cloud:` job: this attempt's cloud and offer, chosen once
-        run = failover.place(ctx, run)
+        try:
+            run = failover.place(ctx, run)
+        except MachinesHeld as exc:  # nothing to rent but a named pool's machines, held now: wait
+            return _wait(ctx, run, str(exc))
         if run.placement is None:  # the run ended or moved on meanwhile: look again
             return Next.done() if run.state.is_terminal() else Next.poll(Stage.PROVISION, 0)
     provider = ctx.provider(run.provider)
@@ -77,9 +80,9 @@ def step(ctx: context.Context, run: Run) -> Next:
             break  # the workers join the head: they are asked for once it exists
         try:
             found = _bring_up(ctx, run, provider, name, k, head if k else None)
-        except MachinesHeld as exc:  # the pool's machines are all held: wait for one, said once
-            return _wait(ctx, run, str(exc))
         except NoCapacity as exc:
+            if isinstance(exc, MachinesHeld) and run.placement is None:  # the pool's machines are all held
+                return _wait(ctx, run, str(exc))  # wait for one, said once (a `cloud:` job moves on)
             if exc.made_nothing and spot.may_leave(run):  # pod_type: auto: the same node, on demand
                 spot.leave_now(ctx.ledger, run.run_id, name, f"no spot machine: {exc}")
                 return Next.poll(Stage.PROVISION, 0)
