@@ -37,7 +37,7 @@ from state.keys import (
     sweep_key,
     tick_key,
 )
-from state.models import Instance, Run, Sweep
+from state.models import Instance, InstanceState, Run, Sweep
 from state.payloads import Event, Payload
 
 Draft = Payload
@@ -279,13 +279,21 @@ class Ledger:
         raw = self.client.get(instance_key(name))
         return None if raw is None else Instance.model_validate_json(raw)
 
-    def update_instance(self, name: str, **changes: Any) -> Instance | None:
-        """Change fields of a recorded instance atomically; None when there is no such record."""
+    def update_instance(
+        self, name: str, from_state: InstanceState | None = None, **changes: Any
+    ) -> Instance | None:
+        """Change fields of a recorded instance atomically; None when there is no such record, or (with
+        `from_state`) when it is not in that state now: then nothing is written, so that of two processes
+        making one change (finalize and the reaper, confirming a node gone) one is told it made it, and
+        says so."""
 
         def body(raw: str | None, pipe: redis.client.Pipeline[str]) -> Instance | None:
             if raw is None:
                 return None
-            inst = Instance.model_validate_json(raw).model_copy(update=changes)
+            inst = Instance.model_validate_json(raw)
+            if from_state is not None and inst.state != from_state:
+                return None
+            inst = inst.model_copy(update=changes)
             self._check_fence(pipe, inst.run_id)
             inst.updated_at = time.time()
             pipe.multi()

@@ -76,9 +76,13 @@ _ENDING = (InstanceState.TERMINATING, InstanceState.TERMINATED, InstanceState.LO
 
 
 def _gone(ctx: context.Context, provider_name: str, name: str) -> list[Draft]:
-    ctx.ledger.update_instance(name, state=InstanceState.TERMINATED)
+    """Instance `name`, terminated, is gone: TERMINATED, said once (the reaper may have confirmed it first:
+    it lists instances while this process waits on the provider's terminate)."""
     ctx.provider(provider_name).forget(name)
-    return [InstanceTerminated(instance=name)]
+    if ctx.ledger.get_instance(name) is None:
+        return [InstanceTerminated(instance=name)]  # no record: nothing else confirms it
+    ended = ctx.ledger.update_instance(name, InstanceState.TERMINATING, state=InstanceState.TERMINATED)
+    return [InstanceTerminated(instance=name)] if ended is not None else []
 
 
 def _terminate_one(ctx: context.Context, provider_name: str, name: str, fresh: bool) -> list[Draft]:

@@ -22,7 +22,7 @@ from state.models import Instance, InstanceState, Run
 from state.stages import RunState, Stage
 from tests.factories import ledger_run
 from tests.fakes.runpod import FakeRunPod
-from workers import context
+from workers import context, ending
 from workers.stages.reap import kick_record, reap_once
 
 pytestmark = pytest.mark.integration
@@ -158,6 +158,23 @@ def test_a_node_kept_for_debugging_lives_until_its_deadline(ctx: context.Context
     ctx.ledger.update_instance("tf-kept-1", keep_until=time.time() - 1)
     assert reap_once(ctx).terminated == ["tf-kept-1"]  # type: ignore[union-attr]
     assert ctx.provider("local").get("tf-kept-1") is None
+
+
+def test_a_node_both_its_run_and_the_reaper_see_gone_is_said_terminated_once(ctx: context.Context) -> None:
+    # The run's stage terminated its node and waits on the provider's terminate; a reap pass meanwhile finds
+    # the node no longer listed and confirms it first: the stage's confirmation after says nothing more.
+    ctx.ledger.create_run(make_run("twice", RunState.SUCCEEDED), [])
+    for name in ("tf-twice-1", "tf-twice-2"):
+        ctx.ledger.put_instance(
+            Instance(name=name, provider="local", run_id="twice", state=InstanceState.TERMINATING)
+        )
+    assert ending._gone(ctx, "local", "tf-twice-2") != []  # the stage first: it says so
+    assert reap_once(ctx).confirmed == ["tf-twice-1"]  # type: ignore[union-attr]
+    assert ending._gone(ctx, "local", "tf-twice-1") == []
+    said = [e.data.instance for _, e in read_run(ctx.redis, "twice") if e.type.value == "instance.terminated"]  # type: ignore[attr-defined]
+    assert said == ["tf-twice-1"]  # (the stage's drafts are the stage's to write: tf-twice-2's is not here)
+    states = {n: ctx.ledger.get_instance(n).state for n in ("tf-twice-1", "tf-twice-2")}  # type: ignore[union-attr]
+    assert set(states.values()) == {InstanceState.TERMINATED}
 
 
 def test_a_pod_that_never_started_is_reaped_by_the_ledgers_age(

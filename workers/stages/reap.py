@@ -306,8 +306,12 @@ class Pass:
     # ledger instances the provider does not list ----------------------------------------------------
     def unlisted(self, record: Instance) -> None:
         if record.state == InstanceState.TERMINATING:
-            self.ctx.ledger.update_instance(record.name, state=InstanceState.TERMINATED)
             self.provider.forget(record.name)
+            ended = self.ctx.ledger.update_instance(
+                record.name, InstanceState.TERMINATING, state=InstanceState.TERMINATED
+            )
+            if ended is None:  # its run's stage confirmed it since this pass listed it, and said so
+                return
             self.report.confirmed.append(record.name)
             self._event(InstanceTerminated(instance=record.name), record.run_id or None)
             return
