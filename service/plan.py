@@ -22,6 +22,7 @@ from providers.base import NodeSoftware
 from providers.local.client import axolotl_python, node_python
 from providers.offers import Choice
 from providers.world import World
+from service.pricecap import ceiling_per_hour
 from state.worstcase import WorstCase, worst_case
 from trainer.config import AxolotlConfig, FleetKeys
 
@@ -73,7 +74,7 @@ def plan_job(world: World, job: LoadedJob) -> JobPlan:
     else:
         where = world.context.image(getattr(section, "image", None), software)
     price, note = _price(world, job, world.runs)
-    worst = worst_case(spec, settings.max_dollars_per_run)
+    worst = worst_case(spec, settings.max_dollars_per_run, ceiling_per_hour(world, spec))
     return JobPlan(
         source=job.source,
         provider=spec.provider,

@@ -35,6 +35,7 @@ from providers.base import Provider, Refusal
 from providers.world import World
 from service.embedded import ensure_redis
 from service.hubtoken import push_refusal
+from service.pricecap import ceiling_per_hour
 from service.wandbkey import wandb_refusal
 from state.budget import Ask, held, refusal
 from state.ledger import Draft, Ledger
@@ -275,7 +276,8 @@ def check_budget(fleet: Fleet, jobs: Sequence[LoadedJob] = (), origin: Origin | 
     jobs: refused only once a cap is spent."""
     settings = fleet.settings
     who = submitter_of(origin)
-    asks = [Ask(who, worst_case(job.spec, settings.max_dollars_per_run), job.source) for job in jobs]
+    cap = settings.max_dollars_per_run
+    asks = [Ask(who, worst_case(j.spec, cap, ceiling_per_hour(fleet.world, j.spec)), j.source) for j in jobs]
     why = refusal(settings, held(fleet.ledger, settings), asks)
     if why is not None:
         raise OverBudget(f"cannot submit: {why}")
@@ -331,6 +333,7 @@ def submit(
             params=params or {},
             held=held,
             origin=origin,
+            ceiling_per_hour=ceiling_per_hour(fleet.world, spec),
         )
         (run_dir / "job.yml").write_text(job.text, encoding="utf-8")
         extra: dict[str, object] = {}

@@ -94,7 +94,7 @@ def held(
     for run in out.runs:
         if started_only and run.state == RunState.QUEUED:
             continue
-        worst = worst_case(run.spec, settings.max_dollars_per_run).dollars
+        worst = worst_case(run.spec, settings.max_dollars_per_run, run.ceiling_per_hour).dollars
         still = max(0.0, worst - out.cost[run.run_id])
         out.open += still
         out.open_by[str(submitter_of(run.origin))] += still

@@ -199,6 +199,11 @@ class Run(BaseModel):
     origin: Origin | None = Field(
         None, description="Where the job came from beyond its file (a commit, a Discord user); None: the CLI."
     )
+    ceiling_per_hour: float | None = Field(
+        None,
+        description="The most an hour of its nodes may cost where its section has no bid cap (a pool's "
+        "machines, priced at submit: service.pricecap); state.worstcase reads it.",
+    )
     retrying: Retrying | None = Field(None, description="Its stage's step is being retried (workers.stage).")
     stopping: str | None = Field(
         None,

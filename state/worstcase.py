@@ -10,7 +10,9 @@ failsafe). So a run's worst case is
     the GPUs of its nodes x max_bid_per_gpu x terminate_after
 
 where a node with no GPU (a cluster's CPU head) counts as one: its price is capped as one GPU's. A job on
-the local provider costs nothing.
+the local provider costs nothing. A pool's machines (`ssh:`) have no bid: each costs the pools file's
+`hourly_usd`, so their hourly bound is the dearest `num_nodes` machines that fit, as priced at submit
+(service.pricecap; kept as Run.ceiling_per_hour), and the same lifetimes bound their hours.
 
 A run with `terminate_after: -1` has no deadline. Its bound is then the per-run cap (`max_dollars_per_run`,
 on by default), which the stages and the reaper enforce while it goes; a node it leaves behind
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jobs.sections.base import RemoteSection
+from jobs.sections.base import MachineSection, RemoteSection
 from jobs.spec import JobSpec
 
 HOUR_S = 3600.0
@@ -58,10 +60,15 @@ class WorstCase:
 FREE = WorstCase(0.0, 0.0, None, "the local provider: this machine costs nothing")
 
 
-def worst_case(spec: JobSpec, run_cap: float | None) -> WorstCase:
+def worst_case(spec: JobSpec, run_cap: float | None, ceiling: float | None = None) -> WorstCase:
     """The worst case of a run of `spec` under the per-run cap `run_cap` (None: no cap); see the module's
-    notes."""
+    notes. `ceiling`: the most an hour of its nodes may cost where the section has no `max_bid_per_gpu` (a
+    pool's machines: service.pricecap, kept as Run.ceiling_per_hour)."""
     section = spec.section
+    if isinstance(section, MachineSection) and not isinstance(section, RemoteSection) and ceiling is not None:
+        nodes_said = f"{section.num_nodes} node{'s' if section.num_nodes > 1 else ''}"
+        hourly = f"{nodes_said} at ${ceiling:.2f}/h at most (the dearest pool machines that fit: hourly_usd)"
+        return _bounded(spec, section, ceiling, hourly, run_cap)
     if not isinstance(section, RemoteSection):
         return FREE
     nodes = [section.node_section(k) for k in range(section.num_nodes)]
@@ -75,6 +82,13 @@ def worst_case(spec: JobSpec, run_cap: float | None) -> WorstCase:
         else f"{sum(gpus)} GPUs on {len(nodes)} nodes"
     )
     hourly = f"{shape} x {price} (max_bid_per_gpu)"
+    return _bounded(spec, section, per_hour, hourly, run_cap)
+
+
+def _bounded(
+    spec: JobSpec, section: MachineSection, per_hour: float, hourly: str, run_cap: float | None
+) -> WorstCase:
+    """The worst case of nodes costing `per_hour` (said as `hourly`) for the section's lifetimes."""
     if section.terminate_after != -1:
         hours = section.terminate_after / HOUR_S
         how = f"{hourly} x {hours:g} h (terminate_after)"

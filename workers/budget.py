@@ -47,7 +47,8 @@ def admit(ctx: context.Context, run: Run, start: Callable[[Run], list[Draft]]) -
         return None
     try:
         settings = ctx.settings
-        ask = Ask(submitter_of(run.origin), worst_case(run.spec, settings.max_dollars_per_run), run.source)
+        worst = worst_case(run.spec, settings.max_dollars_per_run, run.ceiling_per_hour)
+        ask = Ask(submitter_of(run.origin), worst, run.source)
         now_held = held(ctx.ledger, settings, started_only=True, leave_out=run.run_id)
         why = refusal(settings, now_held, [ask])
         if why is not None:

@@ -33,6 +33,7 @@ from service import runs
 from service.gitrepo import GitRepo
 from service.gitwatch import Outcome, Trigger, look
 from state.keys import RUNS_INDEX, SWEEPS_INDEX
+from state.ledger import Ledger
 from state.models import Instance, InstanceState
 from state.payloads import GitOrigin
 from state.stages import RunState, Stage
@@ -262,3 +263,25 @@ def test_a_run_whose_worst_case_passes_the_per_run_cap_is_refused_at_submit(
     assert "may cost up to $307,200.00" in str(refused.exception)
     assert "the cap is $50.00 a run (FLEET_MAX_DOLLARS_PER_RUN)" in str(refused.exception)
     assert queued(redis_client) == (0, 0, 0)
+
+
+def test_a_pool_job_s_worst_case_counts_its_machines_hourly_price(
+    env: dict[str, str], redis_client: redis.Redis[str], tmp_path: Path
+) -> None:
+    """A pool machine has no bid: the dearest that fits bounds the run's hours; the run keeps the bound."""
+    pools = tmp_path / "pools.yml"
+    pools.write_text(
+        "pools:\n  lab:\n    user: me\n    key: /k\n    machines:\n"
+        "      - {host: box, gpus: 1, gpu: L40S, hourly_usd: 5.0}\n"
+    )
+    at_home = {**env, "FLEET_SSH_POOLS_FILE": str(pools)}
+    job = light_job_file(tmp_path / "pool", "ssh:\n  pool: lab\n")
+    refused = CliRunner().invoke(cli, ["enqueue", str(job)], env=at_home)
+    assert isinstance(refused.exception, OverBudget), refused.output
+    assert "may cost up to $120.00" in str(refused.exception)  # $5/h for terminate_after's 24 h
+    assert queued(redis_client) == (0, 0, 0)
+    pools.write_text(pools.read_text().replace("5.0", "0.5"))
+    taken = CliRunner().invoke(cli, ["enqueue", "--json", str(job)], env=at_home)
+    assert taken.exit_code == 0, taken.output
+    (run_id,) = [r["run_id"] for r in json.loads(taken.stdout)]
+    assert Ledger(redis_client).get_run(run_id).ceiling_per_hour == 0.5  # what admission checks again

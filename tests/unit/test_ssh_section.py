@@ -17,6 +17,7 @@ from providers.ssh import fit
 from providers.ssh.pools import Machine, Pools
 from providers.ssh.section import SshSection
 from providers.world import World
+from service.pricecap import ceiling_per_hour
 from service.runs import check_submittable
 from tests.factories import light_job_file
 
@@ -136,3 +137,19 @@ def test_a_fleet_without_pools_or_without_the_machines_refuses_the_job_at_submit
     assert "no machine of pool lab fits (box: no label nvlink)" in problem.message
     pools.write_text(pools.read_text().replace("gpu: L4", "gpu: L4, labels: [nvlink]"))
     check_submittable(_world(tmp_path, ssh_pools_file=pools), loaded)  # it fits: nothing said
+
+
+def test_a_pool_job_s_hourly_bound_is_its_dearest_machines_that_fit_held_or_not(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yml"
+    pools.write_text(
+        "pools:\n  lab:\n    user: me\n    key: /k\n    machines:\n"
+        "      - {host: a, gpus: 1, gpu: L40S, hourly_usd: 0.5}\n"
+        "      - {host: b, gpus: 1, gpu: L40S, hourly_usd: 1.2}\n"
+        "      - {host: c, gpus: 2, gpu: L40S, hourly_usd: 2.0}\n"
+        "      - {host: d, gpus: 1, gpu: H100-SXM, hourly_usd: 9.0}\n"  # another type: never this job's
+    )
+    fleet = _world(tmp_path, ssh_pools_file=pools)
+    pair = parse("use_ray: true\nssh:\n  pool: lab\n  gpu: L40S\n  num_nodes: 2\n").spec
+    assert ceiling_per_hour(fleet, pair) == 3.2  # c and b: no two machines it may claim cost more
+    assert ceiling_per_hour(fleet, parse("ssh:\n  pool: lab\n  gpu_count: 2\n").spec) == 2.0
+    assert ceiling_per_hour(fleet, parse("local:\n  one_shot: true\n").spec) is None

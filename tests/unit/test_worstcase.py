@@ -8,6 +8,7 @@ import math
 from jobs.sections import LocalSection
 from jobs.sections.head import HeadShape
 from providers.runpod.section import RunPodSection
+from providers.ssh.section import SshSection
 from providers.vastai.section import VastAISection
 from state.worstcase import worst_case
 from tests.factories import job_spec
@@ -41,3 +42,12 @@ def test_a_run_with_no_deadline_is_bounded_by_the_per_run_cap_or_by_nothing() ->
     assert worst_case(job_spec(kept), 50.0).dollars == 50.0 + 2.0 * 24
     idle_for_ever = kept.model_copy(update={"stop_after": -1})
     assert not worst_case(job_spec(idle_for_ever), 50.0).bounded
+
+
+def test_a_pool_run_at_its_dearest_machines_for_its_lifetime() -> None:
+    section = SshSection(pool="lab", gpu_count=0, num_nodes=2, terminate_after=7200)
+    worst = worst_case(job_spec(section), 50.0, ceiling=3.2)  # the dearest two machines that fit, per hour
+    assert (worst.dollars, worst.per_hour, worst.hours) == (6.4, 3.2, 2.0)
+    assert worst.how.startswith("2 nodes at $3.20/h at most (the dearest pool machines that fit: hourly_usd)")
+    endless = section.model_copy(update={"terminate_after": -1, "one_shot": False, "stop_after": 3600})
+    assert worst_case(job_spec(endless), 50.0, ceiling=3.2).dollars == round(50.0 + 3.2 * 24, 3)  # kept a day
